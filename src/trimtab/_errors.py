@@ -1,0 +1,95 @@
+"""The exceptions trimtab raises to its callers."""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+__all__ = [
+    "ClearContextError",
+    "ClearContextErrorCode",
+    "LeaseLostError",
+    "ProviderError",
+    "ProviderErrorType",
+    "SessionError",
+    "SessionNotFoundError",
+    "ToolError",
+    "TrimtabError",
+]
+
+
+class TrimtabError(Exception):
+    """Base of every trimtab exception."""
+
+
+class ToolError(TrimtabError):
+    """Raised by a tool handler to show `message` to the model as the call's failure text.
+
+    Any other exception a handler raises is hidden from the model behind a generic text, so
+    internal details (paths, secrets, stack traces) never leak into the conversation.
+    """
+
+
+ClearContextErrorCode: TypeAlias = Literal[
+    "no_tool_call_in_flight", "empty_prompt", "clear_pending", "remote_session"
+]
+
+
+class ClearContextError(TrimtabError):
+    """A `clear_context` call that was refused; nothing changed (spec C1-C4)."""
+
+    def __init__(self, code: ClearContextErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: ClearContextErrorCode = code
+
+
+ProviderErrorType: TypeAlias = Literal[
+    "rate_limit",
+    "provider_unavailable",
+    "authentication",
+    "context_length",
+    "bad_request",
+    "bad_response",
+    "timeout",
+    "script_exhausted",
+]
+
+
+class ProviderError(TrimtabError):
+    """A model call that failed; the loop turns it into a `session.error` event."""
+
+    def __init__(
+        self,
+        error_type: ProviderErrorType,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.error_type: ProviderErrorType = error_type
+        self.message = message
+        self.status_code = status_code
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class SessionError(TrimtabError):
+    """`send_and_wait` saw its run end in a `session.error` event."""
+
+    def __init__(self, error_type: str, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
+        self.status_code = status_code
+
+
+class SessionNotFoundError(TrimtabError, KeyError):
+    """No session with that id exists in the store."""
+
+    def __str__(self) -> str:
+        return f"no session with id {self.args[0]!r}"
+
+
+class LeaseLostError(TrimtabError):
+    """This runtime no longer holds the lease of the session it tried to write (spec R1)."""

@@ -1,0 +1,380 @@
+"""Session events: the vocabulary of the event log.
+
+Every state change of a session is one of these events. The same objects are the rows of
+the log, the payloads handed to `Session.on` handlers, and (dumped with `by_alias=True`) the
+`session.event` notifications of the Copilot wire protocol, so type names and fields follow
+the Copilot SDK's session events: snake_case in Python, camelCase on the wire.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "AbortData",
+    "AbortEvent",
+    "AssistantMessageData",
+    "AssistantMessageDeltaData",
+    "AssistantMessageDeltaEvent",
+    "AssistantMessageEvent",
+    "AssistantTurnEndEvent",
+    "AssistantTurnStartEvent",
+    "AssistantUsageData",
+    "AssistantUsageEvent",
+    "ContextClearedData",
+    "Event",
+    "EventAdapter",
+    "EventType",
+    "PermissionCompletedData",
+    "PermissionCompletedEvent",
+    "PermissionRequestData",
+    "PermissionRequestedData",
+    "PermissionRequestedEvent",
+    "PermissionResultData",
+    "SessionConfigData",
+    "SessionContextClearedEvent",
+    "SessionErrorData",
+    "SessionErrorEvent",
+    "SessionIdleData",
+    "SessionIdleEvent",
+    "SessionResumeData",
+    "SessionResumeEvent",
+    "SessionStartData",
+    "SessionStartEvent",
+    "ToolDefinition",
+    "ToolExecutionCompleteData",
+    "ToolExecutionCompleteEvent",
+    "ToolExecutionStartData",
+    "ToolExecutionStartEvent",
+    "ToolOutcome",
+    "ToolRequest",
+    "ToolResultContent",
+    "ToolResultError",
+    "TurnData",
+    "UserMessageData",
+    "UserMessageEvent",
+    "new_id",
+    "now",
+]
+
+ToolOutcome: TypeAlias = Literal[
+    "success", "failure", "invalid_arguments", "denied", "rejected", "timeout", "cancelled"
+]
+"""How a tool call ended (spec section 1)."""
+
+
+def new_id() -> str:
+    """A fresh UUID4 string: the Copilot clients parse every event id as a UUID."""
+    return str(uuid.uuid4())
+
+
+def now() -> datetime:
+    """The current time, timezone-aware (UTC)."""
+    return datetime.now(UTC)
+
+
+class WireModel(BaseModel):
+    """Base of every wire-visible model: frozen, camelCase aliases, snake_case names."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="ignore"
+    )
+
+
+# --- data payloads -----------------------------------------------------------------------
+
+
+class ToolDefinition(WireModel):
+    """What the model (and the log) knows of a tool: everything but its handler."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    """JSON Schema of the arguments."""
+    is_terminal: bool = False
+    """A successful call ends the run after its batch (spec T1)."""
+    defer: Literal["auto", "never"] | None = None
+    skip_permission: bool = False
+    overrides_built_in_tool: bool = False
+    metadata: dict[str, Any] | None = None
+    timeout: float | None = None
+    """Seconds the handler may run before its call ends in `timeout`."""
+
+
+class SessionConfigData(WireModel):
+    """The persisted part of a session's configuration (secrets are never logged)."""
+
+    model: str | None = None
+    provider: dict[str, Any] | None = None
+    """The provider config without its API key, or `{"type": <name>}` for an in-process provider."""
+    system_message: str | None = None
+    developer_messages: list[str] = Field(default_factory=list)
+    tools: list[ToolDefinition] = Field(default_factory=list)
+    streaming: bool = False
+
+
+class SessionStartData(WireModel):
+    session_id: str
+    version: int = 1
+    producer: str = "trimtab"
+    copilot_version: str = "0"
+    start_time: datetime = Field(default_factory=now)
+    selected_model: str | None = None
+    config: SessionConfigData = Field(default_factory=SessionConfigData)
+
+
+class SessionResumeData(WireModel):
+    event_count: int
+    resume_time: datetime = Field(default_factory=now)
+    selected_model: str | None = None
+    config: SessionConfigData | None = None
+    """The configuration from this point on, when the resume changed it."""
+
+
+class UserMessageData(WireModel):
+    content: str
+    message_id: str | None = None
+    source: str | None = None
+    """`"user"`, or `"context_cleared"` for the seed of a cleared window (spec C8)."""
+
+
+class TurnData(WireModel):
+    turn_id: str
+    model: str | None = None
+
+
+class ToolRequest(WireModel):
+    tool_call_id: str
+    name: str
+    arguments: Any = None
+    """The parsed arguments (a dict), or the raw text when it is not valid JSON."""
+    type: Literal["function", "custom"] = "function"
+
+
+class AssistantMessageData(WireModel):
+    message_id: str
+    content: str = ""
+    tool_requests: list[ToolRequest] | None = None
+    originating_message_id: str | None = None
+    turn_id: str | None = None
+    model: str | None = None
+    reasoning_text: str | None = None
+
+
+class AssistantMessageDeltaData(WireModel):
+    message_id: str
+    delta_content: str
+
+
+class AssistantUsageData(WireModel):
+    model: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    duration: float | None = None
+    """Milliseconds the model call took."""
+    finish_reason: str | None = None
+
+
+class ToolExecutionStartData(WireModel):
+    tool_call_id: str
+    tool_name: str
+    arguments: Any = None
+    turn_id: str | None = None
+
+
+class ToolResultContent(WireModel):
+    content: str
+
+
+class ToolResultError(WireModel):
+    message: str
+    code: str | None = None
+
+
+class ToolExecutionCompleteData(WireModel):
+    tool_call_id: str
+    success: bool
+    outcome: ToolOutcome
+    result: ToolResultContent | None = None
+    """What the model sees of a successful call."""
+    error: ToolResultError | None = None
+    """What the model sees of any other outcome (`code` is the outcome)."""
+    tool_name: str | None = None
+    turn_id: str | None = None
+
+
+class PermissionRequestData(WireModel):
+    kind: Literal["custom-tool"] = "custom-tool"
+    tool_name: str
+    tool_description: str = ""
+    args: Any = None
+    tool_call_id: str | None = None
+
+
+class PermissionRequestedData(WireModel):
+    request_id: str
+    permission_request: PermissionRequestData
+
+
+class PermissionResultData(WireModel):
+    kind: str
+    """`approved`, `denied-interactively-by-user` or
+    `denied-no-approval-rule-and-could-not-request-from-user`."""
+
+
+class PermissionCompletedData(WireModel):
+    request_id: str
+    result: PermissionResultData
+    tool_call_id: str | None = None
+
+
+class ContextClearedData(WireModel):
+    messages_cleared: int
+    initial_message: str
+
+
+class SessionErrorData(WireModel):
+    error_type: str
+    message: str
+    status_code: int | None = None
+    retryable: bool = False
+    originating_message_id: str | None = None
+
+
+class AbortData(WireModel):
+    reason: str = "user_initiated"
+
+
+class SessionIdleData(WireModel):
+    aborted: bool | None = None
+
+
+# --- events ------------------------------------------------------------------------------
+
+
+class EventBase(WireModel):
+    """Fields every event carries."""
+
+    id: str = Field(default_factory=new_id)
+    timestamp: datetime = Field(default_factory=now)
+    parent_id: str | None = None
+    """The previous persisted event of the session (None for the first)."""
+    context_epoch: int = 0
+    """How many clears the session had committed when this event was appended (spec C9)."""
+    ephemeral: bool = False
+    """Delivered live, never persisted nor replayed (spec E2)."""
+
+
+class SessionStartEvent(EventBase):
+    type: Literal["session.start"] = "session.start"
+    data: SessionStartData
+
+
+class SessionResumeEvent(EventBase):
+    type: Literal["session.resume"] = "session.resume"
+    data: SessionResumeData
+
+
+class UserMessageEvent(EventBase):
+    type: Literal["user.message"] = "user.message"
+    data: UserMessageData
+
+
+class AssistantTurnStartEvent(EventBase):
+    type: Literal["assistant.turn_start"] = "assistant.turn_start"
+    data: TurnData
+
+
+class AssistantMessageDeltaEvent(EventBase):
+    type: Literal["assistant.message_delta"] = "assistant.message_delta"
+    data: AssistantMessageDeltaData
+    ephemeral: bool = True
+
+
+class AssistantMessageEvent(EventBase):
+    type: Literal["assistant.message"] = "assistant.message"
+    data: AssistantMessageData
+
+
+class AssistantUsageEvent(EventBase):
+    type: Literal["assistant.usage"] = "assistant.usage"
+    data: AssistantUsageData
+
+
+class AssistantTurnEndEvent(EventBase):
+    type: Literal["assistant.turn_end"] = "assistant.turn_end"
+    data: TurnData
+
+
+class ToolExecutionStartEvent(EventBase):
+    type: Literal["tool.execution_start"] = "tool.execution_start"
+    data: ToolExecutionStartData
+
+
+class ToolExecutionCompleteEvent(EventBase):
+    type: Literal["tool.execution_complete"] = "tool.execution_complete"
+    data: ToolExecutionCompleteData
+
+
+class PermissionRequestedEvent(EventBase):
+    type: Literal["permission.requested"] = "permission.requested"
+    data: PermissionRequestedData
+
+
+class PermissionCompletedEvent(EventBase):
+    type: Literal["permission.completed"] = "permission.completed"
+    data: PermissionCompletedData
+
+
+class SessionContextClearedEvent(EventBase):
+    type: Literal["session.context_cleared"] = "session.context_cleared"
+    data: ContextClearedData
+
+
+class SessionErrorEvent(EventBase):
+    type: Literal["session.error"] = "session.error"
+    data: SessionErrorData
+
+
+class AbortEvent(EventBase):
+    type: Literal["abort"] = "abort"
+    data: AbortData = Field(default_factory=AbortData)
+
+
+class SessionIdleEvent(EventBase):
+    type: Literal["session.idle"] = "session.idle"
+    data: SessionIdleData = Field(default_factory=SessionIdleData)
+    ephemeral: bool = True
+
+
+Event: TypeAlias = Annotated[
+    SessionStartEvent
+    | SessionResumeEvent
+    | UserMessageEvent
+    | AssistantTurnStartEvent
+    | AssistantMessageDeltaEvent
+    | AssistantMessageEvent
+    | AssistantUsageEvent
+    | AssistantTurnEndEvent
+    | ToolExecutionStartEvent
+    | ToolExecutionCompleteEvent
+    | PermissionRequestedEvent
+    | PermissionCompletedEvent
+    | SessionContextClearedEvent
+    | SessionErrorEvent
+    | AbortEvent
+    | SessionIdleEvent,
+    Field(discriminator="type"),
+]
+"""Any session event; `event.type` tells which."""
+
+EventType: TypeAlias = str
+"""An event's `type` string, for `Session.on(type, handler)`."""
+
+EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)
+"""Validates and serialises any event (log rows, wire payloads)."""

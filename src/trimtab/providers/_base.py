@@ -1,0 +1,110 @@
+"""The provider seam: one request in, one streamed response out.
+
+A provider knows nothing about sessions. It maps a `ModelRequest` to its wire format, streams
+the answer back as `ProviderEvent`s ending in exactly one `ModelResponse`, and maps every
+failure to a typed `ProviderError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trimtab.events import ToolDefinition
+
+__all__ = [
+    "Message",
+    "ModelRequest",
+    "ModelResponse",
+    "Provider",
+    "ProviderEvent",
+    "ReasoningDelta",
+    "TextDelta",
+    "ToolCall",
+    "Usage",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ToolCall(_Frozen):
+    """A tool call the model asked for."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments exactly as the model produced them (JSON text, possibly invalid)."""
+
+
+class Message(_Frozen):
+    """One message of the window, in a provider-neutral shape."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """On assistant messages: the calls it requested."""
+    tool_call_id: str | None = None
+    """On tool messages: the call this is the result of."""
+
+
+class ModelRequest(_Frozen):
+    """Everything a provider needs for one model call."""
+
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolDefinition, ...] = ()
+    stream: bool = False
+    max_tokens: int | None = None
+
+
+class Usage(_Frozen):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class TextDelta(_Frozen):
+    """A piece of the reply's text, as it streams."""
+
+    kind: Literal["text"] = "text"
+    text: str
+
+
+class ReasoningDelta(_Frozen):
+    """A piece of the model's reasoning text (providers that stream it)."""
+
+    kind: Literal["reasoning"] = "reasoning"
+    text: str
+
+
+class ModelResponse(_Frozen):
+    """The complete answer: always the last event of a stream."""
+
+    kind: Literal["response"] = "response"
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+
+
+ProviderEvent: TypeAlias = TextDelta | ReasoningDelta | ModelResponse
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """What the loop needs of a model provider."""
+
+    name: str
+    """A short label for logs and the persisted config, such as `"openai"`."""
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+        """Answer one request; raise `ProviderError` on any failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections; called once when the client closes."""
+        ...

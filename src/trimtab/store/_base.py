@@ -1,0 +1,150 @@
+"""The store seam: an append-only event log per session, plus session leases.
+
+Every backend implements `Store` with the same semantics, checked by one conformance suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from trimtab.events import Event, UserMessageEvent
+
+__all__ = ["Lease", "SessionRecord", "Store"]
+
+
+class Lease(BaseModel):
+    """Proof that one runtime runs a session's loop (spec R1)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    owner: str
+    token: int
+    """Fencing token: grows on every acquisition, so a stale holder's appends are refused."""
+
+
+class SessionRecord(BaseModel):
+    """What `list_sessions` tells about a session without reading its log."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    created_at: datetime
+    updated_at: datetime
+    event_count: int
+    lease_owner: str | None = None
+    """The runtime holding the session's lease, if the lease is live."""
+    summary: str | None = None
+    """The first user message, shortened: a human-readable label."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable event logs. Appends are atomic: all of a batch is stored, or none of it."""
+
+    async def create(self, session_id: str) -> None:
+        """Create an empty log; raises `ValueError` if the id exists."""
+        ...
+
+    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
+        """Append persisted events in order and return the new event count.
+
+        With a lease, the append is fenced: it raises `LeaseLostError` unless the lease is
+        still the session's current, unexpired one. Raises `SessionNotFoundError` for an
+        unknown session.
+        """
+        ...
+
+    async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
+        """The events with sequence number > `after` (1-based), oldest first."""
+        ...
+
+    async def get(self, session_id: str) -> SessionRecord:
+        """Raises `SessionNotFoundError` for an unknown session."""
+        ...
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        """Every session, most recently updated first."""
+        ...
+
+    async def delete(self, session_id: str) -> bool:
+        """Remove a session and its log; False if there was none."""
+        ...
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """Take the lease if it is free, expired or already `owner`'s; None if another holds it."""
+        ...
+
+    async def renew_leases(self, owner: str, ttl: float) -> list[str]:
+        """Extend every live lease `owner` holds; returns their session ids."""
+        ...
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give the lease up (no-op if it was already lost)."""
+        ...
+
+    async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
+        """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
+        ...
+
+    async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
+        """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""
+        ...
+
+    async def close(self) -> None:
+        """Release resources; the store is unusable afterwards."""
+        ...
+
+
+SUMMARY_LENGTH = 80
+"""The longest `SessionRecord.summary`, ellipsis included."""
+
+# --- rules every backend shares, so that they cannot drift --------------------------------
+
+
+def summarize(events: Sequence[Event]) -> str | None:
+    """The label of a session: its first non-blank user message on one line, shortened.
+
+    Returns None when `events` holds no such message.
+    """
+    for event in events:
+        if isinstance(event, UserMessageEvent) and (text := " ".join(event.data.content.split())):
+            if len(text) > SUMMARY_LENGTH:
+                text = text[: SUMMARY_LENGTH - 1].rstrip() + "…"
+            return text
+    return None
+
+
+def check_persistable(events: Sequence[Event]) -> None:
+    """Raise `ValueError` if any event is ephemeral: those are delivered live, never stored (E2)."""
+    for event in events:
+        if event.ephemeral:
+            raise ValueError(f"ephemeral {event.type!r} event {event.id} cannot be appended")
+
+
+def holds_lease(
+    lease: Lease,
+    session_id: str,
+    *,
+    owner: str | None,
+    token: int,
+    expires_at: float | None,
+    now: float,
+) -> bool:
+    """The fencing check: whether `lease` is still the session's current, unexpired lease."""
+    return (
+        lease.session_id == session_id
+        and lease.owner == owner
+        and lease.token == token
+        and expires_at is not None
+        and expires_at > now
+    )
+
+
+def to_datetime(timestamp: float) -> datetime:
+    """A stored unix timestamp as an aware UTC datetime."""
+    return datetime.fromtimestamp(timestamp, UTC)
