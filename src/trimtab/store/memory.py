@@ -1,0 +1,179 @@
+"""`MemoryStore`: the in-process backend, for tests and throwaway sessions.
+
+It keeps the same semantics as `SqliteStore` (fencing, lease TTLs, the input queue) so that a
+test passing against it says something about the durable backends too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from trimtab._errors import LeaseLostError, SessionNotFoundError
+from trimtab.events import Event
+from trimtab.store._base import (
+    Lease,
+    SessionRecord,
+    check_persistable,
+    holds_lease,
+    summarize,
+    to_datetime,
+)
+
+__all__ = ["MemoryStore"]
+
+
+@dataclass
+class _Session:
+    created_at: float
+    updated_at: float
+    events: list[Event] = field(default_factory=list)
+    inputs: deque[tuple[str, str]] = field(default_factory=deque)
+    summary: str | None = None
+    lease_owner: str | None = None
+    lease_token: int = 0
+    lease_expires_at: float = 0.0
+
+    def live_owner(self, now: float) -> str | None:
+        """The lease holder, unless the lease was released or has expired."""
+        return self.lease_owner if self.lease_expires_at > now else None
+
+
+class MemoryStore:
+    """A `Store` held in a dict: fast, shared by nothing, gone when the process ends."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Session] = {}
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the store is closed")
+
+    def _session(self, session_id: str) -> _Session:
+        self._check_open()
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFoundError(session_id) from None
+
+    async def create(self, session_id: str) -> None:
+        """Create an empty log; raises `ValueError` if the id exists."""
+        self._check_open()
+        if session_id in self._sessions:
+            raise ValueError(f"session {session_id!r} already exists")
+        now = time.time()
+        self._sessions[session_id] = _Session(created_at=now, updated_at=now)
+
+    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
+        """Append persisted events in order and return the new event count (see `Store`)."""
+        check_persistable(events)
+        session = self._session(session_id)
+        now = time.time()
+        if lease is not None and not holds_lease(
+            lease,
+            session_id,
+            owner=session.lease_owner,
+            token=session.lease_token,
+            expires_at=session.lease_expires_at,
+            now=now,
+        ):
+            raise LeaseLostError(
+                f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
+            )
+        if events:
+            session.events.extend(events)
+            session.updated_at = now
+            if session.summary is None:
+                session.summary = summarize(events)
+        return len(session.events)
+
+    async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
+        """The events with sequence number > `after` (1-based), oldest first."""
+        return self._session(session_id).events[max(after, 0) :]
+
+    async def get(self, session_id: str) -> SessionRecord:
+        """The session's record; raises `SessionNotFoundError` for an unknown session."""
+        return self._record(session_id, self._session(session_id), time.time())
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        """Every session, most recently updated first."""
+        self._check_open()
+        now = time.time()
+        ordered = sorted(
+            self._sessions.items(), key=lambda item: (item[1].updated_at, item[0]), reverse=True
+        )
+        return [self._record(session_id, session, now) for session_id, session in ordered]
+
+    async def delete(self, session_id: str) -> bool:
+        """Remove a session, its log and its queued inputs; False if there was none."""
+        self._check_open()
+        return self._sessions.pop(session_id, None) is not None
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """Take the lease if it is free, expired or already `owner`'s; None if another holds it.
+
+        A new acquisition bumps the fencing token; re-acquiring one's own live lease only
+        extends it, so appends in flight with the same `Lease` stay valid.
+        """
+        session = self._session(session_id)
+        now = time.time()
+        holder = session.live_owner(now)
+        if holder is not None and holder != owner:
+            return None
+        if holder is None:
+            session.lease_token += 1
+            session.lease_owner = owner
+        session.lease_expires_at = now + ttl
+        return Lease(session_id=session_id, owner=owner, token=session.lease_token)
+
+    async def renew_leases(self, owner: str, ttl: float) -> list[str]:
+        """Extend every live lease `owner` holds; returns their session ids, sorted."""
+        self._check_open()
+        now = time.time()
+        renewed = []
+        for session_id, session in sorted(self._sessions.items()):
+            if session.live_owner(now) == owner:
+                session.lease_expires_at = now + ttl
+                renewed.append(session_id)
+        return renewed
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give the lease up (no-op if it was already lost or the session is gone)."""
+        self._check_open()
+        session = self._sessions.get(lease.session_id)
+        if session is None:
+            return
+        if session.lease_owner == lease.owner and session.lease_token == lease.token:
+            # The token stays: the next acquisition bumps it, fencing out this holder.
+            session.lease_owner = None
+            session.lease_expires_at = 0.0
+
+    async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
+        """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
+        self._session(session_id).inputs.append((prompt, message_id))
+
+    async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
+        """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""
+        inputs = self._session(session_id).inputs
+        taken = list(inputs)
+        inputs.clear()
+        return taken
+
+    async def close(self) -> None:
+        """Drop every session; the store is unusable afterwards."""
+        self._sessions.clear()
+        self._closed = True
+
+    @staticmethod
+    def _record(session_id: str, session: _Session, now: float) -> SessionRecord:
+        return SessionRecord(
+            session_id=session_id,
+            created_at=to_datetime(session.created_at),
+            updated_at=to_datetime(session.updated_at),
+            event_count=len(session.events),
+            lease_owner=session.live_owner(now),
+            summary=session.summary,
+        )

@@ -1,0 +1,466 @@
+"""One suite, every backend: the semantics of the `Store` protocol.
+
+Lease tests use real time with tiny TTLs. To stay robust on a loaded machine, a test only
+ever relies on a lease having expired after sleeping past its TTL (sleeps never end early),
+and uses long TTLs wherever a lease must still be live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC
+from pathlib import Path
+
+import pytest
+
+from trimtab._errors import LeaseLostError, SessionNotFoundError
+from trimtab.events import (
+    AssistantMessageData,
+    AssistantMessageDeltaData,
+    AssistantMessageDeltaEvent,
+    AssistantMessageEvent,
+    Event,
+    SessionConfigData,
+    SessionStartData,
+    SessionStartEvent,
+    ToolDefinition,
+    ToolExecutionCompleteData,
+    ToolExecutionCompleteEvent,
+    ToolRequest,
+    ToolResultContent,
+    UserMessageData,
+    UserMessageEvent,
+)
+from trimtab.store import Lease, MemoryStore, SqliteStore, Store
+
+SHORT_TTL = 0.05
+"""A lease that is surely expired after `sleep_past(SHORT_TTL)`."""
+
+LONG_TTL = 60.0
+"""A lease that surely outlives the test."""
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """Each backend in turn, empty; SQLite in a directory that does not exist yet."""
+    backend: Store
+    if request.param == "memory":
+        backend = MemoryStore()
+    else:
+        backend = SqliteStore(tmp_path / "not" / "yet" / "trimtab.db")
+    yield backend
+    await backend.close()
+
+
+def user(content: str) -> UserMessageEvent:
+    return UserMessageEvent(data=UserMessageData(content=content, source="user"))
+
+
+def assistant(content: str) -> AssistantMessageEvent:
+    return AssistantMessageEvent(data=AssistantMessageData(message_id="m", content=content))
+
+
+def contents(events: list[Event]) -> list[str]:
+    """The text of each user or assistant message, in order."""
+    return [
+        e.data.content for e in events if isinstance(e, UserMessageEvent | AssistantMessageEvent)
+    ]
+
+
+async def sleep_past(ttl: float) -> None:
+    await asyncio.sleep(ttl * 2)
+
+
+async def make(store: Store, *session_ids: str) -> None:
+    for session_id in session_ids:
+        await store.create(session_id)
+
+
+# --- the log -----------------------------------------------------------------------------
+
+
+async def test_new_session_has_an_empty_log(store: Store) -> None:
+    await store.create("s")
+
+    assert await store.read("s") == []
+    assert (await store.get("s")).event_count == 0
+
+
+async def test_append_returns_the_new_count_and_read_keeps_order(store: Store) -> None:
+    await store.create("s")
+
+    assert await store.append("s", [user("a"), assistant("b")], lease=None) == 2
+    assert await store.append("s", [user("c")], lease=None) == 3
+
+    assert contents(await store.read("s")) == ["a", "b", "c"]
+
+
+async def test_read_after_returns_only_later_events(store: Store) -> None:
+    await store.create("s")
+    await store.append("s", [user("a"), user("b"), user("c")], lease=None)
+
+    assert contents(await store.read("s", after=1)) == ["b", "c"]
+    assert contents(await store.read("s", after=3)) == []
+
+
+async def test_events_round_trip_unchanged(store: Store) -> None:
+    events: list[Event] = [
+        SessionStartEvent(
+            data=SessionStartData(
+                session_id="s",
+                config=SessionConfigData(
+                    model="m", tools=[ToolDefinition(name="finish", is_terminal=True)]
+                ),
+            )
+        ),
+        user("héllo ✓\nwith a newline"),
+        AssistantMessageEvent(
+            parent_id="p",
+            context_epoch=2,
+            data=AssistantMessageData(
+                message_id="m1",
+                tool_requests=[
+                    ToolRequest(tool_call_id="c1", name="add", arguments={"a": 1, "b": [2.5]}),
+                    ToolRequest(tool_call_id="c2", name="raw", arguments="not json {"),
+                ],
+            ),
+        ),
+        ToolExecutionCompleteEvent(
+            data=ToolExecutionCompleteData(
+                tool_call_id="c1",
+                success=True,
+                outcome="success",
+                result=ToolResultContent(content="3"),
+            )
+        ),
+    ]
+    await store.create("s")
+    await store.append("s", events, lease=None)
+
+    assert await store.read("s") == events
+
+
+async def test_empty_append_returns_the_count_and_changes_nothing(store: Store) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+    before = await store.get("s")
+
+    assert await store.append("s", [], lease=None) == 1
+    assert await store.get("s") == before
+
+
+async def test_concurrent_appends_keep_call_order(store: Store) -> None:
+    await store.create("s")
+
+    counts = await asyncio.gather(
+        *(store.append("s", [user(str(n))], lease=None) for n in range(20))
+    )
+
+    assert counts == list(range(1, 21))
+    assert contents(await store.read("s")) == [str(n) for n in range(20)]
+
+
+async def test_ephemeral_event_is_refused_and_nothing_of_its_batch_is_stored(
+    store: Store,
+) -> None:
+    await store.create("s")
+    delta = AssistantMessageDeltaEvent(
+        data=AssistantMessageDeltaData(message_id="m", delta_content="x")
+    )
+
+    with pytest.raises(ValueError, match="ephemeral"):
+        await store.append("s", [user("a"), delta, user("b")], lease=None)
+
+    assert await store.read("s") == []
+    assert await store.append("s", [user("c")], lease=None) == 1
+
+
+# --- sessions ----------------------------------------------------------------------------
+
+
+async def test_duplicate_create_raises_value_error(store: Store) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+
+    with pytest.raises(ValueError, match="already exists"):
+        await store.create("s")
+    assert len(await store.read("s")) == 1
+
+
+UNKNOWN_SESSION_CALLS: dict[str, Callable[[Store], Awaitable[object]]] = {
+    "append": lambda s: s.append("nope", [user("a")], lease=None),
+    "read": lambda s: s.read("nope"),
+    "get": lambda s: s.get("nope"),
+    "acquire_lease": lambda s: s.acquire_lease("nope", "w", LONG_TTL),
+    "enqueue_input": lambda s: s.enqueue_input("nope", "hi", "m1"),
+    "take_inputs": lambda s: s.take_inputs("nope"),
+}
+
+
+@pytest.mark.parametrize("call", UNKNOWN_SESSION_CALLS.values(), ids=UNKNOWN_SESSION_CALLS.keys())
+async def test_unknown_session_raises_session_not_found(
+    store: Store, call: Callable[[Store], Awaitable[object]]
+) -> None:
+    await store.create("other")
+
+    with pytest.raises(SessionNotFoundError):
+        await call(store)
+
+
+async def test_get_reports_count_times_and_no_owner(store: Store) -> None:
+    await store.create("s")
+    created = await store.get("s")
+    await asyncio.sleep(0.01)
+    await store.append("s", [user("a"), user("b")], lease=None)
+
+    record = await store.get("s")
+
+    assert record.session_id == "s"
+    assert record.event_count == 2
+    assert record.lease_owner is None
+    assert record.created_at == created.created_at
+    assert record.created_at.tzinfo is not None
+    assert record.created_at.astimezone(UTC) < record.updated_at.astimezone(UTC)
+
+
+async def test_list_orders_by_most_recent_update(store: Store) -> None:
+    assert await store.list_sessions() == []
+    for session_id in ("a", "b", "c"):
+        await store.create(session_id)
+        await asyncio.sleep(0.01)
+    await store.append("a", [user("x")], lease=None)
+
+    records = await store.list_sessions()
+
+    assert [r.session_id for r in records] == ["a", "c", "b"]
+    assert records[0] == await store.get("a")
+
+
+async def test_delete_removes_the_session_its_log_and_its_inputs(store: Store) -> None:
+    await make(store, "s", "keep")
+    await store.append("s", [user("a")], lease=None)
+    await store.enqueue_input("s", "queued", "m1")
+    await store.append("keep", [user("k")], lease=None)
+
+    assert await store.delete("s") is True
+
+    with pytest.raises(SessionNotFoundError):
+        await store.get("s")
+    assert [r.session_id for r in await store.list_sessions()] == ["keep"]
+    await store.create("s")
+    assert await store.read("s") == []
+    assert await store.take_inputs("s") == []
+    assert contents(await store.read("keep")) == ["k"]
+
+
+async def test_delete_unknown_session_returns_false(store: Store) -> None:
+    assert await store.delete("nope") is False
+
+
+async def test_summary_is_the_first_non_blank_user_message(store: Store) -> None:
+    await store.create("s")
+    start = SessionStartEvent(data=SessionStartData(session_id="s"))
+    await store.append("s", [start], lease=None)
+    assert (await store.get("s")).summary is None
+
+    await store.append(
+        "s", [assistant("hello"), user(" \n"), user("first"), user("second")], lease=None
+    )
+    await store.append("s", [user("third")], lease=None)
+
+    assert (await store.get("s")).summary == "first"
+
+
+async def test_summary_is_one_line_and_shortened(store: Store) -> None:
+    await store.create("s")
+    await store.append("s", [user("  line one\n\tline   two " + "x" * 200)], lease=None)
+
+    summary = (await store.get("s")).summary
+
+    assert summary is not None
+    assert len(summary) <= 80
+    assert summary.startswith("line one line two xxx")
+    assert summary.endswith("…")
+
+
+async def test_closed_store_refuses_calls(store: Store) -> None:
+    await store.create("s")
+    await store.close()
+
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.read("s")
+    await store.close()  # closing twice is harmless
+
+
+# --- leases (spec R1) --------------------------------------------------------------------
+
+
+async def test_r1_lease_is_refused_while_another_owner_holds_it(store: Store) -> None:
+    await store.create("s")
+    lease = await store.acquire_lease("s", "w1", LONG_TTL)
+
+    assert lease == Lease(session_id="s", owner="w1", token=1)
+    assert await store.acquire_lease("s", "w2", LONG_TTL) is None
+    assert (await store.get("s")).lease_owner == "w1"
+
+
+async def test_r1_fenced_append_is_rejected_after_takeover_of_expired_lease(
+    store: Store,
+) -> None:
+    await store.create("s")
+    stale = await store.acquire_lease("s", "w1", SHORT_TTL)
+    assert stale is not None
+    assert await store.append("s", [user("by w1")], lease=stale) == 1
+    await sleep_past(SHORT_TTL)
+
+    fresh = await store.acquire_lease("s", "w2", LONG_TTL)
+
+    assert fresh is not None
+    assert fresh.token == stale.token + 1
+    with pytest.raises(LeaseLostError):
+        await store.append("s", [user("stale 1"), user("stale 2")], lease=stale)
+    assert await store.append("s", [user("by w2")], lease=fresh) == 2
+    assert contents(await store.read("s")) == ["by w1", "by w2"]
+
+
+async def test_r1_fenced_append_is_rejected_once_the_lease_expired(store: Store) -> None:
+    await store.create("s")
+    lease = await store.acquire_lease("s", "w1", SHORT_TTL)
+    assert lease is not None
+    await sleep_past(SHORT_TTL)
+
+    with pytest.raises(LeaseLostError):
+        await store.append("s", [user("late")], lease=lease)
+    assert await store.read("s") == []
+
+
+async def test_r1_lease_of_another_session_does_not_fence(store: Store) -> None:
+    await make(store, "s", "t")
+    await store.acquire_lease("s", "w1", LONG_TTL)
+    other = await store.acquire_lease("t", "w1", LONG_TTL)
+    assert other is not None
+
+    with pytest.raises(LeaseLostError):
+        await store.append("s", [user("x")], lease=other)
+
+
+async def test_unfenced_append_ignores_leases(store: Store) -> None:
+    await store.create("s")
+    await store.acquire_lease("s", "w1", LONG_TTL)
+
+    assert await store.append("s", [user("x")], lease=None) == 1
+
+
+async def test_reacquiring_own_live_lease_keeps_the_token_and_extends_it(store: Store) -> None:
+    await store.create("s")
+    first = await store.acquire_lease("s", "w1", 0.2)
+
+    again = await store.acquire_lease("s", "w1", LONG_TTL)
+    await sleep_past(0.2)
+
+    assert again == first
+    assert await store.acquire_lease("s", "w2", LONG_TTL) is None
+    assert await store.append("s", [user("still mine")], lease=first) == 1
+
+
+async def test_reacquiring_own_expired_lease_gets_a_new_token(store: Store) -> None:
+    await store.create("s")
+    first = await store.acquire_lease("s", "w1", SHORT_TTL)
+    assert first is not None
+    await sleep_past(SHORT_TTL)
+
+    again = await store.acquire_lease("s", "w1", LONG_TTL)
+
+    assert again is not None
+    assert again.token == first.token + 1
+    with pytest.raises(LeaseLostError):
+        await store.append("s", [user("old")], lease=first)
+
+
+async def test_renew_extends_every_live_lease_of_the_owner(store: Store) -> None:
+    await make(store, "s1", "s2", "s3")
+    lease = await store.acquire_lease("s2", "w1", 0.3)
+    await store.acquire_lease("s1", "w1", 0.3)
+    await store.acquire_lease("s3", "w2", 0.3)
+
+    assert await store.renew_leases("w1", LONG_TTL) == ["s1", "s2"]
+    await sleep_past(0.3)
+
+    assert [r.lease_owner for r in await store.list_sessions() if r.session_id != "s3"] == [
+        "w1",
+        "w1",
+    ]
+    assert (await store.get("s3")).lease_owner is None
+    assert await store.append("s2", [user("x")], lease=lease) == 1
+
+
+async def test_renew_skips_expired_leases(store: Store) -> None:
+    await store.create("s")
+    lease = await store.acquire_lease("s", "w1", SHORT_TTL)
+    await sleep_past(SHORT_TTL)
+
+    assert await store.renew_leases("w1", LONG_TTL) == []
+    with pytest.raises(LeaseLostError):
+        await store.append("s", [user("x")], lease=lease)
+
+
+async def test_release_frees_the_lease_and_the_next_gets_a_new_token(store: Store) -> None:
+    await store.create("s")
+    released = await store.acquire_lease("s", "w1", LONG_TTL)
+    assert released is not None
+
+    await store.release_lease(released)
+
+    assert (await store.get("s")).lease_owner is None
+    assert await store.renew_leases("w1", LONG_TTL) == []
+    taken = await store.acquire_lease("s", "w2", LONG_TTL)
+    assert taken is not None
+    assert taken.token == released.token + 1
+    with pytest.raises(LeaseLostError):
+        await store.append("s", [user("x")], lease=released)
+
+
+async def test_release_of_a_lost_lease_is_a_no_op(store: Store) -> None:
+    await store.create("s")
+    lost = await store.acquire_lease("s", "w1", SHORT_TTL)
+    assert lost is not None
+    await sleep_past(SHORT_TTL)
+    current = await store.acquire_lease("s", "w2", LONG_TTL)
+    assert current is not None
+
+    await store.release_lease(lost)
+    await store.release_lease(Lease(session_id="gone", owner="w1", token=1))
+
+    assert (await store.get("s")).lease_owner == "w2"
+    assert await store.append("s", [user("x")], lease=current) == 1
+
+
+async def test_get_reports_only_a_live_lease_owner(store: Store) -> None:
+    await store.create("s")
+    await store.acquire_lease("s", "w1", SHORT_TTL)
+    await sleep_past(SHORT_TTL)
+
+    assert (await store.get("s")).lease_owner is None
+    assert (await store.list_sessions())[0].lease_owner is None
+
+
+# --- input queue (spec R1: a send to a remote session is queued for the owner) -----------
+
+
+async def test_r1_inputs_are_taken_once_in_fifo_order(store: Store) -> None:
+    await make(store, "s", "t")
+    for n in range(3):
+        await store.enqueue_input("s", f"prompt {n}", f"m{n}")
+    await store.enqueue_input("t", "elsewhere", "mt")
+
+    assert await store.take_inputs("s") == [
+        ("prompt 0", "m0"),
+        ("prompt 1", "m1"),
+        ("prompt 2", "m2"),
+    ]
+    assert await store.take_inputs("s") == []
+
+    await store.enqueue_input("s", "later", "m3")
+    assert await store.take_inputs("s") == [("later", "m3")]
+    assert await store.take_inputs("t") == [("elsewhere", "mt")]
