@@ -1,0 +1,298 @@
+"""`Client`: the in-process runtime. It wires the store, providers and defaults, and creates,
+resumes, lists and deletes sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Literal, Unpack
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
+from trimtab._permissions import PermissionHandlerFn
+from trimtab._session import Session
+from trimtab._tools import Tool
+from trimtab._window import Replay, replay
+from trimtab.events import (
+    SessionConfigData,
+    SessionResumeData,
+    SessionResumeEvent,
+    SessionStartData,
+    SessionStartEvent,
+    new_id,
+)
+from trimtab.providers import Provider, ProviderConfig, make_provider
+from trimtab.store import SessionRecord, Store, open_store
+
+__all__ = ["Client", "SessionOptions"]
+
+log = logging.getLogger("trimtab")
+
+
+class SystemMessage(TypedDict, total=False):
+    """The Copilot SDK's `system_message={"content": ...}` form."""
+
+    content: str
+    mode: Literal["append", "replace"]
+
+
+class SessionOptions(TypedDict, total=False):
+    """Options of `create_session` and `resume_session`; unknown keys are an error."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)  # type: ignore[misc]
+
+    model: str
+    provider: dict[str, Any] | Provider
+    system_message: str | SystemMessage
+    developer_messages: list[str]
+    tools: list[Tool]
+    on_permission_request: PermissionHandlerFn | None
+    streaming: bool
+
+
+_validate_options = TypeAdapter(SessionOptions)
+
+
+class Client:
+    """An in-process trimtab runtime.
+
+    ```python
+    async with Client() as client:
+        session = await client.create_session(provider={...}, model="gpt-4.1")
+    ```
+
+    Args:
+        store: where logs live: a `Store`, `"memory"`, a SQLite path, or None for the SQLite
+            database under `TRIMTAB_HOME` (default `~/.trimtab`).
+        provider: the provider of sessions that name none (a config dict or a `Provider`).
+        lease_ttl: seconds a session lease lasts without renewal (spec R1).
+        poll_interval: seconds between lease renewals and checks for queued remote input.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store | str | os.PathLike[str] | None = None,
+        provider: dict[str, Any] | Provider | None = None,
+        lease_ttl: float = 30.0,
+        poll_interval: float = 1.0,
+    ) -> None:
+        if lease_ttl <= 0 or poll_interval <= 0:
+            raise ValueError("lease_ttl and poll_interval must be positive")
+        self._store_spec = store
+        self._store: Store | None = None
+        self._default_provider = provider
+        self._lease_ttl = lease_ttl
+        self._poll_interval = poll_interval
+        self._owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._sessions: dict[str, Session] = {}
+        self._providers: dict[str, Provider] = {}
+        self._maintainer: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Open the store and start lease upkeep; called by `async with` and on first use."""
+        if self._store is None:
+            self._store = open_store(self._store_spec)
+            self._maintainer = asyncio.get_running_loop().create_task(
+                self._maintain(), name="trimtab-leases"
+            )
+
+    async def stop(self) -> None:
+        """Disconnect every session, then close every provider they used and the store."""
+        for session in list(self._sessions.values()):
+            await session.disconnect()
+        if self._maintainer is not None:
+            self._maintainer.cancel()
+            await asyncio.wait([self._maintainer])
+            self._maintainer = None
+        providers, self._providers = list(self._providers.values()), {}
+        for provider in providers:
+            await provider.aclose()
+        if self._store is not None and not isinstance(self._store_spec, Store):
+            await self._store.close()
+        self._store = None
+
+    async def _open_store(self) -> Store:
+        await self.start()
+        assert self._store is not None
+        return self._store
+
+    # --- sessions ------------------------------------------------------------------------
+
+    async def create_session(
+        self, *, session_id: str | None = None, **options: Unpack[SessionOptions]
+    ) -> Session:
+        """Create a session and hold its lease."""
+        opts = _checked(options)
+        store = await self._open_store()
+        session_id = session_id or new_id()
+        provider, public = self._provider(opts.get("provider"))
+        config = _config(SessionConfigData(provider=public), opts)
+        await store.create(session_id)
+        lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
+        session = self._session(session_id, store, lease, Replay(), provider, opts)
+        await session.emit(
+            SessionStartEvent(
+                data=SessionStartData(
+                    session_id=session_id, selected_model=config.model, config=config
+                )
+            )
+        )
+        return session
+
+    async def resume_session(self, session_id: str, **options: Unpack[SessionOptions]) -> Session:
+        """Open an existing session by replaying its log (spec P1).
+
+        Tools and the permission handler are not persisted as code: pass them again. When
+        another runtime holds the session's lease the session is remote (spec R1).
+        """
+        if (open_session := self._sessions.get(session_id)) is not None:
+            return open_session
+        opts = _checked(options)
+        store = await self._open_store()
+        replayed = replay(await store.read(session_id))
+        provider, public = self._provider(opts.get("provider"), replayed.config.provider)
+        config = _config(replayed.config.model_copy(update={"provider": public}), opts)
+        lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
+        session = self._session(session_id, store, lease, replayed, provider, opts)
+        if lease is not None:
+            data = SessionResumeData(
+                event_count=replayed.event_count,
+                selected_model=config.model,
+                config=config if config != replayed.config else None,
+            )
+            await session.emit(SessionResumeEvent(data=data))
+            await session._recover()
+        return session
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        """Every stored session, most recently active first."""
+        return await (await self._open_store()).list_sessions()
+
+    async def delete_session(self, session_id: str) -> None:
+        """Disconnect the session if open here, then delete its log."""
+        if (session := self._sessions.get(session_id)) is not None:
+            await session.disconnect()
+        store = await self._open_store()
+        await store.get(session_id)  # raises SessionNotFoundError
+        await store.delete(session_id)
+
+    def _session(
+        self,
+        session_id: str,
+        store: Store,
+        lease: Any,
+        replayed: Replay,
+        provider: Provider,
+        opts: SessionOptions,
+    ) -> Session:
+        tools = {tool.name: tool for tool in opts.get("tools", [])}
+        session = Session(
+            session_id,
+            store=store,
+            lease=lease,
+            replayed=replayed,
+            provider=provider,
+            tools=tools,
+            permission_handler=opts.get("on_permission_request"),
+            on_close=self._forget,
+        )
+        self._sessions[session_id] = session
+        return session
+
+    def _forget(self, session: Session) -> None:
+        self._sessions.pop(session.session_id, None)
+
+    def _provider(
+        self, given: dict[str, Any] | Provider | None, persisted: Mapping[str, Any] | None = None
+    ) -> tuple[Provider, dict[str, Any]]:
+        """The provider to use, and its config as it may be logged (no secrets)."""
+        spec = given if given is not None else self._default_provider
+        if spec is None and persisted is not None and "type" in persisted:
+            spec = dict(persisted)
+        if spec is None:
+            raise ValueError("no provider: pass provider={...} to create_session or to Client()")
+        if isinstance(spec, Provider):
+            self._providers.setdefault(f"instance:{id(spec)}", spec)
+            return spec, {"type": spec.name}
+        config = ProviderConfig.model_validate(spec)
+        # Sessions with the same provider config share one client and its connection pool.
+        key = config.model_dump_json()
+        if key not in self._providers:
+            self._providers[key] = make_provider(config)
+        return self._providers[key], config.public_dict()
+
+    # --- leases --------------------------------------------------------------------------
+
+    async def _maintain(self) -> None:
+        """Renew our leases, deliver input queued by other runtimes, take over expired ones."""
+        renew_every = self._lease_ttl / 3
+        loop = asyncio.get_running_loop()
+        last_renewal = loop.time()
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            store = self._store
+            if store is None:
+                return
+            try:
+                if loop.time() - last_renewal >= renew_every:
+                    last_renewal = loop.time()
+                    kept = set(await store.renew_leases(self._owner, self._lease_ttl))
+                    for session in self._sessions.values():
+                        if not session.is_remote and session.session_id not in kept:
+                            session._lease_lost()
+                for session in list(self._sessions.values()):
+                    if session.is_remote:
+                        lease = await store.acquire_lease(
+                            session.session_id, self._owner, self._lease_ttl
+                        )
+                        if lease is not None:
+                            await session._adopt(lease)
+                    if not session.is_remote:
+                        for prompt, message_id in await store.take_inputs(session.session_id):
+                            await session._submit(prompt, None, message_id)
+            except Exception:
+                # Upkeep must survive a transient store error; the next tick retries.
+                log.exception("lease upkeep failed")
+
+
+def _checked(options: Mapping[str, Any]) -> SessionOptions:
+    try:
+        return _validate_options.validate_python(options)
+    except ValidationError as exc:
+        raise ValueError(f"invalid session options: {exc}") from None
+
+
+def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
+    """The persisted configuration: `base` with the given options applied."""
+    update: dict[str, Any] = {}
+    if "model" in opts:
+        update["model"] = opts["model"]
+    if "system_message" in opts:
+        message = opts["system_message"]
+        update["system_message"] = message if isinstance(message, str) else message.get("content")
+    if "developer_messages" in opts:
+        update["developer_messages"] = list(opts["developer_messages"])
+    if "tools" in opts:
+        update["tools"] = [tool.definition for tool in opts["tools"]]
+    if "streaming" in opts:
+        update["streaming"] = opts["streaming"]
+    return base.model_copy(update=update)

@@ -1,0 +1,388 @@
+"""One run: turns, batches, permissions, and the terminal and clear rules of the spec.
+
+The loop never touches storage or subscribers: it hands every event to `LoopHost.emit`
+(the session, the only writer of its log) and reads the window back from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from trimtab._errors import ProviderError
+from trimtab._permissions import NO_HANDLER, PermissionHandlerFn, Verdict, ask_permission
+from trimtab._tools import CallOutcome, Tool, ToolInvocation, parse_arguments
+from trimtab.events import (
+    AbortEvent,
+    AssistantMessageData,
+    AssistantMessageDeltaData,
+    AssistantMessageDeltaEvent,
+    AssistantMessageEvent,
+    AssistantTurnEndEvent,
+    AssistantTurnStartEvent,
+    AssistantUsageData,
+    AssistantUsageEvent,
+    ContextClearedData,
+    Event,
+    PermissionCompletedData,
+    PermissionCompletedEvent,
+    PermissionRequestData,
+    PermissionRequestedData,
+    PermissionRequestedEvent,
+    PermissionResultData,
+    SessionConfigData,
+    SessionContextClearedEvent,
+    SessionErrorData,
+    SessionErrorEvent,
+    SessionIdleData,
+    SessionIdleEvent,
+    ToolExecutionCompleteData,
+    ToolExecutionCompleteEvent,
+    ToolExecutionStartData,
+    ToolExecutionStartEvent,
+    ToolRequest,
+    ToolResultContent,
+    ToolResultError,
+    TurnData,
+    UserMessageData,
+    UserMessageEvent,
+    new_id,
+)
+from trimtab.providers import Message, ModelRequest, ModelResponse, Provider, TextDelta, ToolCall
+
+__all__ = [
+    "INTERRUPTED",
+    "LoopHost",
+    "LoopState",
+    "RunResult",
+    "StagedClear",
+    "current_tool_call",
+    "run",
+    "user_message",
+]
+
+current_tool_call: ContextVar[str | None] = ContextVar("trimtab_current_tool_call", default=None)
+"""The id of the tool call whose handler is running in this context (for clear_context)."""
+
+INTERRUPTED = "The tool call was interrupted before it completed."
+
+
+@dataclass(frozen=True, slots=True)
+class StagedClear:
+    prompt: str
+    messages_cleared: int
+    tool_call_id: str
+    """The enclosing call: the clear commits if and only if this call succeeds (C6, C7)."""
+
+
+@dataclass(slots=True)
+class LoopState:
+    """The loop's live state that the session's `clear_context` needs to see."""
+
+    in_flight: dict[str, str] = field(default_factory=dict)
+    """Tool calls whose handler is running: call id -> tool name, in start order."""
+    staged: StagedClear | None = None
+    seed: str | None = None
+    """The prompt of a committed clear whose seeded run has not started yet (C8)."""
+    approved_tools: set[str] = field(default_factory=set)
+    """Tools approved for the rest of the session (`approve-for-session`)."""
+
+
+@dataclass(slots=True)
+class RunResult:
+    last_message: AssistantMessageEvent | None = None
+    error: SessionErrorEvent | None = None
+    aborted: bool = False
+
+
+class LoopHost(Protocol):
+    """What the loop needs from the session it runs for."""
+
+    session_id: str
+    state: LoopState
+
+    @property
+    def config(self) -> SessionConfigData: ...
+    @property
+    def provider(self) -> Provider: ...
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+    @property
+    def permission_handler(self) -> PermissionHandlerFn | None: ...
+
+    async def emit(self, event: Event) -> Event: ...
+    def window(self) -> list[Message]: ...
+    def next_turn_id(self) -> str: ...
+    def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation: ...
+
+
+async def run(
+    host: LoopHost, prompt: str, message_id: str, *, source: str = "user", append_user: bool = True
+) -> RunResult:
+    """Run one `send` to its single `session.idle` (spec E1), including any seeded run (C8)."""
+    result = RunResult()
+    host.state.staged = host.state.seed = None
+    try:
+        if append_user:
+            await host.emit(user_message(prompt, message_id, source))
+        while (step := await _turn(host, message_id, result)) != "end":
+            if isinstance(step, _Seed):
+                await host.emit(user_message(step.prompt, new_id(), "context_cleared"))
+        if result.error is not None:
+            await host.emit(result.error)
+    except asyncio.CancelledError:
+        # Abort: the run ends here, but the session lives on and still gets its one idle.
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        result.aborted = True
+        await host.emit(AbortEvent())
+    finally:
+        host.state.staged = None
+    await host.emit(SessionIdleEvent(data=SessionIdleData(aborted=result.aborted or None)))
+    return result
+
+
+def user_message(content: str, message_id: str, source: str) -> UserMessageEvent:
+    return UserMessageEvent(
+        data=UserMessageData(content=content, message_id=message_id, source=source)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Seed:
+    prompt: str
+
+
+_Step = Literal["end", "continue"] | _Seed
+"""What follows a turn: the run ends, another turn, or the seeded run of a committed clear."""
+
+
+async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
+    """One model call and its batch, bracketed by turn_start / turn_end."""
+    model = host.config.model
+    turn_id = host.next_turn_id()
+    await host.emit(AssistantTurnStartEvent(data=TurnData(turn_id=turn_id, model=model)))
+    try:
+        try:
+            response, duration = await _call_model(host)
+        except ProviderError as exc:
+            result.error = _error_event(
+                exc.error_type, exc.message, exc.status_code, exc.retryable, message_id
+            )
+            return "end"
+        except Exception as exc:  # a provider bug must not take the runtime down
+            result.error = _error_event(
+                "internal", f"{type(exc).__name__}: {exc}", None, False, message_id
+            )
+            return "end"
+        message = AssistantMessageEvent(
+            data=AssistantMessageData(
+                message_id=new_id(),
+                content=response.content,
+                tool_requests=[_request(c) for c in response.tool_calls] or None,
+                originating_message_id=message_id,
+                turn_id=turn_id,
+                model=model,
+                reasoning_text=response.reasoning,
+            )
+        )
+        await host.emit(message)
+        result.last_message = message
+        await host.emit(
+            AssistantUsageEvent(
+                data=AssistantUsageData(
+                    model=model or host.provider.name,
+                    input_tokens=response.usage.input_tokens,
+                    output_tokens=response.usage.output_tokens,
+                    duration=duration,
+                    finish_reason=response.finish_reason,
+                )
+            )
+        )
+        if not response.tool_calls:
+            return "end"
+        outcomes = await _run_batch(host, response.tool_calls, turn_id)
+    finally:
+        await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model)))
+    return _next_step(host, response.tool_calls, outcomes)
+
+
+def _next_step(host: LoopHost, calls: Sequence[ToolCall], outcomes: Sequence[CallOutcome]) -> _Step:
+    """After a batch: the seeded run (C8), the end (T1, O2), or another turn."""
+    if (seed := host.state.seed) is not None:
+        host.state.seed = None
+        return _Seed(seed)
+    if any(o.outcome == "rejected" for o in outcomes):
+        return "end"
+    terminal = any(
+        o.outcome == "success"
+        and (tool := host.tools.get(c.name)) is not None
+        and tool.definition.is_terminal
+        for c, o in zip(calls, outcomes, strict=True)
+    )
+    return "end" if terminal else "continue"
+
+
+async def _call_model(host: LoopHost) -> tuple[ModelResponse, float]:
+    """The model's response and how long it took (ms); streams deltas when configured."""
+    config = host.config
+    request = ModelRequest(
+        model=config.model or "default",
+        messages=tuple(host.window()),
+        tools=tuple(tool.definition for tool in host.tools.values()),
+        stream=config.streaming,
+    )
+    delta_id = new_id()
+    response: ModelResponse | None = None
+    started = time.perf_counter()
+    async for event in host.provider.stream(request):
+        if isinstance(event, TextDelta) and config.streaming:
+            await host.emit(
+                AssistantMessageDeltaEvent(
+                    data=AssistantMessageDeltaData(message_id=delta_id, delta_content=event.text)
+                )
+            )
+        elif isinstance(event, ModelResponse):
+            response = event
+    if response is None:
+        raise ProviderError("bad_response", "the provider's stream ended without a response")
+    return response, (time.perf_counter() - started) * 1000
+
+
+def _request(call: ToolCall) -> ToolRequest:
+    return ToolRequest(
+        tool_call_id=call.id, name=call.name, arguments=parse_arguments(call.arguments)
+    )
+
+
+def _error_event(
+    error_type: str, message: str, status_code: int | None, retryable: bool, message_id: str
+) -> SessionErrorEvent:
+    return SessionErrorEvent(
+        data=SessionErrorData(
+            error_type=error_type,
+            message=message,
+            status_code=status_code,
+            retryable=retryable,
+            originating_message_id=message_id,
+        )
+    )
+
+
+async def _run_batch(host: LoopHost, calls: Sequence[ToolCall], turn_id: str) -> list[CallOutcome]:
+    """Run every call of one response concurrently and wait for all of them (spec T3)."""
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(_execute(host, call, turn_id)) for call in calls]
+    return [task.result() for task in tasks]
+
+
+async def _execute(host: LoopHost, call: ToolCall, turn_id: str) -> CallOutcome:
+    """One call from `tool.execution_start` to its single `tool.execution_complete` (O1)."""
+    arguments = parse_arguments(call.arguments)
+    await host.emit(
+        ToolExecutionStartEvent(
+            data=ToolExecutionStartData(
+                tool_call_id=call.id, tool_name=call.name, arguments=arguments, turn_id=turn_id
+            )
+        )
+    )
+    try:
+        outcome = await _decide(host, call, arguments)
+    except asyncio.CancelledError:
+        await _complete(host, call, CallOutcome("cancelled", INTERRUPTED), turn_id)
+        raise
+    await _complete(host, call, outcome, turn_id)
+    return outcome
+
+
+async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutcome:
+    tool = host.tools.get(call.name)
+    if tool is None:
+        return CallOutcome("failure", f"Tool '{call.name}' does not exist.")
+    params = tool.validate(arguments)
+    if isinstance(params, CallOutcome):
+        return params
+    invocation = host.invocation(call, arguments)
+    verdict = await _permission(host, tool, call, invocation)
+    if not verdict.allowed:
+        return CallOutcome(verdict.outcome, verdict.text)
+    host.state.in_flight[call.id] = call.name
+    token = current_tool_call.set(call.id)
+    try:
+        return await tool.run(params, invocation)
+    finally:
+        current_tool_call.reset(token)
+        host.state.in_flight.pop(call.id, None)
+
+
+async def _permission(
+    host: LoopHost, tool: Tool, call: ToolCall, invocation: ToolInvocation
+) -> Verdict:
+    if tool.definition.skip_permission or tool.name in host.state.approved_tools:
+        return Verdict(True, "success", "approved", "")
+    handler = host.permission_handler
+    if handler is None:
+        return NO_HANDLER
+    request_id = new_id()
+    request = PermissionRequestData(
+        tool_name=tool.name,
+        tool_description=tool.definition.description,
+        args=invocation.arguments,
+        tool_call_id=call.id,
+    )
+    await host.emit(
+        PermissionRequestedEvent(
+            data=PermissionRequestedData(request_id=request_id, permission_request=request)
+        )
+    )
+    verdict = await ask_permission(handler, request, invocation)
+    if verdict.for_session:
+        host.state.approved_tools.add(tool.name)
+    await host.emit(
+        PermissionCompletedEvent(
+            data=PermissionCompletedData(
+                request_id=request_id,
+                result=PermissionResultData(kind=verdict.wire_kind),
+                tool_call_id=call.id,
+            )
+        )
+    )
+    return verdict
+
+
+async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_id: str) -> None:
+    """Record the outcome, then commit or discard a clear staged by this call (C6, C7)."""
+    success = outcome.outcome == "success"
+    await host.emit(
+        ToolExecutionCompleteEvent(
+            data=ToolExecutionCompleteData(
+                tool_call_id=call.id,
+                success=success,
+                outcome=outcome.outcome,
+                result=ToolResultContent(content=outcome.text) if success else None,
+                error=None
+                if success
+                else ToolResultError(message=outcome.text, code=outcome.outcome),
+                tool_name=call.name,
+                turn_id=turn_id,
+            )
+        )
+    )
+    staged = host.state.staged
+    if staged is None or staged.tool_call_id != call.id:
+        return
+    host.state.staged = None
+    if success:
+        await host.emit(
+            SessionContextClearedEvent(
+                data=ContextClearedData(
+                    messages_cleared=staged.messages_cleared, initial_message=staged.prompt
+                )
+            )
+        )
+        host.state.seed = staged.prompt

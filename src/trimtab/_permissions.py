@@ -1,0 +1,110 @@
+"""Permission policy: asking the host whether a tool call may run.
+
+Deny by default: with no handler, or a handler that fails, the call is `denied`. A `reject`
+decision means the user halted the agent: the call is `rejected` and the run ends after the
+batch (spec O2).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, TypeAlias, assert_never
+
+from pydantic import BaseModel
+
+from trimtab._tools import ToolInvocation
+from trimtab.events import PermissionRequestData
+
+__all__ = [
+    "PermissionDecision",
+    "PermissionHandler",
+    "PermissionHandlerFn",
+    "Verdict",
+    "ask_permission",
+]
+
+PermissionHandlerFn: TypeAlias = Callable[[PermissionRequestData, ToolInvocation], Any]
+"""`handler(request, invocation) -> PermissionDecision | dict`, sync or async."""
+
+
+class PermissionDecision(BaseModel):
+    """A host's answer, in the Copilot SDK's decision kinds."""
+
+    kind: Literal[
+        "approve-once",
+        "approve-for-session",
+        "reject",
+        "user-not-available",
+        # Legacy kinds some Copilot clients still send.
+        "approved",
+        "denied-interactively-by-user",
+        "denied-no-approval-rule-and-could-not-request-from-user",
+    ]
+    feedback: str | None = None
+
+
+class PermissionHandler:
+    """Ready-made permission handlers."""
+
+    @staticmethod
+    def approve_all(
+        request: PermissionRequestData, invocation: ToolInvocation
+    ) -> PermissionDecision:
+        """Approve every tool call."""
+        return PermissionDecision(kind="approve-once")
+
+    @staticmethod
+    def deny_all(request: PermissionRequestData, invocation: ToolInvocation) -> PermissionDecision:
+        """Deny every tool call; the model is told it could not get permission."""
+        return PermissionDecision(kind="user-not-available")
+
+
+class Verdict(NamedTuple):
+    allowed: bool
+    outcome: Literal["success", "denied", "rejected"]
+    """`success` when allowed."""
+    wire_kind: str
+    """The `permission.completed` result kind."""
+    text: str
+    """What the model sees when the call does not run."""
+    for_session: bool = False
+
+
+_APPROVED = Verdict(True, "success", "approved", "")
+_NOT_AVAILABLE = Verdict(
+    False,
+    "denied",
+    "denied-no-approval-rule-and-could-not-request-from-user",
+    "Permission denied and could not request permission from user.",
+)
+NO_HANDLER = _NOT_AVAILABLE._replace(
+    text="Permission denied: no permission handler is configured for this session."
+)
+
+
+async def ask_permission(
+    handler: PermissionHandlerFn, request: PermissionRequestData, invocation: ToolInvocation
+) -> Verdict:
+    """Ask `handler`; any failure to get a valid answer is a denial, never a crash."""
+    try:
+        answer = handler(request, invocation)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        decision = PermissionDecision.model_validate(answer)
+    except Exception:
+        return _NOT_AVAILABLE
+    match decision.kind:
+        case "approve-once" | "approved":
+            return _APPROVED
+        case "approve-for-session":
+            return _APPROVED._replace(for_session=True)
+        case "reject" | "denied-interactively-by-user":
+            text = "The user rejected this tool call."
+            if decision.feedback:
+                text += f" Feedback: {decision.feedback}"
+            return Verdict(False, "rejected", "denied-interactively-by-user", text)
+        case "user-not-available" | "denied-no-approval-rule-and-could-not-request-from-user":
+            return _NOT_AVAILABLE
+        case _:
+            assert_never(decision.kind)

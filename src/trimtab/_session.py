@@ -1,0 +1,416 @@
+"""`Session`: the public face of one agent session, and the only writer of its log."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, overload
+
+from pydantic import BaseModel, ConfigDict
+
+from trimtab import _loop
+from trimtab._errors import ClearContextError, LeaseLostError, SessionError, TrimtabError
+from trimtab._loop import LoopState, RunResult
+from trimtab._permissions import PermissionHandlerFn
+from trimtab._tools import Tool, ToolInvocation
+from trimtab._window import Replay, build_window, conversation_length
+from trimtab.events import (
+    AssistantMessageEvent,
+    Event,
+    EventType,
+    SessionConfigData,
+    SessionResumeData,
+    SessionResumeEvent,
+    ToolExecutionCompleteData,
+    ToolExecutionCompleteEvent,
+    ToolResultError,
+    new_id,
+)
+from trimtab.providers import Message, Provider, ToolCall
+from trimtab.store import Lease, Store
+
+__all__ = ["ClearContextResult", "History", "Session"]
+
+log = logging.getLogger("trimtab")
+
+EventHandler = Callable[[Event], object]
+
+
+class ClearContextResult(BaseModel):
+    """What an accepted `clear_context` reports. Awaitable, so that `await` works from async
+    code while a sync tool handler can use the result directly."""
+
+    model_config = ConfigDict(frozen=True)
+
+    messages_cleared: int
+    """Non-system, non-developer messages in the window when the clear was staged (C5)."""
+
+    def __await__(self) -> Generator[Any, None, ClearContextResult]:
+        return self._self().__await__()
+
+    async def _self(self) -> ClearContextResult:
+        return self
+
+
+class History:
+    """Context operations on a session's window (`session.history`)."""
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def clear_context(self, prompt: str) -> ClearContextResult:
+        """Stage a clear of the model-facing conversation, seeded with `prompt` (spec C1-C11).
+
+        Call it from a tool handler. The clear commits when that tool call succeeds, then the
+        session runs `prompt` in the fresh window; if the call fails the clear is discarded.
+        Raises `ClearContextError` (`remote_session`, `empty_prompt`, `no_tool_call_in_flight`
+        or `clear_pending`) and changes nothing when the clear cannot be accepted.
+        """
+        return self._session._stage_clear(prompt)
+
+
+class _Rpc:
+    """`session.rpc.history.*`: the Copilot SDK's spelling of the same calls."""
+
+    __slots__ = ("history",)
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+
+
+@dataclass(slots=True)
+class _Pending:
+    prompt: str
+    message_id: str
+    appended: bool
+    source: str = "user"
+    waiter: asyncio.Future[RunResult] | None = None
+
+
+class Session:
+    """A live agent session: send messages, watch events, manage the context window.
+
+    Create one with `Client.create_session` or `Client.resume_session`.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        store: Store,
+        lease: Lease | None,
+        replayed: Replay,
+        provider: Provider,
+        tools: Mapping[str, Tool],
+        permission_handler: PermissionHandlerFn | None,
+        on_close: Callable[[Session], None] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.state = LoopState()
+        self.history = History(self)
+        self.rpc = _Rpc(self.history)
+        self._store = store
+        self._lease = lease
+        self._replay = replayed
+        self._provider = provider
+        self._tools = dict(tools)
+        self._permission_handler = permission_handler
+        self._on_close = on_close
+        self._handlers: list[tuple[EventType | None, EventHandler]] = []
+        self._queue: deque[_Pending] = deque()
+        self._worker: asyncio.Task[None] | None = None
+        self._current: asyncio.Task[RunResult] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Session({self.session_id!r}, remote={self.is_remote})"
+
+    # --- what the loop sees (LoopHost) ---------------------------------------------------
+
+    @property
+    def config(self) -> SessionConfigData:
+        return self._replay.config
+
+    @property
+    def provider(self) -> Provider:
+        return self._provider
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        return self._tools
+
+    @property
+    def permission_handler(self) -> PermissionHandlerFn | None:
+        return self._permission_handler
+
+    @property
+    def is_remote(self) -> bool:
+        """Another runtime holds this session's lease: it may be read, not driven (spec R1)."""
+        return self._lease is None
+
+    @property
+    def context_epoch(self) -> int:
+        """How many clears this session has committed."""
+        return self._replay.epoch
+
+    def window(self) -> list[Message]:
+        """The messages the model will see on its next call."""
+        return build_window(self._replay.config, self._replay.window_events)
+
+    def next_turn_id(self) -> str:
+        return str(self._replay.turns)
+
+    def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation:
+        return ToolInvocation(
+            session_id=self.session_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            arguments=arguments,
+            session=self,
+        )
+
+    async def emit(self, event: Event) -> Event:
+        """Stamp, persist (unless ephemeral), then deliver one event; the log's only writer."""
+        replay = self._replay
+        epoch = replay.epoch + (event.type == "session.context_cleared")
+        event = event.model_copy(update={"parent_id": replay.last_id, "context_epoch": epoch})
+        if not event.ephemeral:
+            if self._lease is None:
+                raise LeaseLostError(
+                    f"session {self.session_id} is remote: this runtime cannot write it"
+                )
+            await self._store.append(self.session_id, (event,), lease=self._lease)
+            replay.apply(event)
+        self._deliver(event)
+        return event
+
+    def _deliver(self, event: Event) -> None:
+        for wanted, handler in tuple(self._handlers):
+            if wanted is None or wanted == event.type:
+                try:
+                    handler(event)
+                except Exception:
+                    # A subscriber's bug must not break the run or starve other subscribers.
+                    log.exception("event handler %r failed on %s", handler, event.type)
+
+    # --- public API ----------------------------------------------------------------------
+
+    @overload
+    def on(self, handler: EventHandler, /) -> Callable[[], None]: ...
+    @overload
+    def on(self, event_type: EventType, handler: EventHandler, /) -> Callable[[], None]: ...
+    def on(
+        self, first: EventType | EventHandler, handler: EventHandler | None = None, /
+    ) -> Callable[[], None]:
+        """Subscribe to events (all, or one type); returns a function that unsubscribes.
+
+        Handlers are called synchronously, in log order, right after each event is stored.
+        """
+        if isinstance(first, str):
+            if handler is None:
+                raise TypeError("on(event_type, handler) needs a handler")
+            entry: tuple[EventType | None, EventHandler] = (first, handler)
+        else:
+            entry = (None, first)
+        if not callable(entry[1]) or inspect.iscoroutinefunction(entry[1]):
+            raise TypeError("an event handler must be a plain (non-async) callable")
+        self._handlers.append(entry)
+
+        def unsubscribe() -> None:
+            if entry in self._handlers:
+                self._handlers.remove(entry)
+
+        return unsubscribe
+
+    async def send(self, prompt: str) -> str:
+        """Queue `prompt` for the agent and return its message id at once.
+
+        The run starts right away when the session is idle; otherwise after the runs queued
+        before it. On a remote session the message is queued in the store for its owner.
+        """
+        return (await self._submit(prompt, None)).message_id
+
+    async def send_and_wait(
+        self, prompt: str, *, timeout: float | None = None
+    ) -> AssistantMessageEvent | None:
+        """Send `prompt` and wait for its run to end.
+
+        Returns the run's last `assistant.message` (after a clear, the seeded run's), or None
+        if there was none (an abort before the model answered). Raises `SessionError` if the
+        run ended in `session.error`, and `TimeoutError` after `timeout` seconds (the run
+        goes on).
+        """
+        if self.is_remote:
+            raise TrimtabError(
+                "send_and_wait needs the session's lease; use send() on a remote session"
+            )
+        waiter: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        await self._submit(prompt, waiter)
+        result = await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        if result.error is not None:
+            data = result.error.data
+            raise SessionError(data.error_type, data.message, status_code=data.status_code)
+        return result.last_message
+
+    async def abort(self) -> None:
+        """Stop the current run: running handlers are cancelled, the run ends with `abort` and
+        `session.idle`. Messages queued behind it still run."""
+        current = self._current
+        if current is not None and not current.done():
+            current.cancel()
+            await asyncio.wait([current])
+
+    async def get_events(self) -> list[Event]:
+        """The persisted log, oldest first."""
+        return await self._store.read(self.session_id)
+
+    async def disconnect(self) -> None:
+        """Abort any run, drop queued messages, release the lease. The log stays."""
+        if self._closed:
+            return
+        self._closed = True
+        for pending in self._queue:
+            if pending.waiter is not None and not pending.waiter.done():
+                pending.waiter.cancel()
+        self._queue.clear()
+        await self.abort()
+        if self._worker is not None:
+            await asyncio.wait([self._worker])
+        if self._lease is not None:
+            await self._store.release_lease(self._lease)
+            self._lease = None
+        if self._on_close is not None:
+            self._on_close(self)
+
+    # --- runs ----------------------------------------------------------------------------
+
+    async def _submit(
+        self, prompt: str, waiter: asyncio.Future[RunResult] | None, message_id: str | None = None
+    ) -> _Pending:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        if self._closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
+        pending = _Pending(prompt, message_id or new_id(), appended=False, waiter=waiter)
+        if self._lease is None:
+            await self._store.enqueue_input(self.session_id, prompt, pending.message_id)
+            return pending
+        if self._worker is None:
+            # Idle: record the message before returning, so the log shows what was sent.
+            await self.emit(_loop.user_message(prompt, pending.message_id, "user"))
+            pending.appended = True
+        self._queue.append(pending)
+        self._start_worker()
+        return pending
+
+    def _start_worker(self) -> None:
+        if self._worker is None and self._queue:
+            self._worker = asyncio.get_running_loop().create_task(
+                self._drain(), name=f"trimtab-{self.session_id}"
+            )
+
+    async def _drain(self) -> None:
+        """Run queued messages one after another; each run ends in one idle (spec E1)."""
+        try:
+            while self._queue:
+                pending = self._queue.popleft()
+                self._current = asyncio.get_running_loop().create_task(
+                    _loop.run(
+                        self,
+                        pending.prompt,
+                        pending.message_id,
+                        source=pending.source,
+                        append_user=not pending.appended,
+                    )
+                )
+                try:
+                    result = await asyncio.shield(self._current)
+                except asyncio.CancelledError:
+                    result = RunResult(aborted=True)
+                except Exception as exc:
+                    # The store failed or the lease was lost: no idle can be logged, but no
+                    # waiter may hang either.
+                    if isinstance(exc, LeaseLostError):
+                        self._lease = None
+                    log.exception("run of session %s failed", self.session_id)
+                    if pending.waiter is not None and not pending.waiter.done():
+                        pending.waiter.set_exception(exc)
+                    continue
+                if pending.waiter is not None and not pending.waiter.done():
+                    pending.waiter.set_result(result)
+        finally:
+            self._current = None
+            self._worker = None
+
+    # --- clear_context -------------------------------------------------------------------
+
+    def _stage_clear(self, prompt: str) -> ClearContextResult:
+        if self.is_remote:
+            raise ClearContextError(
+                "remote_session", f"session {self.session_id} is run by another runtime"
+            )
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ClearContextError("empty_prompt", "the seed prompt must be a non-empty string")
+        in_flight = self.state.in_flight
+        call_id = _loop.current_tool_call.get()
+        if call_id not in in_flight:
+            # Called from outside the handler's context (e.g. over JSON-RPC): the earliest
+            # running call of this session is the enclosing one.
+            call_id = next(iter(in_flight), None)
+        if call_id is None:
+            raise ClearContextError(
+                "no_tool_call_in_flight",
+                "clear_context can only be called from a running tool handler",
+            )
+        if self.state.staged is not None or self.state.seed is not None:
+            raise ClearContextError("clear_pending", "a clear is already pending in this run")
+        cleared = conversation_length(self._replay.window_events)
+        self.state.staged = _loop.StagedClear(prompt, cleared, call_id)
+        return ClearContextResult(messages_cleared=cleared)
+
+    # --- leases and resume -------------------------------------------------------------
+
+    def _lease_lost(self) -> None:
+        """Another runtime may own the session now: stop writing (the next append would fail)."""
+        self._lease = None
+
+    async def _adopt(self, lease: Lease) -> None:
+        """Take the session over from a runtime whose lease expired: catch up, then recover."""
+        for event in await self._store.read(self.session_id, after=self._replay.event_count):
+            self._replay.apply(event)
+        self._lease = lease
+        await self.emit(
+            SessionResumeEvent(data=SessionResumeData(event_count=self._replay.event_count))
+        )
+        await self._recover()
+
+    # --- resume --------------------------------------------------------------------------
+
+    async def _recover(self) -> None:
+        """Finish what a crash left: cancel unfinished calls (P3), deliver a pending seed (C10)."""
+        for call_id, name in list(self._replay.unfinished_calls.items()):
+            await self.emit(
+                ToolExecutionCompleteEvent(
+                    data=ToolExecutionCompleteData(
+                        tool_call_id=call_id,
+                        success=False,
+                        outcome="cancelled",
+                        error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
+                        tool_name=name,
+                    )
+                )
+            )
+        seed = self._replay.pending_seed
+        if seed is not None:
+            self._queue.append(
+                _Pending(
+                    seed, new_id(), appended=self._replay.seed_recorded, source="context_cleared"
+                )
+            )
+            self._start_worker()

@@ -1,0 +1,276 @@
+"""Tools: definition from Pydantic models or typed functions, validation, execution.
+
+`define_tool` builds a `Tool`; `Tool.run` validates the model's arguments, calls the handler
+under the tool's timeout and maps whatever happened to exactly one outcome of spec section 1.
+Permission and abort handling live in the loop, which owns the call's lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
+
+import pydantic_core
+from pydantic import BaseModel, ValidationError
+
+from trimtab._errors import ToolError
+from trimtab.events import ToolDefinition, ToolOutcome
+
+if TYPE_CHECKING:
+    from trimtab._session import Session
+
+__all__ = [
+    "CallOutcome",
+    "Tool",
+    "ToolHandler",
+    "ToolInvocation",
+    "ToolResult",
+    "define_tool",
+    "parse_arguments",
+]
+
+ToolHandler = Callable[..., Any]
+"""`handler(params)` or `handler(params, invocation)`, sync or async."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInvocation:
+    """What a handler knows about the call it serves."""
+
+    session_id: str
+    tool_call_id: str
+    tool_name: str
+    arguments: Any
+    """The arguments as the model sent them (parsed JSON)."""
+    session: Session = field(repr=False)
+    """The calling session, so a handler can use `invocation.session.history.clear_context`."""
+
+
+class ToolResult(BaseModel):
+    """A handler's explicit result, when plain text is not enough (Copilot's result shape)."""
+
+    text_result_for_llm: str
+    result_type: Literal["success", "failure", "rejected", "denied"] = "success"
+    error: str | None = None
+    """Detail for logs and hosts; never shown to the model."""
+
+
+class CallOutcome(NamedTuple):
+    outcome: ToolOutcome
+    text: str
+    """What the model sees."""
+
+
+class Tool:
+    """A tool the model may call: its definition plus the handler that serves it."""
+
+    __slots__ = ("definition", "handler", "params_type", "_pass_invocation")
+
+    def __init__(
+        self,
+        definition: ToolDefinition,
+        handler: ToolHandler,
+        params_type: type[BaseModel] | None,
+    ) -> None:
+        self.definition = definition
+        self.handler = handler
+        self.params_type = params_type
+        self._pass_invocation = _positional_arity(handler) >= 2
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r}, is_terminal={self.definition.is_terminal})"
+
+    def validate(self, arguments: Any) -> BaseModel | dict[str, Any] | CallOutcome:
+        """The handler's first argument, or an `invalid_arguments` outcome."""
+        if not isinstance(arguments, dict):
+            return CallOutcome(
+                "invalid_arguments",
+                f"Invalid tool arguments: expected a JSON object, got {_short(arguments)}",
+            )
+        if self.params_type is None:
+            return arguments
+        try:
+            return self.params_type.model_validate(arguments)
+        except ValidationError as exc:
+            lines = [
+                f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+                for err in exc.errors()
+            ]
+            return CallOutcome("invalid_arguments", "Invalid tool arguments:\n" + "\n".join(lines))
+
+    async def run(
+        self, params: BaseModel | dict[str, Any], invocation: ToolInvocation
+    ) -> CallOutcome:
+        """Call the handler under the tool's timeout; never raises but `CancelledError`."""
+        try:
+            async with asyncio.timeout(self.definition.timeout):
+                value = (
+                    self.handler(params, invocation)
+                    if self._pass_invocation
+                    else self.handler(params)
+                )
+                if inspect.isawaitable(value):
+                    value = await value
+        except TimeoutError:
+            return CallOutcome(
+                "timeout", f"Tool '{self.name}' timed out after {self.definition.timeout} s."
+            )
+        except ToolError as exc:
+            return CallOutcome("failure", str(exc))
+        except Exception:
+            # The exception text may hold paths or secrets: the model only learns that it failed.
+            return CallOutcome(
+                "failure", f"Failed to execute '{self.name}': tool execution failed."
+            )
+        return _to_outcome(value)
+
+
+def _to_outcome(value: Any) -> CallOutcome:
+    match value:
+        case ToolResult(result_type="success"):
+            return CallOutcome("success", value.text_result_for_llm)
+        case ToolResult():
+            return CallOutcome(value.result_type, value.text_result_for_llm)
+        case str():
+            return CallOutcome("success", value)
+        case None:
+            return CallOutcome("success", "")
+        case BaseModel():
+            return CallOutcome("success", value.model_dump_json())
+        case _:
+            return CallOutcome("success", pydantic_core.to_json(value).decode())
+
+
+def parse_arguments(text: str) -> Any:
+    """The model's argument text as JSON, or the text itself when it is not valid JSON."""
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _positional_arity(handler: ToolHandler) -> int:
+    try:
+        parameters = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return 2
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+
+
+def _params_type_of(fn: ToolHandler) -> type[BaseModel] | None:
+    """The Pydantic model annotating the function's first parameter, if any."""
+    try:
+        first = next(iter(inspect.signature(fn, eval_str=True).parameters.values()), None)
+    except (NameError, TypeError, ValueError):
+        return None
+    annotation = first.annotation if first is not None else None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+@overload
+def define_tool(name: ToolHandler, /) -> Tool: ...
+@overload
+def define_tool(
+    name: str | None = None,
+    /,
+    *,
+    description: str | None = None,
+    handler: ToolHandler,
+    params_type: type[BaseModel] | None = None,
+    is_terminal: bool = False,
+    defer: Literal["auto", "never"] | None = None,
+    skip_permission: bool = False,
+    overrides_built_in_tool: bool = False,
+    metadata: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> Tool: ...
+@overload
+def define_tool(
+    name: str | None = None,
+    /,
+    *,
+    description: str | None = None,
+    params_type: type[BaseModel] | None = None,
+    is_terminal: bool = False,
+    defer: Literal["auto", "never"] | None = None,
+    skip_permission: bool = False,
+    overrides_built_in_tool: bool = False,
+    metadata: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> Callable[[ToolHandler], Tool]: ...
+def define_tool(
+    name: str | ToolHandler | None = None,
+    /,
+    *,
+    description: str | None = None,
+    handler: ToolHandler | None = None,
+    params_type: type[BaseModel] | None = None,
+    is_terminal: bool = False,
+    defer: Literal["auto", "never"] | None = None,
+    skip_permission: bool = False,
+    overrides_built_in_tool: bool = False,
+    metadata: dict[str, Any] | None = None,
+    timeout: float | None = None,
+) -> Tool | Callable[[ToolHandler], Tool]:
+    """Define a tool, directly or as a decorator.
+
+    ```python
+    clear = define_tool("clear_context", description="...", params_type=ClearArgs,
+                        is_terminal=True, handler=clear_handler)
+
+    @define_tool(description="Add two numbers")
+    def add(params: AddArgs) -> str: ...
+    ```
+
+    The argument schema comes from `params_type`, else from the Pydantic model annotating
+    the handler's first parameter; a handler without one receives the arguments as a dict.
+    A handler taking two positional parameters also receives the `ToolInvocation`.
+    """
+    if callable(name):
+        return define_tool(handler=name)
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+
+    def build(fn: ToolHandler) -> Tool:
+        if not callable(fn):
+            raise TypeError(f"a tool handler must be callable, got {type(fn).__name__}")
+        tool_name = name or getattr(fn, "__name__", None)
+        if not tool_name or tool_name == "<lambda>":
+            raise ValueError("a tool needs a name: pass define_tool('name', ...)")
+        model = params_type or _params_type_of(fn)
+        if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise TypeError("params_type must be a Pydantic BaseModel subclass")
+        schema = model.model_json_schema() if model else {"type": "object", "properties": {}}
+        definition = ToolDefinition(
+            name=tool_name,
+            description=description if description is not None else inspect.getdoc(fn) or "",
+            parameters=schema,
+            is_terminal=is_terminal,
+            defer=defer,
+            skip_permission=skip_permission,
+            overrides_built_in_tool=overrides_built_in_tool,
+            metadata=metadata,
+            timeout=timeout,
+        )
+        return Tool(definition, fn, model)
+
+    return build(handler) if handler is not None else build

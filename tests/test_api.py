@@ -1,0 +1,137 @@
+"""The public surface: exports, `define_tool` forms, option validation, and the examples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import trimtab
+from tests.conftest import open_session
+from trimtab import Client, ToolInvocation, define_tool
+from trimtab.testing import ScriptedModel, tool_call
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_all_is_sorted_and_matches_the_public_names() -> None:
+    public = {name for name in dir(trimtab) if not name.startswith("_")}
+    public -= {"events", "providers", "store", "testing"}  # subpackages, imported on purpose
+    assert trimtab.__all__ == sorted(trimtab.__all__)
+    assert set(trimtab.__all__) == public
+
+
+class AddArgs(BaseModel):
+    a: int
+    b: int
+
+
+def test_define_tool_as_a_decorator_infers_name_schema_and_docs() -> None:
+    @define_tool
+    def add(params: AddArgs) -> str:
+        """Add two numbers."""
+        return str(params.a + params.b)
+
+    assert add.name == "add" and add.definition.description == "Add two numbers."
+    assert add.definition.parameters["required"] == ["a", "b"]
+    assert add.params_type is AddArgs
+
+
+def test_define_tool_decorator_with_options() -> None:
+    @define_tool(
+        "adder",
+        description="Adds",
+        is_terminal=True,
+        timeout=2.0,
+        skip_permission=True,
+        metadata={"k": 1},
+    )
+    async def add(params: AddArgs, invocation: ToolInvocation) -> int:
+        return params.a + params.b
+
+    d = add.definition
+    assert (d.name, d.description, d.is_terminal, d.timeout, d.skip_permission, d.metadata) == (
+        "adder",
+        "Adds",
+        True,
+        2.0,
+        True,
+        {"k": 1},
+    )
+
+
+def test_tool_wire_definition_omits_false_flags() -> None:
+    tool = define_tool("x", handler=lambda p: "", is_terminal=True, defer="never")
+    wire = tool.definition.model_dump(by_alias=True, exclude_defaults=True)
+    assert wire["isTerminal"] is True and wire["defer"] == "never" and "skipPermission" not in wire
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"handler": lambda p: ""}, ValueError),  # a lambda has no name
+        ({"handler": 3}, TypeError),
+        ({"handler": lambda p: "", "timeout": 0}, ValueError),
+        ({"handler": lambda p: "", "params_type": dict}, TypeError),
+    ],
+)
+def test_define_tool_rejects_bad_input(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    name = None if "timeout" not in kwargs and "params_type" not in kwargs else "t"
+    with pytest.raises(error):
+        define_tool(name, **kwargs)
+
+
+async def test_tool_without_a_model_gets_a_dict(client: Client) -> None:
+    seen: list[Any] = []
+    model = ScriptedModel([tool_call("raw", {"any": ["thing"]}), "ok"])
+    session = await open_session(client, model, define_tool("raw", handler=seen.append))
+    await session.send_and_wait("go")
+    assert seen == [{"any": ["thing"]}]
+
+
+async def test_unknown_session_option_is_an_error_naming_it(client: Client) -> None:
+    with pytest.raises(ValueError, match="systemmessage"):
+        await client.create_session(provider=ScriptedModel(), systemmessage="typo")  # type: ignore[call-arg]
+
+
+async def test_provider_is_required(client: Client) -> None:
+    with pytest.raises(ValueError, match="no provider"):
+        await client.create_session()
+
+
+async def test_unknown_provider_key_is_an_error_naming_it(client: Client) -> None:
+    with pytest.raises(ValueError, match="base_uri"):
+        await client.create_session(provider={"type": "openai", "base_uri": "http://x"}, model="m")
+
+
+async def test_system_message_in_copilot_form(client: Client) -> None:
+    model = ScriptedModel(["ok"])
+    session = await client.create_session(provider=model, system_message={"content": "BE BRIEF"})
+    await session.send_and_wait("hi")
+    assert model.requests[0].messages[0].content == "BE BRIEF"
+
+
+async def test_scripted_model_reports_leftover_steps() -> None:
+    model = ScriptedModel(["never used"])
+    with pytest.raises(AssertionError, match="1 script step"):
+        async with Client(store="memory") as client:
+            await client.create_session(provider=model)
+
+
+def test_example_01_runs_offline() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "01_clear_context.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "reply: FRESH_CONTEXT" in done.stdout
+    second_request = (
+        "[('system', 'You are a helpful assistant.'), ('user', 'Reply with exactly FRESH"
+    )
+    assert second_request in done.stdout

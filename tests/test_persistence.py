@@ -1,0 +1,262 @@
+"""Spec section 5: replay (P1), crash recovery (P3, C10) and remote sessions (R1)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Recorder, clear_tool, echo_tool, open_session, roles
+from trimtab import Client, PermissionHandler, SessionNotFoundError
+from trimtab.events import Event
+from trimtab.store import SqliteStore
+from trimtab.testing import ScriptedModel, tool_call
+
+SEED = "Reply with exactly FRESH_CONTEXT."
+
+
+async def copy_log(events: list[Event], path: Path, session_id: str) -> None:
+    """Write `events` as the whole log of a session: the state a crash would leave on disk."""
+    store = SqliteStore(path)
+    await store.create(session_id)
+    await store.append(session_id, events, lease=None)
+    await store.close()
+
+
+async def test_p1_resume_rebuilds_the_same_window(client: Client) -> None:
+    model = ScriptedModel(
+        [
+            tool_call("echo", {"text": "x"}),
+            "one",
+            tool_call("clear_context", {"prompt": SEED}),
+            "FRESH",
+        ]
+    )
+    session = await open_session(
+        client, model, echo_tool(), clear_tool(), developer_messages=["DEV"]
+    )
+    await session.send_and_wait("first")
+    await session.send_and_wait("clear please")
+    before = session.window()
+    await session.disconnect()
+    resumed = await client.resume_session(
+        session.session_id, provider=ScriptedModel(), tools=[echo_tool(), clear_tool()]
+    )
+    assert resumed.window() == before
+    assert [m.role for m in before] == ["system", "developer", "user", "assistant"]
+    assert resumed.context_epoch == 1
+
+
+async def test_resume_keeps_config_and_marks_itself(client: Client) -> None:
+    session = await open_session(
+        client, ScriptedModel(["x"]), echo_tool(), model="m-1", developer_messages=["D"]
+    )
+    await session.send_and_wait("hi")
+    await session.disconnect()
+    model = ScriptedModel(["y"])
+    resumed = await client.resume_session(session.session_id, provider=model, tools=[echo_tool()])
+    assert resumed.config.model == "m-1" and resumed.config.developer_messages == ["D"]
+    await resumed.send_and_wait("again")
+    assert roles(model, 0) == [
+        ("system", "SYSTEM"),
+        ("developer", "D"),
+        ("user", "hi"),
+        ("assistant", "x"),
+        ("user", "again"),
+    ]
+    assert model.requests[0].model == "m-1"
+    types = [e.type for e in await resumed.get_events()]
+    assert types.count("session.resume") == 1
+
+
+async def test_resume_of_an_open_session_returns_the_same_object(client: Client) -> None:
+    session = await open_session(client, ScriptedModel())
+    assert await client.resume_session(session.session_id) is session
+
+
+async def test_unknown_session_and_delete(client: Client) -> None:
+    with pytest.raises(SessionNotFoundError):
+        await client.resume_session("no-such-session", provider=ScriptedModel())
+    session = await open_session(client, ScriptedModel(["x"]))
+    await session.send_and_wait("label me")
+    records = await client.list_sessions()
+    assert [r.session_id for r in records] == [session.session_id]
+    assert records[0].summary == "label me"
+    await client.delete_session(session.session_id)
+    assert await client.list_sessions() == []
+    with pytest.raises(SessionNotFoundError):
+        await client.delete_session(session.session_id)
+
+
+async def test_p3_call_in_flight_at_a_crash_is_cancelled_on_resume(tmp_path: Path) -> None:
+    async def hang(params: Any) -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    from trimtab import define_tool
+
+    async with Client(store="memory") as first:
+        session = await open_session(
+            first, ScriptedModel([tool_call("hang")]), define_tool("hang", handler=hang)
+        )
+        rec = Recorder(session)
+        await session.send("go")
+        await rec.wait_for("tool.execution_start")
+        crashed = await session.get_events()
+        await session.disconnect()
+    db = tmp_path / "crash.db"
+    await copy_log(crashed, db, session.session_id)
+
+    model = ScriptedModel(["recovered"])
+    async with Client(store=db) as second:
+        resumed = await open_resumed(second, session.session_id, model)
+        completes = [e for e in await resumed.get_events() if e.type == "tool.execution_complete"]
+        assert [e.data.outcome for e in completes] == ["cancelled"]
+        await resumed.send_and_wait("continue")
+        window = roles(model, 0)
+        assert window[2:] == [
+            ("assistant", ""),
+            ("tool", "The tool call was interrupted before it completed."),
+            ("user", "continue"),
+        ]
+
+
+async def open_resumed(client: Client, session_id: str, model: ScriptedModel) -> Any:
+    return await client.resume_session(
+        session_id,
+        provider=model,
+        tools=[clear_tool()],
+        on_permission_request=PermissionHandler.approve_all,
+    )
+
+
+@pytest.mark.parametrize("crash_after", ["session.context_cleared", "seed user.message"])
+async def test_c10_crash_between_clear_and_seed_delivers_the_seed_once(
+    tmp_path: Path, crash_after: str
+) -> None:
+    async with Client(store="memory") as first:
+        model = ScriptedModel([tool_call("clear_context", {"prompt": SEED}), "FRESH"])
+        session = await open_session(first, model, clear_tool())
+        await session.send_and_wait("clear")
+        events = await session.get_events()
+    if crash_after == "session.context_cleared":
+        cut = next(i for i, e in enumerate(events) if e.type == "session.context_cleared")
+    else:
+        cut = next(
+            i
+            for i, e in enumerate(events)
+            if e.type == "user.message" and e.data.source == "context_cleared"
+        )
+    db = tmp_path / "crash.db"
+    await copy_log(events[: cut + 1], db, session.session_id)
+
+    model = ScriptedModel(["FRESH"])
+    async with Client(store=db) as second:
+        resumed = await open_resumed(second, session.session_id, model)
+        rec = Recorder(resumed)
+        await rec.wait_for("session.idle")
+        assert roles(model, 0) == [("system", "SYSTEM"), ("user", SEED)]
+        log = await resumed.get_events()
+        seeds = [e for e in log if e.type == "user.message" and e.data.source == "context_cleared"]
+        assert len(seeds) == 1
+        await resumed.disconnect()
+        again = await open_resumed(second, session.session_id, ScriptedModel())
+        await asyncio.sleep(0.05)
+        assert [e.type for e in await again.get_events()].count("assistant.message") == 2
+
+
+async def test_r1_second_runtime_sees_a_remote_session_and_its_send_is_delivered(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "shared.db"
+    async with (
+        Client(store=db, poll_interval=0.02) as owner,
+        Client(store=db, poll_interval=0.02) as other,
+    ):
+        model = ScriptedModel(["from the owner"])
+        session = await open_session(owner, model)
+        rec = Recorder(session)
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+        assert remote.is_remote and not session.is_remote
+        await remote.send("hello from elsewhere")
+        await rec.wait_for("session.idle")
+        assert roles(model, 0)[-1] == ("user", "hello from elsewhere")
+        assert [e.type for e in await remote.get_events()][-1] == "assistant.turn_end"
+
+
+async def test_r1_remote_session_is_taken_over_when_the_owner_leaves(tmp_path: Path) -> None:
+    db = tmp_path / "shared.db"
+    async with (
+        Client(store=db, poll_interval=0.02) as owner,
+        Client(store=db, poll_interval=0.02) as other,
+    ):
+        session = await open_session(owner, ScriptedModel(["one"]))
+        await session.send_and_wait("first")
+        model = ScriptedModel(["two"])
+        remote = await other.resume_session(
+            session.session_id, provider=model, on_permission_request=PermissionHandler.approve_all
+        )
+        assert remote.is_remote
+        rec = Recorder(remote)
+        await session.disconnect()
+        await rec.wait_for("session.resume")
+        assert not remote.is_remote
+        reply = await remote.send_and_wait("second")
+        assert reply is not None and reply.data.content == "two"
+        assert roles(model, 0)[-3:] == [("user", "first"), ("assistant", "one"), ("user", "second")]
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from trimtab import Client, PermissionHandler, define_tool
+    from trimtab.testing import ScriptedModel, tool_call
+
+    async def hang(params):
+        print("TOOL_STARTED", flush=True)
+        await asyncio.Event().wait()
+
+    async def main():
+        client = Client(store=sys.argv[1], lease_ttl=0.5, poll_interval=0.1)
+        session = await client.create_session(
+            session_id="crashy",
+            provider=ScriptedModel([tool_call("hang")]),
+            tools=[define_tool("hang", handler=hang)],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait("go")
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_p3_kill_9_mid_tool_then_resume_in_another_process(tmp_path: Path) -> None:
+    db = tmp_path / "killed.db"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHILD, str(db), stdout=asyncio.subprocess.PIPE
+    )
+    assert child.stdout is not None
+    line = await asyncio.wait_for(child.stdout.readline(), 30)
+    assert line.strip() == b"TOOL_STARTED"
+    child.kill()  # SIGKILL: no cleanup, no lease release
+    await child.wait()
+
+    await asyncio.sleep(0.6)  # past the dead owner's lease
+    model = ScriptedModel(["after the crash"])
+    async with Client(store=db) as survivor:
+        session = await survivor.resume_session(
+            "crashy", provider=model, on_permission_request=PermissionHandler.approve_all
+        )
+        assert not session.is_remote
+        events = await session.get_events()
+        types = [e.type for e in events]
+        assert types.count("tool.execution_start") == types.count("tool.execution_complete") == 1
+        complete = next(e for e in events if e.type == "tool.execution_complete")
+        assert complete.data.outcome == "cancelled"
+        reply = await session.send_and_wait("are you there?")
+        assert reply is not None and reply.data.content == "after the crash"

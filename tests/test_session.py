@@ -1,0 +1,241 @@
+"""Spec section 4 (events E1-E3) and the session's own behaviour: queueing, abort, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.conftest import Recorder, echo_tool, open_session, roles
+from trimtab import Client, ProviderError, SessionError, ToolInvocation, define_tool
+from trimtab.testing import ScriptedModel, tool_call
+
+
+async def test_plain_reply_event_order(client: Client) -> None:
+    model = ScriptedModel(["hello"])
+    session = await open_session(client, model)
+    rec = Recorder(session)
+    reply = await session.send_and_wait("hi")
+    assert reply is not None and reply.data.content == "hello"
+    assert rec.types == [
+        "user.message",
+        "assistant.turn_start",
+        "assistant.message",
+        "assistant.usage",
+        "assistant.turn_end",
+        "session.idle",
+    ]
+    model.assert_done()
+
+
+async def test_e1_one_idle_per_run_always_last(client: Client) -> None:
+    model = ScriptedModel([tool_call("echo", {"text": "a"}), "one", "two"])
+    session = await open_session(client, model, echo_tool())
+    rec = Recorder(session)
+    await session.send_and_wait("first")
+    assert rec.types.count("session.idle") == 1 and rec.types[-1] == "session.idle"
+    await session.send_and_wait("second")
+    assert rec.types.count("session.idle") == 2 and rec.types[-1] == "session.idle"
+
+
+async def test_e1_provider_failure_is_an_error_then_idle_and_loses_nothing(client: Client) -> None:
+    failure = ProviderError("rate_limit", "slow down", status_code=429, retryable=True)
+    model = ScriptedModel([failure, "recovered"])
+    session = await open_session(client, model)
+    rec = Recorder(session)
+    with pytest.raises(SessionError) as err:
+        await session.send_and_wait("hello?")
+    assert err.value.error_type == "rate_limit" and err.value.status_code == 429
+    assert rec.types[-2:] == ["session.error", "session.idle"]
+    error = rec.of("session.error")[0].data
+    assert (error.error_type, error.status_code, error.retryable) == ("rate_limit", 429, True)
+    reply = await session.send_and_wait("again")
+    assert reply is not None and reply.data.content == "recovered"
+    assert roles(model, 1) == [("system", "SYSTEM"), ("user", "hello?"), ("user", "again")]
+
+
+async def test_e1_a_provider_bug_is_an_internal_error_not_a_crash(client: Client) -> None:
+    def broken(request: Any) -> str:
+        raise KeyError("oops")
+
+    session = await open_session(client, ScriptedModel([broken, "fine"]))
+    with pytest.raises(SessionError) as err:
+        await session.send_and_wait("x")
+    assert err.value.error_type == "internal"
+    assert (await session.send_and_wait("y")) is not None
+
+
+async def test_e2_idle_and_deltas_are_live_only(client: Client) -> None:
+    model = ScriptedModel(["a fairly long streamed answer"], chunk_size=5)
+    session = await open_session(client, model, streaming=True)
+    rec = Recorder(session)
+    await session.send_and_wait("stream please")
+    deltas = rec.of("assistant.message_delta")
+    assert "".join(d.data.delta_content for d in deltas) == "a fairly long streamed answer"
+    assert all(d.ephemeral for d in deltas) and rec.of("session.idle")[0].ephemeral
+    persisted = {e.type for e in await session.get_events()}
+    assert "assistant.message_delta" not in persisted and "session.idle" not in persisted
+    assert model.requests[0].stream
+
+
+async def test_e3_total_order_uuid_ids_and_parent_chain(client: Client) -> None:
+    model = ScriptedModel([tool_call("echo", {"text": "a"}), "done"])
+    session = await open_session(client, model, echo_tool())
+    await session.send_and_wait("go")
+    events = await session.get_events()
+    assert events[0].type == "session.start" and events[0].parent_id is None
+    for before, after in zip(events, events[1:], strict=False):
+        assert after.parent_id == before.id
+        assert after.timestamp >= before.timestamp
+    assert all(uuid.UUID(e.id).version == 4 for e in events)
+    assert len({e.id for e in events}) == len(events)
+
+
+async def test_wire_shape_is_camel_case(client: Client) -> None:
+    session = await open_session(client, ScriptedModel(["x"]))
+    message_id = await session.send("hi")
+    await asyncio.sleep(0.05)
+    user = next(e for e in await session.get_events() if e.type == "user.message")
+    wire = user.model_dump(by_alias=True, mode="json")
+    assert wire["data"]["messageId"] == message_id and "parentId" in wire and "contextEpoch" in wire
+
+
+async def test_sends_during_a_run_are_queued_in_order(client: Client) -> None:
+    gate = asyncio.Event()
+
+    async def wait(params: Any) -> str:
+        await gate.wait()
+        return "released"
+
+    model = ScriptedModel([tool_call("wait"), "first done", "second done", "third done"])
+    session = await open_session(client, model, define_tool("wait", handler=wait))
+    rec = Recorder(session)
+    first = asyncio.create_task(session.send_and_wait("first"))
+    await rec.wait_for("tool.execution_start")
+    await session.send("second")
+    await session.send("third")
+    assert [e.data.content for e in rec.of("user.message")] == ["first"]
+    gate.set()
+    assert (await first) is not None
+    await rec.wait_for("session.idle", 3)
+    assert [e.data.content for e in rec.of("user.message")] == ["first", "second", "third"]
+    assert [e.data.content for e in rec.of("assistant.message")][-2:] == [
+        "second done",
+        "third done",
+    ]
+
+
+async def test_abort_cancels_the_running_handler_and_the_session_lives_on(client: Client) -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def long(params: Any) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    model = ScriptedModel([tool_call("long"), "after abort"])
+    session = await open_session(client, model, define_tool("long", handler=long))
+    rec = Recorder(session)
+    run = asyncio.create_task(session.send_and_wait("go"))
+    await asyncio.wait_for(started.wait(), 5)
+    await session.abort()
+    assert (await run) is not None  # the tool-requesting message
+    assert cancelled.is_set()
+    assert rec.of("tool.execution_complete")[0].data.outcome == "cancelled"
+    assert rec.types[-2:] == ["abort", "session.idle"]
+    assert rec.of("session.idle")[0].data.aborted is True
+    reply = await session.send_and_wait("still there?")
+    assert reply is not None and reply.data.content == "after abort"
+    assert roles(model, 1)[-2] == ("tool", "The tool call was interrupted before it completed.")
+
+
+async def test_abort_during_the_model_call(client: Client) -> None:
+    async def never(request: Any) -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    session = await open_session(client, ScriptedModel([never]))
+    rec = Recorder(session)
+    run = asyncio.create_task(session.send_and_wait("go"))
+    await rec.wait_for("assistant.turn_start")
+    await session.abort()
+    assert (await run) is None
+    assert rec.types[-3:] == ["assistant.turn_end", "abort", "session.idle"]
+
+
+async def test_send_and_wait_timeout_leaves_the_run_going(client: Client) -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: Any) -> str:
+        await gate.wait()
+        return "late"
+
+    session = await open_session(client, ScriptedModel([slow]))
+    rec = Recorder(session)
+    with pytest.raises(TimeoutError):
+        await session.send_and_wait("go", timeout=0.05)
+    gate.set()
+    await rec.wait_for("session.idle")
+    assert rec.of("assistant.message")[0].data.content == "late"
+
+
+async def test_event_handlers_by_type_and_unsubscribe(client: Client) -> None:
+    session = await open_session(client, ScriptedModel(["a", "b"]))
+    seen: list[str] = []
+    stop = session.on("assistant.message", lambda e: seen.append(e.type))
+    session.on(lambda e: 1 / 0)  # a broken subscriber does not break the run
+    await session.send_and_wait("1")
+    stop()
+    await session.send_and_wait("2")
+    assert seen == ["assistant.message"]
+    with pytest.raises(TypeError):
+        session.on(print_async)
+
+
+async def print_async(event: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize("prompt", ["", "  ", None, 3])
+async def test_send_rejects_bad_prompts_and_logs_nothing(client: Client, prompt: Any) -> None:
+    session = await open_session(client, ScriptedModel())
+    before = await session.get_events()
+    with pytest.raises(ValueError, match="non-empty string"):
+        await session.send(prompt)
+    assert await session.get_events() == before
+
+
+async def test_invocation_carries_ids_and_session(client: Client) -> None:
+    seen: list[ToolInvocation] = []
+    tool = define_tool("probe", handler=lambda p, inv: seen.append(inv))
+    model = ScriptedModel([tool_call("probe", {"a": 1}, id="call_x"), "ok"])
+    session = await open_session(client, model, tool)
+    await session.send_and_wait("go")
+    invocation = seen[0]
+    assert (invocation.session_id, invocation.tool_call_id, invocation.tool_name) == (
+        session.session_id,
+        "call_x",
+        "probe",
+    )
+    assert invocation.arguments == {"a": 1} and invocation.session is session
+
+
+async def test_disconnect_aborts_and_releases(client: Client) -> None:
+    async def never(request: Any) -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    session = await open_session(client, ScriptedModel([never]))
+    rec = Recorder(session)
+    await session.send("go")
+    await rec.wait_for("assistant.turn_start")
+    await session.disconnect()
+    with pytest.raises(Exception, match="disconnected"):
+        await session.send("more")
+    assert session.session_id in {r.session_id for r in await client.list_sessions()}
