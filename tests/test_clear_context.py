@@ -43,6 +43,7 @@ async def test_seed_scenario_event_order_and_two_requests(client: Client) -> Non
         "assistant.turn_start",
         "assistant.message",
         "assistant.usage",
+        "session.usage_info",
         "assistant.turn_end",
         "session.idle",
     ]

@@ -24,6 +24,7 @@ async def test_plain_reply_event_order(client: Client) -> None:
         "assistant.turn_start",
         "assistant.message",
         "assistant.usage",
+        "session.usage_info",
         "assistant.turn_end",
         "session.idle",
     ]

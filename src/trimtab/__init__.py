@@ -10,9 +10,11 @@ from trimtab._errors import (
     ToolError,
     TrimtabError,
 )
+from trimtab._history import ClearContextResult, CompactResult, History, TruncateResult
 from trimtab._permissions import PermissionDecision, PermissionHandler
-from trimtab._session import ClearContextResult, History, Session
+from trimtab._session import Session
 from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
+from trimtab._window import ContextMessage, ContextWindow
 from trimtab.events import Event
 
 __version__ = "0.1.0"
@@ -21,6 +23,9 @@ __all__ = [
     "ClearContextError",
     "ClearContextResult",
     "Client",
+    "CompactResult",
+    "ContextMessage",
+    "ContextWindow",
     "Event",
     "History",
     "LeaseLostError",
@@ -36,5 +41,6 @@ __all__ = [
     "ToolInvocation",
     "ToolResult",
     "TrimtabError",
+    "TruncateResult",
     "define_tool",
 ]

@@ -18,13 +18,18 @@ from typing_extensions import TypedDict
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._session import Session
 from trimtab._tools import Tool
+from trimtab._toolsearch import TOOL_SEARCH
 from trimtab._window import Replay, replay
 from trimtab.events import (
+    Event,
+    InfiniteSessions,
+    ModelLimits,
     SessionConfigData,
     SessionResumeData,
     SessionResumeEvent,
     SessionStartData,
     SessionStartEvent,
+    ToolSearch,
     new_id,
 )
 from trimtab.providers import Provider, ProviderConfig, make_provider
@@ -54,6 +59,12 @@ class SessionOptions(TypedDict, total=False):
     tools: list[Tool]
     on_permission_request: PermissionHandlerFn | None
     streaming: bool
+    model_limits: ModelLimits | dict[str, int]
+    """Override the built-in limits table: `{"context_window": ..., "max_output_tokens": ...}`."""
+    infinite_sessions: InfiniteSessions | dict[str, Any]
+    """Automatic compaction: `{"enabled": True, "threshold": 0.8}` by default."""
+    tool_search: ToolSearch | dict[str, Any]
+    """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
 
 
 _validate_options = TypeAdapter(SessionOptions)
@@ -205,6 +216,12 @@ class Client:
         opts: SessionOptions,
     ) -> Session:
         tools = {tool.name: tool for tool in opts.get("tools", [])}
+        search = tools.get(TOOL_SEARCH)
+        if search is not None and not search.definition.overrides_built_in_tool:
+            raise ValueError(
+                f"a tool named {TOOL_SEARCH!r} clashes with the built-in one: "
+                "define it with overrides_built_in_tool=True to replace it"
+            )
         session = Session(
             session_id,
             store=store,
@@ -214,8 +231,31 @@ class Client:
             tools=tools,
             permission_handler=opts.get("on_permission_request"),
             on_close=self._forget,
+            on_fork=self._fork,
         )
         self._sessions[session_id] = session
+        return session
+
+    async def _fork(self, source: Session, events: list[Event]) -> Session:
+        """A new session holding a copy of `events` (the source's log after its start event)."""
+        store = await self._open_store()
+        session_id = new_id()
+        await store.create(session_id)
+        lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
+        opts: SessionOptions = {"tools": list(source._tools.values())}
+        if source.permission_handler is not None:
+            opts["on_permission_request"] = source.permission_handler
+        session = self._session(session_id, store, lease, Replay(), source.provider, opts)
+        data = SessionStartData(
+            session_id=session_id,
+            selected_model=source.config.model,
+            config=source.config,
+            forked_from=source.session_id,
+        )
+        await session.emit(SessionStartEvent(data=data))
+        for event in events:
+            await session.emit(event)
+        await session._recover()
         return session
 
     def _forget(self, session: Session) -> None:
@@ -295,4 +335,11 @@ def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
         update["tools"] = [tool.definition for tool in opts["tools"]]
     if "streaming" in opts:
         update["streaming"] = opts["streaming"]
+    for key, model in (
+        ("model_limits", ModelLimits),
+        ("infinite_sessions", InfiniteSessions),
+        ("tool_search", ToolSearch),
+    ):
+        if key in opts:
+            update[key] = model.model_validate(opts[key])  # type: ignore[literal-required]
     return base.model_copy(update=update)

@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import ProviderError
 from trimtab._permissions import NO_HANDLER, PermissionHandlerFn, Verdict, ask_permission
 from trimtab._tools import CallOutcome, Tool, ToolInvocation, parse_arguments
@@ -27,19 +28,18 @@ from trimtab.events import (
     AssistantUsageData,
     AssistantUsageEvent,
     ContextClearedData,
-    Event,
     PermissionCompletedData,
     PermissionCompletedEvent,
     PermissionRequestData,
     PermissionRequestedData,
     PermissionRequestedEvent,
     PermissionResultData,
-    SessionConfigData,
     SessionContextClearedEvent,
     SessionErrorData,
     SessionErrorEvent,
     SessionIdleData,
     SessionIdleEvent,
+    SessionUsageInfoEvent,
     ToolExecutionCompleteData,
     ToolExecutionCompleteEvent,
     ToolExecutionStartData,
@@ -48,11 +48,12 @@ from trimtab.events import (
     ToolResultContent,
     ToolResultError,
     TurnData,
+    UsageInfoData,
     UserMessageData,
     UserMessageEvent,
     new_id,
 )
-from trimtab.providers import Message, ModelRequest, ModelResponse, Provider, TextDelta, ToolCall
+from trimtab.providers import ModelRequest, ModelResponse, TextDelta, ToolCall
 
 __all__ = [
     "INTERRUPTED",
@@ -90,6 +91,8 @@ class LoopState:
     """The prompt of a committed clear whose seeded run has not started yet (C8)."""
     approved_tools: set[str] = field(default_factory=set)
     """Tools approved for the rest of the session (`approve-for-session`)."""
+    discovered: set[str] = field(default_factory=set)
+    """Deferred tools found by `tool_search`, callable for the rest of the run."""
 
 
 @dataclass(slots=True)
@@ -99,23 +102,18 @@ class RunResult:
     aborted: bool = False
 
 
-class LoopHost(Protocol):
+class LoopHost(CompactionHost, Protocol):
     """What the loop needs from the session it runs for."""
 
     session_id: str
     state: LoopState
 
     @property
-    def config(self) -> SessionConfigData: ...
-    @property
-    def provider(self) -> Provider: ...
-    @property
     def tools(self) -> Mapping[str, Tool]: ...
     @property
     def permission_handler(self) -> PermissionHandlerFn | None: ...
 
-    async def emit(self, event: Event) -> Event: ...
-    def window(self) -> list[Message]: ...
+    def deferred(self) -> frozenset[str]: ...
     def next_turn_id(self) -> str: ...
     def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation: ...
 
@@ -126,6 +124,7 @@ async def run(
     """Run one `send` to its single `session.idle` (spec E1), including any seeded run (C8)."""
     result = RunResult()
     host.state.staged = host.state.seed = None
+    host.state.discovered.clear()
     try:
         if append_user:
             await host.emit(user_message(prompt, message_id, source))
@@ -164,11 +163,17 @@ _Step = Literal["end", "continue"] | _Seed
 
 async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
     """One model call and its batch, bracketed by turn_start / turn_end."""
+    await fit_window(host)
     model = host.config.model
     turn_id = host.next_turn_id()
     await host.emit(AssistantTurnStartEvent(data=TurnData(turn_id=turn_id, model=model)))
     try:
         try:
+            info = UsageInfoData(
+                token_limit=host.limits.context_window,
+                current_tokens=request_tokens(host),
+                messages_length=len(host.window()),
+            )
             response, duration = await _call_model(host)
         except ProviderError as exc:
             result.error = _error_event(
@@ -204,6 +209,7 @@ async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
                 )
             )
         )
+        await host.emit(SessionUsageInfoEvent(data=info))
         if not response.tool_calls:
             return "end"
         outcomes = await _run_batch(host, response.tool_calls, turn_id)
@@ -234,7 +240,7 @@ async def _call_model(host: LoopHost) -> tuple[ModelResponse, float]:
     request = ModelRequest(
         model=config.model or "default",
         messages=tuple(host.window()),
-        tools=tuple(tool.definition for tool in host.tools.values()),
+        tools=tuple(host.model_tools()),
         stream=config.streaming,
     )
     delta_id = new_id()
@@ -304,6 +310,10 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     tool = host.tools.get(call.name)
     if tool is None:
         return CallOutcome("failure", f"Tool '{call.name}' does not exist.")
+    if call.name in host.deferred() and call.name not in host.state.discovered:
+        return CallOutcome(
+            "failure", f"Tool '{call.name}' is not loaded: find it with tool_search first."
+        )
     params = tool.validate(arguments)
     if isinstance(params, CallOutcome):
         return params
@@ -314,7 +324,10 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     host.state.in_flight[call.id] = call.name
     token = current_tool_call.set(call.id)
     try:
-        return await tool.run(params, invocation)
+        outcome = await tool.run(params, invocation)
+        if outcome.outcome == "success":
+            host.state.discovered.update(r for r in outcome.references if r in host.tools)
+        return outcome
     finally:
         current_tool_call.reset(token)
         host.state.in_flight.pop(call.id, None)

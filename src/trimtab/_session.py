@@ -6,78 +6,53 @@ import asyncio
 import inspect
 import logging
 from collections import deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, overload
-
-from pydantic import BaseModel, ConfigDict
+from typing import Any, TypeVar, overload
 
 from trimtab import _loop
 from trimtab._errors import ClearContextError, LeaseLostError, SessionError, TrimtabError
+from trimtab._history import ClearContextResult, History
 from trimtab._loop import LoopState, RunResult
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._tools import Tool, ToolInvocation
-from trimtab._window import Replay, build_window, conversation_length
+from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
+from trimtab._window import (
+    ContextWindow,
+    Replay,
+    build_window,
+    context_window,
+    conversation,
+    conversation_length,
+)
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
     EventType,
+    ModelLimits,
     SessionConfigData,
     SessionResumeData,
     SessionResumeEvent,
+    ToolDefinition,
     ToolExecutionCompleteData,
     ToolExecutionCompleteEvent,
     ToolResultError,
     new_id,
 )
-from trimtab.providers import Message, Provider, ToolCall
+from trimtab.providers import Message, Provider, ToolCall, Usage
+from trimtab.providers._limits import limits_for
 from trimtab.store import Lease, Store
 
-__all__ = ["ClearContextResult", "History", "Session"]
+__all__ = ["Session"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("trimtab")
 
 EventHandler = Callable[[Event], object]
 
 
-class ClearContextResult(BaseModel):
-    """What an accepted `clear_context` reports. Awaitable, so that `await` works from async
-    code while a sync tool handler can use the result directly."""
-
-    model_config = ConfigDict(frozen=True)
-
-    messages_cleared: int
-    """Non-system, non-developer messages in the window when the clear was staged (C5)."""
-
-    def __await__(self) -> Generator[Any, None, ClearContextResult]:
-        return self._self().__await__()
-
-    async def _self(self) -> ClearContextResult:
-        return self
-
-
-class History:
-    """Context operations on a session's window (`session.history`)."""
-
-    __slots__ = ("_session",)
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    def clear_context(self, prompt: str) -> ClearContextResult:
-        """Stage a clear of the model-facing conversation, seeded with `prompt` (spec C1-C11).
-
-        Call it from a tool handler. The clear commits when that tool call succeeds, then the
-        session runs `prompt` in the fresh window; if the call fails the clear is discarded.
-        Raises `ClearContextError` (`remote_session`, `empty_prompt`, `no_tool_call_in_flight`
-        or `clear_pending`) and changes nothing when the clear cannot be accepted.
-        """
-        return self._session._stage_clear(prompt)
-
-
 class _Rpc:
-    """`session.rpc.history.*`: the Copilot SDK's spelling of the same calls."""
-
     __slots__ = ("history",)
 
     def __init__(self, history: History) -> None:
@@ -86,11 +61,21 @@ class _Rpc:
 
 @dataclass(slots=True)
 class _Pending:
+    """A queued message: it becomes a run when the runs before it have ended."""
+
     prompt: str
     message_id: str
     appended: bool
     source: str = "user"
     waiter: asyncio.Future[RunResult] | None = None
+
+
+@dataclass(slots=True)
+class _Operation:
+    """A queued window operation (compact, truncate): it never overlaps a run."""
+
+    apply: Callable[[], Awaitable[Any]]
+    waiter: asyncio.Future[Any]
 
 
 class Session:
@@ -110,20 +95,24 @@ class Session:
         tools: Mapping[str, Tool],
         permission_handler: PermissionHandlerFn | None,
         on_close: Callable[[Session], None] | None = None,
+        on_fork: Callable[[Session, list[Event]], Awaitable[Session]] | None = None,
     ) -> None:
         self.session_id = session_id
         self.state = LoopState()
         self.history = History(self)
         self.rpc = _Rpc(self.history)
+        """`session.rpc.history.*`: the Copilot SDK's spelling of `session.history.*`."""
         self._store = store
         self._lease = lease
         self._replay = replayed
         self._provider = provider
         self._tools = dict(tools)
+        self._hidden: tuple[SessionConfigData, frozenset[str], dict[str, Tool]] | None = None
         self._permission_handler = permission_handler
         self._on_close = on_close
+        self._on_fork = on_fork
         self._handlers: list[tuple[EventType | None, EventHandler]] = []
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[_Pending | _Operation] = deque()
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunResult] | None = None
         self._closed = False
@@ -143,7 +132,38 @@ class Session:
 
     @property
     def tools(self) -> Mapping[str, Tool]:
-        return self._tools
+        """Every callable tool, the built-in `tool_search` included when tools are deferred."""
+        return self._deferral()[1]
+
+    def deferred(self) -> frozenset[str]:
+        """Tools left out of the model's list until `tool_search` finds them."""
+        return self._deferral()[0]
+
+    def _deferral(self) -> tuple[frozenset[str], dict[str, Tool]]:
+        # Recomputed only when the configuration changes (it is replaced, never mutated).
+        config = self._replay.config
+        if self._hidden is None or self._hidden[0] is not config:
+            hidden = deferred(self._tools, config.tool_search)
+            tools = self._tools
+            if hidden and TOOL_SEARCH not in tools:
+                tools = {**tools, TOOL_SEARCH: make_tool_search(self._tools, hidden)}
+            self._hidden = (config, hidden, tools)
+        return self._hidden[1], self._hidden[2]
+
+    def model_tools(self) -> list[ToolDefinition]:
+        """The tool definitions sent to the model on its next call."""
+        hidden, discovered = self.deferred(), self.state.discovered
+        return [t.definition for n, t in self.tools.items() if n not in hidden or n in discovered]
+
+    @property
+    def limits(self) -> ModelLimits:
+        """The model's context window and output limit (the session's override, else the table)."""
+        return limits_for(self.config.model, self.config.model_limits)
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by every model call of the session, clears and compactions included."""
+        return self._replay.usage
 
     @property
     def permission_handler(self) -> PermissionHandlerFn | None:
@@ -161,7 +181,15 @@ class Session:
 
     def window(self) -> list[Message]:
         """The messages the model will see on its next call."""
-        return build_window(self._replay.config, self._replay.window_events)
+        return build_window(self._replay.config, self._replay.base, self._replay.window_events)
+
+    def conversation(self) -> list[Message]:
+        """The window without its system and developer messages."""
+        return conversation(self._replay.base, self._replay.window_events)
+
+    def get_context(self) -> ContextWindow:
+        """What the model will see next, with token counts, so a host can inspect its budget."""
+        return context_window(self.window(), self.model_tools(), self.limits.context_window)
 
     def next_turn_id(self) -> str:
         return str(self._replay.turns)
@@ -275,9 +303,9 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        for pending in self._queue:
-            if pending.waiter is not None and not pending.waiter.done():
-                pending.waiter.cancel()
+        for item in self._queue:
+            if item.waiter is not None and not item.waiter.done():
+                item.waiter.cancel()
         self._queue.clear()
         await self.abort()
         if self._worker is not None:
@@ -316,19 +344,21 @@ class Session:
             )
 
     async def _drain(self) -> None:
-        """Run queued messages one after another; each run ends in one idle (spec E1)."""
+        """Run queued items one after another; each run ends in one idle (spec E1)."""
         try:
             while self._queue:
-                pending = self._queue.popleft()
-                self._current = asyncio.get_running_loop().create_task(
-                    _loop.run(
-                        self,
-                        pending.prompt,
-                        pending.message_id,
-                        source=pending.source,
-                        append_user=not pending.appended,
-                    )
+                item = self._queue.popleft()
+                if isinstance(item, _Operation):
+                    await self._apply(item)
+                    continue
+                run = _loop.run(
+                    self,
+                    item.prompt,
+                    item.message_id,
+                    source=item.source,
+                    append_user=not item.appended,
                 )
+                self._current = asyncio.get_running_loop().create_task(run)
                 try:
                     result = await asyncio.shield(self._current)
                 except asyncio.CancelledError:
@@ -336,17 +366,48 @@ class Session:
                 except Exception as exc:
                     # The store failed or the lease was lost: no idle can be logged, but no
                     # waiter may hang either.
-                    if isinstance(exc, LeaseLostError):
-                        self._lease = None
-                    log.exception("run of session %s failed", self.session_id)
-                    if pending.waiter is not None and not pending.waiter.done():
-                        pending.waiter.set_exception(exc)
+                    self._failed(exc, item.waiter)
                     continue
-                if pending.waiter is not None and not pending.waiter.done():
-                    pending.waiter.set_result(result)
+                finally:
+                    self._current = None
+                if item.waiter is not None and not item.waiter.done():
+                    item.waiter.set_result(result)
         finally:
-            self._current = None
             self._worker = None
+
+    async def _apply(self, operation: _Operation) -> None:
+        try:
+            result = await operation.apply()
+        except Exception as exc:
+            if not operation.waiter.done():
+                operation.waiter.set_exception(exc)
+            return
+        if not operation.waiter.done():
+            operation.waiter.set_result(result)
+
+    def _failed(self, exc: Exception, waiter: asyncio.Future[RunResult] | None) -> None:
+        if isinstance(exc, LeaseLostError):
+            self._lease = None
+        log.exception("run of session %s failed", self.session_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    async def _exclusive(self, apply: Callable[[], Awaitable[T]]) -> T:
+        """Run a window operation between runs, never during one (queued behind them)."""
+        if _loop.current_tool_call.get() in self.state.in_flight:
+            raise TrimtabError(
+                "this operation cannot run inside a tool call of the same session; "
+                "use history.clear_context from a tool handler"
+            )
+        if self._lease is None:
+            raise TrimtabError(f"session {self.session_id} is run by another runtime (remote)")
+        if self._closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Operation(apply, waiter))
+        self._start_worker()
+        result: T = await waiter
+        return result
 
     # --- clear_context -------------------------------------------------------------------
 
@@ -370,9 +431,20 @@ class Session:
             )
         if self.state.staged is not None or self.state.seed is not None:
             raise ClearContextError("clear_pending", "a clear is already pending in this run")
-        cleared = conversation_length(self._replay.window_events)
+        cleared = conversation_length(self._replay.base, self._replay.window_events)
         self.state.staged = _loop.StagedClear(prompt, cleared, call_id)
         return ClearContextResult(messages_cleared=cleared)
+
+    async def _fork(self, event_id: str | None) -> Session:
+        events = await self.get_events()
+        cut = len(events)
+        if event_id is not None:
+            cut = next((i for i, e in enumerate(events) if e.id == event_id), 0)
+            if not cut:
+                raise ValueError(f"session {self.session_id} has no event {event_id!r} to fork at")
+        if self._on_fork is None:
+            raise TrimtabError("this session was not opened by a Client that can fork it")
+        return await self._on_fork(self, events[1:cut])
 
     # --- leases and resume -------------------------------------------------------------
 

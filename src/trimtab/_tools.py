@@ -57,12 +57,16 @@ class ToolResult(BaseModel):
     result_type: Literal["success", "failure", "rejected", "denied"] = "success"
     error: str | None = None
     """Detail for logs and hosts; never shown to the model."""
+    tool_references: list[str] = []
+    """Deferred tools this result makes callable (what a `tool_search` tool returns)."""
 
 
 class CallOutcome(NamedTuple):
     outcome: ToolOutcome
     text: str
     """What the model sees."""
+    references: tuple[str, ...] = ()
+    """Deferred tools a successful call made callable."""
 
 
 class Tool:
@@ -136,7 +140,7 @@ class Tool:
 def _to_outcome(value: Any) -> CallOutcome:
     match value:
         case ToolResult(result_type="success"):
-            return CallOutcome("success", value.text_result_for_llm)
+            return CallOutcome("success", value.text_result_for_llm, tuple(value.tool_references))
         case ToolResult():
             return CallOutcome(value.result_type, value.text_result_for_llm)
         case str():

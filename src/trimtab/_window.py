@@ -1,7 +1,9 @@
 """The window: what the model sees, as a pure function of the event log (spec P1).
 
-The conversation starts after the latest `session.context_cleared`; system and developer
-messages come from the configuration, which a clear never touches (spec C9). Tool results
+The conversation starts at the latest *base*: a `session.context_cleared` (empty), or a
+`session.compaction_complete` / `session.truncated`, which carry the messages the window
+starts from, so the window never needs the log before its base. System and developer
+messages come from the configuration, which none of these touch (spec C9). Tool results
 follow the assistant message that requested them, in request order, whatever order they
 completed in (spec T3); a result whose request is not in the window (a sibling of a wiped
 batch, spec C6) is left out, and so is a call that has no result (spec P3), so the window
@@ -11,27 +13,44 @@ never holds an orphan.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from pydantic import BaseModel
 
 from trimtab.events import (
     AbortEvent,
     AssistantMessageEvent,
     AssistantTurnStartEvent,
+    AssistantUsageEvent,
     Event,
+    SessionCompactionCompleteEvent,
     SessionConfigData,
     SessionContextClearedEvent,
     SessionErrorEvent,
     SessionResumeEvent,
     SessionStartEvent,
+    SessionTruncatedEvent,
+    ToolDefinition,
     ToolExecutionCompleteEvent,
     ToolExecutionStartEvent,
     ToolRequest,
     UserMessageEvent,
 )
-from trimtab.providers import Message, ToolCall
+from trimtab.providers import Message, ToolCall, Usage
 
-__all__ = ["Replay", "build_window", "conversation_length", "replay"]
+__all__ = [
+    "ContextMessage",
+    "ContextWindow",
+    "Replay",
+    "build_window",
+    "conversation",
+    "context_window",
+    "conversation_length",
+    "estimate_tokens",
+    "replay",
+    "units",
+]
 
 
 @dataclass
@@ -71,23 +90,32 @@ def _conversation(events: Iterable[Event]) -> list[UserMessageEvent | _Turn]:
     return entries
 
 
-def conversation_length(events: Iterable[Event]) -> int:
+def conversation_length(base: Sequence[Message], events: Iterable[Event]) -> int:
     """Non-system, non-developer messages in the window, counting unanswered calls' messages too.
 
     This is what a clear reports as `messages_cleared` (spec C5): the assistant message that
     requested the clearing call counts even though its results are not recorded yet.
     """
-    return sum(
-        1 if isinstance(e, UserMessageEvent) else 1 + len(e.results) for e in _conversation(events)
+    entries = _conversation(events)
+    return len(base) + sum(
+        1 if isinstance(e, UserMessageEvent) else 1 + len(e.results) for e in entries
     )
 
 
-def build_window(config: SessionConfigData, events: Iterable[Event]) -> list[Message]:
-    """The messages of the next model call."""
+def build_window(
+    config: SessionConfigData, base: Sequence[Message], events: Iterable[Event]
+) -> list[Message]:
+    """The messages of the next model call: system, developer, then the conversation."""
     window: list[Message] = []
     if config.system_message:
         window.append(Message(role="system", content=config.system_message))
     window.extend(Message(role="developer", content=text) for text in config.developer_messages)
+    return window + conversation(base, events)
+
+
+def conversation(base: Sequence[Message], events: Iterable[Event]) -> list[Message]:
+    """The conversation part of the window: the base, then what the events add."""
+    window = list(base)
     for entry in _conversation(events):
         if isinstance(entry, UserMessageEvent):
             window.append(Message(role="user", content=entry.data.content))
@@ -117,6 +145,65 @@ def _to_call(request: ToolRequest) -> ToolCall:
     return ToolCall(id=request.tool_call_id, name=request.name, arguments=text)
 
 
+class ContextMessage(BaseModel):
+    """One message of the window and its estimated size."""
+
+    message: Message
+    tokens: int
+
+
+class ContextWindow(BaseModel):
+    """What the model will see next (`Session.get_context()`)."""
+
+    messages: list[ContextMessage]
+    tools_tokens: int
+    """The estimated size of the tool schemas sent with the messages."""
+    total_tokens: int
+    token_limit: int
+    """The model's context window."""
+
+
+def context_window(
+    window: Sequence[Message], tools: Sequence[ToolDefinition], limit: int
+) -> ContextWindow:
+    """The window with a token estimate per message."""
+    sized = [ContextMessage(message=m, tokens=estimate_tokens([m])) for m in window]
+    tools_tokens = sum(len(t.model_dump_json()) for t in tools) // 4
+    return ContextWindow(
+        messages=sized,
+        tools_tokens=tools_tokens,
+        total_tokens=tools_tokens + sum(m.tokens for m in sized),
+        token_limit=limit,
+    )
+
+
+def units(messages: Sequence[Message]) -> list[list[Message]]:
+    """Split a conversation into units that must stay whole: a user message, or an assistant
+    message with the tool results that answer it (never split a call from its result)."""
+    grouped: list[list[Message]] = []
+    for message in messages:
+        if message.role == "tool" and grouped:
+            grouped[-1].append(message)
+        else:
+            grouped.append([message])
+    return grouped
+
+
+def estimate_tokens(messages: Iterable[Message]) -> int:
+    """A provider-neutral token estimate: 4 characters per token plus 4 per message.
+
+    Close enough for English prose and JSON with the common BPE tokenizers; compaction keeps a
+    margin (its threshold) so that the estimate does not have to be exact.
+    """
+    total = 0
+    for message in messages:
+        chars = len(message.content) + sum(
+            len(c.name) + len(c.arguments) for c in message.tool_calls
+        )
+        total += 4 + (chars + 3) // 4
+    return total
+
+
 @dataclass
 class Replay:
     """What a session needs in memory, rebuilt from its log (resume is replay, spec P1)."""
@@ -126,8 +213,12 @@ class Replay:
     last_id: str | None = None
     epoch: int = 0
     turns: int = 0
+    base: tuple[Message, ...] = ()
+    """The conversation the window starts from (set by compaction and truncation)."""
     window_events: list[Event] = field(default_factory=list)
-    """The events since the latest clear that the window is built from."""
+    """The events since the latest base that the window is built from."""
+    usage: Usage = field(default_factory=Usage)
+    """Tokens used by every model call of the session (spec C9: survives clears)."""
     unfinished_calls: dict[str, str] = field(default_factory=dict)
     """Tool calls started but never completed (a crash mid-call): call id -> tool name."""
     pending_seed: str | None = None
@@ -146,8 +237,18 @@ class Replay:
                 self.config = event.data.config
             case SessionContextClearedEvent():
                 self.epoch += 1
-                self.window_events = []
+                self.base, self.window_events = (), []
                 self.pending_seed, self.seed_recorded = event.data.initial_message, False
+            case SessionCompactionCompleteEvent() if event.data.success:
+                self.base, self.window_events = tuple(event.data.base), []
+            case SessionTruncatedEvent():
+                self.base, self.window_events = tuple(event.data.base), []
+                self.pending_seed = None
+            case AssistantUsageEvent():
+                self.usage = Usage(
+                    input_tokens=(self.usage.input_tokens or 0) + (event.data.input_tokens or 0),
+                    output_tokens=(self.usage.output_tokens or 0) + (event.data.output_tokens or 0),
+                )
             case AssistantTurnStartEvent():
                 self.turns += 1
             case ToolExecutionStartEvent():

@@ -26,10 +26,19 @@ __all__ = [
     "AssistantTurnStartEvent",
     "AssistantUsageData",
     "AssistantUsageEvent",
+    "CompactionCompleteData",
+    "CompactionStartData",
     "ContextClearedData",
     "Event",
     "EventAdapter",
     "EventType",
+    "ExternalToolCompletedData",
+    "ExternalToolCompletedEvent",
+    "ExternalToolRequestedData",
+    "ExternalToolRequestedEvent",
+    "InfiniteSessions",
+    "Message",
+    "ModelLimits",
     "PermissionCompletedData",
     "PermissionCompletedEvent",
     "PermissionRequestData",
@@ -37,6 +46,8 @@ __all__ = [
     "PermissionRequestedEvent",
     "PermissionResultData",
     "SessionConfigData",
+    "SessionCompactionCompleteEvent",
+    "SessionCompactionStartEvent",
     "SessionContextClearedEvent",
     "SessionErrorData",
     "SessionErrorEvent",
@@ -46,6 +57,10 @@ __all__ = [
     "SessionResumeEvent",
     "SessionStartData",
     "SessionStartEvent",
+    "SessionTruncatedEvent",
+    "SessionUsageInfoEvent",
+    "SessionWarningEvent",
+    "ToolCall",
     "ToolDefinition",
     "ToolExecutionCompleteData",
     "ToolExecutionCompleteEvent",
@@ -53,11 +68,15 @@ __all__ = [
     "ToolExecutionStartEvent",
     "ToolOutcome",
     "ToolRequest",
+    "ToolSearch",
     "ToolResultContent",
     "ToolResultError",
+    "TruncatedData",
     "TurnData",
+    "UsageInfoData",
     "UserMessageData",
     "UserMessageEvent",
+    "WarningData",
     "new_id",
     "now",
 ]
@@ -89,6 +108,26 @@ class WireModel(BaseModel):
 # --- data payloads -----------------------------------------------------------------------
 
 
+class ToolCall(WireModel):
+    """A tool call the model asked for."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments exactly as the model produced them (JSON text, possibly invalid)."""
+
+
+class Message(WireModel):
+    """One message of the window, in a provider-neutral shape."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """On assistant messages: the calls it requested."""
+    tool_call_id: str | None = None
+    """On tool messages: the call this is the result of."""
+
+
 class ToolDefinition(WireModel):
     """What the model (and the log) knows of a tool: everything but its handler."""
 
@@ -106,6 +145,29 @@ class ToolDefinition(WireModel):
     """Seconds the handler may run before its call ends in `timeout`."""
 
 
+class ModelLimits(WireModel):
+    """How much a model can take and give, in tokens."""
+
+    context_window: int = Field(default=128_000, gt=0)
+    max_output_tokens: int = Field(default=4_096, gt=0)
+
+
+class InfiniteSessions(WireModel):
+    """Automatic compaction before a model call that would overflow the window."""
+
+    enabled: bool = True
+    threshold: float = Field(default=0.8, gt=0, le=1)
+    """Compact when the next request would use more than this share of the context window."""
+
+
+class ToolSearch(WireModel):
+    """Deferred tools: with more than `defer_threshold` tools, the `defer="auto"` ones are
+    left out of the model's tool list until found with `tool_search`."""
+
+    enabled: bool = True
+    defer_threshold: int = Field(default=30, ge=0)
+
+
 class SessionConfigData(WireModel):
     """The persisted part of a session's configuration (secrets are never logged)."""
 
@@ -116,6 +178,10 @@ class SessionConfigData(WireModel):
     developer_messages: list[str] = Field(default_factory=list)
     tools: list[ToolDefinition] = Field(default_factory=list)
     streaming: bool = False
+    model_limits: ModelLimits | None = None
+    """Overrides the built-in limits table for this session's model."""
+    infinite_sessions: InfiniteSessions = Field(default_factory=InfiniteSessions)
+    tool_search: ToolSearch = Field(default_factory=ToolSearch)
 
 
 class SessionStartData(WireModel):
@@ -126,6 +192,8 @@ class SessionStartData(WireModel):
     start_time: datetime = Field(default_factory=now)
     selected_model: str | None = None
     config: SessionConfigData = Field(default_factory=SessionConfigData)
+    forked_from: str | None = None
+    """For a fork: the id of the session it was copied from."""
 
 
 class SessionResumeData(WireModel):
@@ -208,6 +276,24 @@ class ToolExecutionCompleteData(WireModel):
     turn_id: str | None = None
 
 
+class ExternalToolRequestedData(WireModel):
+    """A tool call handed to a client that runs the tool (the Copilot protocol's broadcast)."""
+
+    request_id: str
+    """What the client answers with (`session.tools.handlePendingToolCall`)."""
+    session_id: str
+    tool_call_id: str
+    tool_name: str
+    arguments: Any = None
+
+
+class ExternalToolCompletedData(WireModel):
+    """The external call was settled (answered, or cancelled by an abort): clients stop its
+    handler and drop any late answer."""
+
+    request_id: str
+
+
 class PermissionRequestData(WireModel):
     kind: Literal["custom-tool"] = "custom-tool"
     tool_name: str
@@ -244,6 +330,41 @@ class SessionErrorData(WireModel):
     status_code: int | None = None
     retryable: bool = False
     originating_message_id: str | None = None
+
+
+class CompactionStartData(WireModel):
+    trigger: Literal["manual", "auto"] = "manual"
+
+
+class CompactionCompleteData(WireModel):
+    success: bool
+    trigger: Literal["manual", "auto"] = "manual"
+    messages_removed: int = 0
+    tokens_removed: int = 0
+    summary_content: str | None = None
+    base: list[Message] = Field(default_factory=list)
+    """The window's new conversation start: the summary, then the messages kept verbatim.
+    Later events add to it, so the window never needs the log before this event."""
+    error: str | None = None
+
+
+class TruncatedData(WireModel):
+    event_id: str
+    """The event the window forgot, with everything after it."""
+    events_removed: int
+    base: list[Message] = Field(default_factory=list)
+    """The conversation as it was just before `event_id`."""
+
+
+class WarningData(WireModel):
+    warning_type: str
+    message: str
+
+
+class UsageInfoData(WireModel):
+    token_limit: int
+    current_tokens: int
+    messages_length: int
 
 
 class AbortData(WireModel):
@@ -321,6 +442,16 @@ class ToolExecutionCompleteEvent(EventBase):
     data: ToolExecutionCompleteData
 
 
+class ExternalToolRequestedEvent(EventBase):
+    type: Literal["external_tool.requested"] = "external_tool.requested"
+    data: ExternalToolRequestedData
+
+
+class ExternalToolCompletedEvent(EventBase):
+    type: Literal["external_tool.completed"] = "external_tool.completed"
+    data: ExternalToolCompletedData
+
+
 class PermissionRequestedEvent(EventBase):
     type: Literal["permission.requested"] = "permission.requested"
     data: PermissionRequestedData
@@ -339,6 +470,32 @@ class SessionContextClearedEvent(EventBase):
 class SessionErrorEvent(EventBase):
     type: Literal["session.error"] = "session.error"
     data: SessionErrorData
+
+
+class SessionCompactionStartEvent(EventBase):
+    type: Literal["session.compaction_start"] = "session.compaction_start"
+    data: CompactionStartData = Field(default_factory=CompactionStartData)
+
+
+class SessionCompactionCompleteEvent(EventBase):
+    type: Literal["session.compaction_complete"] = "session.compaction_complete"
+    data: CompactionCompleteData
+
+
+class SessionTruncatedEvent(EventBase):
+    type: Literal["session.truncated"] = "session.truncated"
+    data: TruncatedData
+
+
+class SessionWarningEvent(EventBase):
+    type: Literal["session.warning"] = "session.warning"
+    data: WarningData
+
+
+class SessionUsageInfoEvent(EventBase):
+    type: Literal["session.usage_info"] = "session.usage_info"
+    data: UsageInfoData
+    ephemeral: bool = True
 
 
 class AbortEvent(EventBase):
@@ -363,9 +520,16 @@ Event: TypeAlias = Annotated[
     | AssistantTurnEndEvent
     | ToolExecutionStartEvent
     | ToolExecutionCompleteEvent
+    | ExternalToolRequestedEvent
+    | ExternalToolCompletedEvent
     | PermissionRequestedEvent
     | PermissionCompletedEvent
     | SessionContextClearedEvent
+    | SessionCompactionStartEvent
+    | SessionCompactionCompleteEvent
+    | SessionTruncatedEvent
+    | SessionWarningEvent
+    | SessionUsageInfoEvent
     | SessionErrorEvent
     | AbortEvent
     | SessionIdleEvent,

@@ -12,7 +12,7 @@ from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trimtab.events import ToolDefinition
+from trimtab.events import Message, ToolCall, ToolDefinition
 
 __all__ = [
     "Message",
@@ -29,26 +29,6 @@ __all__ = [
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True)
-
-
-class ToolCall(_Frozen):
-    """A tool call the model asked for."""
-
-    id: str
-    name: str
-    arguments: str
-    """The arguments exactly as the model produced them (JSON text, possibly invalid)."""
-
-
-class Message(_Frozen):
-    """One message of the window, in a provider-neutral shape."""
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    """On assistant messages: the calls it requested."""
-    tool_call_id: str | None = None
-    """On tool messages: the call this is the result of."""
 
 
 class ModelRequest(_Frozen):

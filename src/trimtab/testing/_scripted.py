@@ -51,8 +51,16 @@ class ScriptedModel:
 
     name = "scripted"
 
-    def __init__(self, steps: Iterable[ScriptStep] = (), *, chunk_size: int = 8) -> None:
+    def __init__(
+        self,
+        steps: Iterable[ScriptStep] = (),
+        *,
+        then: Callable[[ModelRequest], ScriptStep] | None = None,
+        chunk_size: int = 8,
+    ) -> None:
         self._steps: deque[ScriptStep] = deque(steps)
+        self._then = then
+        """Answers every request once the steps are used up (for long, generated sessions)."""
         self._chunk_size = chunk_size
         self._calls = 0
         self.requests: list[ModelRequest] = []
@@ -79,6 +87,8 @@ class ScriptedModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         self.requests.append(request)
+        if not self._steps and self._then is not None:
+            self._steps.append(self._then)
         if not self._steps:
             raise ProviderError(
                 "script_exhausted",

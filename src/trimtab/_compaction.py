@@ -1,0 +1,280 @@
+"""Compaction: summarise the older part of the window with the session's own model.
+
+A compaction is two appended events, `session.compaction_start` and
+`session.compaction_complete`; the latter carries the new base of the window (the summary,
+then the newest messages kept verbatim), so the log is never edited and every earlier window
+stays readable. Units (a user message, or an assistant message with its tool results) are
+never split, so no window holds an orphaned call (spec P3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from trimtab._errors import ProviderError
+from trimtab._window import estimate_tokens, units
+from trimtab.events import (
+    AssistantUsageData,
+    AssistantUsageEvent,
+    CompactionCompleteData,
+    CompactionStartData,
+    Event,
+    Message,
+    ModelLimits,
+    SessionCompactionCompleteEvent,
+    SessionCompactionStartEvent,
+    SessionConfigData,
+    SessionWarningEvent,
+    ToolDefinition,
+    WarningData,
+)
+from trimtab.providers import ModelRequest, ModelResponse, Provider
+
+__all__ = [
+    "COMPACTION_PROMPT",
+    "HANDOFF_PROMPT",
+    "CompactResult",
+    "CompactionHost",
+    "compact",
+    "fit_window",
+    "request_tokens",
+    "summarize_for_handoff",
+]
+
+COMPACTION_PROMPT = """\
+You are compacting the conversation of an AI agent so that it can go on working in a fresh \
+context window with nothing but your summary and its newest messages. Write the summary the \
+agent needs to continue as if it still had the whole conversation:
+- the user's goal, and their latest request quoted verbatim;
+- decisions made, constraints and preferences stated;
+- tool calls that matter, with the exact values, names, ids and errors they returned;
+- work completed, work still pending, and the next step.
+Be specific and brief; use short markdown sections. Never invent anything, and do not \
+address the user."""
+
+HANDOFF_PROMPT = """\
+Summarise this agent conversation as a markdown handoff note for another agent who will take \
+the work over with no other context: the goal, the current state, what was done (with the \
+exact values, names and ids that matter), open questions, and the next steps."""
+
+SUMMARY_PREFIX = "Summary of the conversation so far (older messages were compacted):\n\n"
+KEEP_MESSAGES = 4
+KEEP_SHARE = 0.2
+"""After a compaction the newest messages stay verbatim: at most `KEEP_MESSAGES` of them, in
+at most this share of the context window, whole units only."""
+SUMMARY_TOKENS = 2_000
+"""The most a summary may take; also the headroom a compaction request keeps for it."""
+_MESSAGE_CHARS = 4_000
+"""Longer messages are shortened in the transcript a summary is made from."""
+
+Trigger = Literal["manual", "auto"]
+
+
+class CompactionHost(Protocol):
+    """What compaction needs from the session."""
+
+    @property
+    def config(self) -> SessionConfigData: ...
+    @property
+    def provider(self) -> Provider: ...
+    @property
+    def limits(self) -> ModelLimits: ...
+
+    async def emit(self, event: Event) -> Event: ...
+    def window(self) -> list[Message]: ...
+    def conversation(self) -> list[Message]: ...
+    def model_tools(self) -> list[ToolDefinition]: ...
+
+
+class CompactResult(BaseModel):
+    """What a compaction did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    success: bool
+    """False when there was nothing to compact (the window is already small)."""
+    summary: str | None = None
+    """The summary that replaced the older messages (None if they were dropped unsummarised)."""
+    messages_removed: int = 0
+    tokens_removed: int = 0
+    """Estimated tokens the window lost."""
+
+
+def request_tokens(host: CompactionHost) -> int:
+    """The estimated size of the next model request: the window and the tool schemas."""
+    tools = sum(len(d.model_dump_json()) for d in host.model_tools()) // 4
+    return estimate_tokens(host.window()) + tools
+
+
+async def fit_window(host: CompactionHost) -> None:
+    """Before a model call: compact if the request would pass the threshold (auto compaction),
+    then, if it still does not fit, drop the oldest whole units and say so."""
+    settings = host.config.infinite_sessions
+    if not settings.enabled:
+        return
+    budget = int(host.limits.context_window * settings.threshold)
+    if request_tokens(host) <= budget:
+        return
+    await compact(host, trigger="auto")
+    overflow = request_tokens(host) - budget
+    if overflow > 0:
+        await _drop_oldest(host, overflow, "the window was still too large after compaction")
+
+
+async def compact(
+    host: CompactionHost, *, trigger: Trigger, custom_instructions: str | None = None
+) -> CompactResult:
+    """Summarise all but the newest units of the conversation into a new window base."""
+    groups = units(host.conversation())
+    keep = _newest(groups, int(host.limits.context_window * KEEP_SHARE))
+    older = groups[: len(groups) - len(keep)]
+    if not older:
+        return CompactResult(success=False)
+    await host.emit(SessionCompactionStartEvent(data=CompactionStartData(trigger=trigger)))
+    prompt = COMPACTION_PROMPT + (f"\n\nAlso: {custom_instructions}" if custom_instructions else "")
+    summary = await _summarize_fitting(host, older, prompt)
+    before = estimate_tokens(m for unit in groups for m in unit)
+    base = [Message(role="user", content=SUMMARY_PREFIX + summary)] if summary else []
+    base += [m for unit in keep for m in unit]
+    result = CompactResult(
+        success=True,
+        summary=summary,
+        messages_removed=sum(len(unit) for unit in older),
+        tokens_removed=max(0, before - estimate_tokens(base)),
+    )
+    await _rebase(host, trigger, base, result)
+    return result
+
+
+async def summarize_for_handoff(host: CompactionHost) -> str:
+    """A markdown handoff note about the conversation; the window is not changed."""
+    return await _summarize_fitting(host, units(host.conversation()), HANDOFF_PROMPT) or ""
+
+
+async def _summarize_fitting(
+    host: CompactionHost, groups: list[list[Message]], prompt: str
+) -> str | None:
+    """Ask the model for a summary of `groups`, leaving out the oldest units that do not fit
+    (with a warning); None if the model failed."""
+    budget = host.limits.context_window - _summary_tokens(host) - estimate_tokens([_system(prompt)])
+    groups = list(groups)
+    dropped = 0
+    while groups and estimate_tokens([_transcript(groups)]) > budget:
+        groups.pop(0)
+        dropped += 1
+    if dropped:
+        await _warn(host, f"{dropped} oldest turn(s) were too large to summarise and were dropped.")
+    if not groups:
+        return None
+    request = ModelRequest(
+        model=host.config.model or "default",
+        messages=(_system(prompt), _transcript(groups)),
+        max_tokens=_summary_tokens(host),
+    )
+    try:
+        response = await _ask(host.provider, request)
+    except ProviderError as exc:
+        await _warn(
+            host, f"summarising failed ({exc.error_type}: {exc.message}); turns dropped instead"
+        )
+        return None
+    await host.emit(
+        AssistantUsageEvent(
+            data=AssistantUsageData(
+                model=request.model,
+                input_tokens=response.usage.input_tokens,
+                output_tokens=response.usage.output_tokens,
+                finish_reason=response.finish_reason,
+            )
+        )
+    )
+    return response.content.strip() or None
+
+
+async def _drop_oldest(host: CompactionHost, overflow: int, reason: str) -> None:
+    groups = units(host.conversation())
+    dropped: list[list[Message]] = []
+    while len(groups) > 1 and overflow > 0:
+        unit = groups.pop(0)
+        overflow -= estimate_tokens(unit)
+        dropped.append(unit)
+    if not dropped:
+        return
+    await _warn(host, f"{reason}: the {len(dropped)} oldest turn(s) were dropped from the window.")
+    await host.emit(SessionCompactionStartEvent(data=CompactionStartData(trigger="auto")))
+    base = [m for unit in groups for m in unit]
+    removed = [m for unit in dropped for m in unit]
+    result = CompactResult(
+        success=True, messages_removed=len(removed), tokens_removed=estimate_tokens(removed)
+    )
+    await _rebase(host, "auto", base, result)
+
+
+async def _rebase(
+    host: CompactionHost, trigger: Trigger, base: list[Message], result: CompactResult
+) -> None:
+    await host.emit(
+        SessionCompactionCompleteEvent(
+            data=CompactionCompleteData(
+                success=True,
+                trigger=trigger,
+                messages_removed=result.messages_removed,
+                tokens_removed=result.tokens_removed,
+                summary_content=result.summary,
+                base=base,
+            )
+        )
+    )
+
+
+def _newest(groups: Sequence[list[Message]], budget: int) -> list[list[Message]]:
+    """The newest units that fit the keep limits; never all of them (something must go)."""
+    kept: list[list[Message]] = []
+    count = 0
+    for unit in reversed(groups[1:]):
+        budget -= estimate_tokens(unit)
+        count += len(unit)
+        if budget < 0 or count > KEEP_MESSAGES:
+            break
+        kept.insert(0, unit)
+    return kept
+
+
+def _summary_tokens(host: CompactionHost) -> int:
+    return min(SUMMARY_TOKENS, host.limits.max_output_tokens, host.limits.context_window // 4)
+
+
+def _system(prompt: str) -> Message:
+    return Message(role="system", content=prompt)
+
+
+def _transcript(groups: Sequence[list[Message]]) -> Message:
+    """The conversation as one user message: robust for every provider (no tool pairing)."""
+    lines: list[str] = []
+    for message in (m for unit in groups for m in unit):
+        text = message.content
+        if len(text) > _MESSAGE_CHARS:
+            text = text[:_MESSAGE_CHARS] + " …(shortened)"
+        calls = "".join(f"\n  -> calls {c.name}({c.arguments})" for c in message.tool_calls)
+        label = "tool result" if message.role == "tool" else message.role
+        lines.append(f"[{label}] {text}{calls}")
+    return Message(role="user", content="Conversation to summarise:\n\n" + "\n".join(lines))
+
+
+async def _ask(provider: Provider, request: ModelRequest) -> ModelResponse:
+    response: ModelResponse | None = None
+    async for event in provider.stream(request):
+        if isinstance(event, ModelResponse):
+            response = event
+    if response is None:
+        raise ProviderError("bad_response", "the provider's stream ended without a response")
+    return response
+
+
+async def _warn(host: CompactionHost, message: str) -> None:
+    await host.emit(
+        SessionWarningEvent(data=WarningData(warning_type="compaction", message=message))
+    )

@@ -1,0 +1,361 @@
+"""Context operations beyond clearing: compaction, truncation, fork, handoff, token accounting,
+deferred tools and tool search."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import Recorder, clear_tool, echo_tool, open_session, roles
+from trimtab import Client, PermissionHandler, ToolInvocation, TrimtabError, define_tool
+from trimtab._compaction import COMPACTION_PROMPT, HANDOFF_PROMPT, SUMMARY_PREFIX
+from trimtab._window import estimate_tokens
+from trimtab.events import ModelLimits
+from trimtab.providers import ModelRequest
+from trimtab.providers._limits import limits_for
+from trimtab.testing import ScriptedModel, tool_call
+
+SEED = "Reply with exactly FRESH_CONTEXT."
+
+
+def is_compaction(request: ModelRequest) -> bool:
+    return request.messages[0].content.startswith(COMPACTION_PROMPT[:40])
+
+
+async def chat(session: Any, *prompts: str) -> None:
+    for prompt in prompts:
+        await session.send_and_wait(prompt)
+
+
+async def test_compact_summarises_older_messages_and_keeps_the_newest(client: Client) -> None:
+    long = "a long answer, " * 40
+    model = ScriptedModel([long, long, "three", "THE SUMMARY", "four"])
+    session = await open_session(client, model, developer_messages=["DEV"])
+    rec = Recorder(session)
+    await chat(session, "first", "second", "third")
+    before_log = await session.get_events()
+
+    result = await session.history.compact("mention the numbers")
+
+    assert result.success and result.summary == "THE SUMMARY"
+    assert result.messages_removed > 0 and result.tokens_removed > 0
+    request = model.requests[3]
+    assert request.tools == () and "Also: mention the numbers" in request.messages[0].content
+    assert "[user] first" in request.messages[1].content
+    assert rec.types[-3:] == [
+        "session.compaction_start",
+        "assistant.usage",
+        "session.compaction_complete",
+    ]
+    complete = rec.of("session.compaction_complete")[0].data
+    assert (complete.messages_removed, complete.summary_content) == (
+        result.messages_removed,
+        "THE SUMMARY",
+    )
+    window = session.window()
+    assert [m.role for m in window[:3]] == ["system", "developer", "user"]
+    assert window[2].content == SUMMARY_PREFIX + "THE SUMMARY"
+    assert window[-1].content == "three"
+    await session.send_and_wait("fourth")
+    assert roles(model, 4)[2][1].startswith(SUMMARY_PREFIX)
+    assert (await session.get_events())[: len(before_log)] == before_log
+
+
+async def test_compaction_survives_resume_and_a_later_clear(client: Client) -> None:
+    model = ScriptedModel(
+        ["a", "b", "SUMMARY", tool_call("clear_context", {"prompt": SEED}), "FRESH"]
+    )
+    session = await open_session(client, model, clear_tool())
+    await chat(session, "first", "second")
+    await session.history.compact()
+    compacted = session.window()
+    await session.disconnect()
+    resumed = await client.resume_session(
+        session.session_id,
+        provider=model,
+        tools=[clear_tool()],
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    assert resumed.window() == compacted
+    reply = await resumed.send_and_wait("clear now")
+    assert reply is not None and reply.data.content == "FRESH"
+    assert roles(model, 4) == [("system", "SYSTEM"), ("user", SEED)]
+    types = [e.type for e in await resumed.get_events()]
+    assert types.index("session.compaction_complete") < types.index("session.context_cleared")
+
+
+async def test_compact_with_nothing_to_compact_reports_it(client: Client) -> None:
+    session = await open_session(client, ScriptedModel())
+    result = await session.history.compact()
+    assert not result.success and result.messages_removed == 0
+
+
+async def test_truncate_forgets_the_event_and_after_but_the_log_keeps_them(client: Client) -> None:
+    model = ScriptedModel(["one", "two", "three", "two again"])
+    session = await open_session(client, model)
+    await chat(session, "first", "second", "third")
+    events = await session.get_events()
+    second = next(e for e in events if e.type == "user.message" and e.data.content == "second")
+
+    result = await session.history.truncate(second.id)
+
+    assert result.events_removed == len(events) - events.index(second)
+    assert [m.content for m in session.window()] == ["SYSTEM", "first", "one"]
+    assert (await session.get_events())[: len(events)] == events
+    await session.send_and_wait("second, differently")
+    assert roles(model, 3)[1:] == [
+        ("user", "first"),
+        ("assistant", "one"),
+        ("user", "second, differently"),
+    ]
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+    assert [m.content for m in resumed.window()][-1] == "two again"
+
+
+async def test_truncate_across_a_clear_restores_the_earlier_window(client: Client) -> None:
+    model = ScriptedModel(["one", tool_call("clear_context", {"prompt": SEED}), "FRESH"])
+    session = await open_session(client, model, clear_tool())
+    await chat(session, "first", "please clear")
+    assert [m.content for m in session.window()] == ["SYSTEM", SEED, "FRESH"]
+    events = await session.get_events()
+    clear_request = next(
+        e for e in events if e.type == "user.message" and e.data.content == "please clear"
+    )
+    await session.history.truncate(clear_request.id)
+    assert [m.content for m in session.window()] == ["SYSTEM", "first", "one"]
+
+
+async def test_truncate_rejects_unknown_ids_and_calls_from_a_tool(client: Client) -> None:
+    errors: list[str] = []
+
+    async def handler(params: Any, invocation: ToolInvocation) -> str:
+        try:
+            await invocation.session.history.truncate("whatever")
+        except TrimtabError as exc:
+            errors.append(str(exc))
+        return "ok"
+
+    model = ScriptedModel([tool_call("t"), "done"])
+    session = await open_session(client, model, define_tool("t", handler=handler))
+    await session.send_and_wait("go")
+    assert errors and "inside a tool call" in errors[0]
+    with pytest.raises(ValueError, match="no event"):
+        await session.history.truncate("no-such-event")
+    with pytest.raises(ValueError, match="no event"):
+        await session.history.truncate((await session.get_events())[0].id)
+
+
+async def test_fork_copies_the_log_under_a_new_id(client: Client) -> None:
+    model = ScriptedModel(["one", "two", "fork reply", "original reply"])
+    session = await open_session(client, model, echo_tool())
+    await chat(session, "first", "second")
+    events = await session.get_events()
+    second = next(e for e in events if e.type == "user.message" and e.data.content == "second")
+
+    fork = await session.history.fork(second.id)
+
+    assert fork.session_id != session.session_id
+    fork_events = await fork.get_events()
+    assert (
+        fork_events[0].type == "session.start"
+        and fork_events[0].data.forked_from == session.session_id
+    )
+    assert [e.id for e in fork_events[1:]] == [e.id for e in events[1 : events.index(second)]]
+    assert all(b.parent_id == a.id for a, b in zip(fork_events, fork_events[1:], strict=False))
+    assert [m.content for m in fork.window()] == ["SYSTEM", "first", "one"]
+    await fork.send_and_wait("in the fork")
+    await session.send_and_wait("in the original")
+    assert roles(model, 3)[-2:] == [("assistant", "two"), ("user", "in the original")]
+    whole = await session.history.fork()
+    assert whole.window() == session.window()
+
+
+async def test_summarize_for_handoff_leaves_the_window_alone(client: Client) -> None:
+    model = ScriptedModel(["one", "# Handoff\nAll done."])
+    session = await open_session(client, model)
+    await session.send_and_wait("first")
+    window = session.window()
+    note = await session.history.summarize_for_handoff()
+    assert note == "# Handoff\nAll done."
+    assert model.requests[1].messages[0].content == HANDOFF_PROMPT
+    assert session.window() == window
+
+
+async def test_get_context_usage_info_and_usage_totals(client: Client) -> None:
+    model = ScriptedModel(["a reply", "another"])
+    session = await open_session(client, model, echo_tool(), model_limits={"context_window": 5000})
+    rec = Recorder(session)
+    await chat(session, "hello there", "again")
+    context = session.get_context()
+    assert context.token_limit == 5000
+    assert [m.message.role for m in context.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert context.total_tokens == context.tools_tokens + sum(m.tokens for m in context.messages)
+    assert context.tools_tokens > 0
+    info = rec.of("session.usage_info")
+    assert len(info) == 2 and info[0].ephemeral and info[0].data.token_limit == 5000
+    usage = [e.data for e in await session.get_events() if e.type == "assistant.usage"]
+    assert session.usage.input_tokens == sum(u.input_tokens or 0 for u in usage) > 0
+
+
+def test_model_limits_table_and_override() -> None:
+    assert limits_for("gpt-4.1-mini").context_window == 1_047_576
+    assert limits_for("openai/gpt-4o-2024-08-06").max_output_tokens == 16_384
+    assert limits_for("claude-sonnet-4-5").context_window == 200_000
+    assert limits_for("something-new") == ModelLimits()
+    assert limits_for("gpt-4o", ModelLimits(context_window=10)).context_window == 10
+
+
+LIMIT = 1_200
+
+
+def responder(replies: list[str]) -> Any:
+    """A scripted model step that summarises compaction requests and answers the others."""
+
+    def answer(request: ModelRequest) -> str:
+        if is_compaction(request):
+            return "SUMMARY: the user sent numbered paragraphs."
+        replies.append("ok")
+        return f"ok {len(replies)}"
+
+    return answer
+
+
+async def test_a_long_session_never_overflows_and_loses_nothing(client: Client) -> None:
+    replies: list[str] = []
+    model = ScriptedModel(then=responder(replies))
+    session = await open_session(
+        client, model, model_limits={"context_window": LIMIT, "max_output_tokens": 200}
+    )
+    paragraph = "lorem ipsum dolor sit amet " * 12
+    for i in range(25):
+        await session.send_and_wait(f"paragraph {i}: {paragraph}")
+    sizes = [estimate_tokens(r.messages) for r in model.requests]
+    assert max(sizes) <= LIMIT
+    assert any(is_compaction(r) for r in model.requests)
+    log = await session.get_events()
+    sent = [e.data.content for e in log if e.type == "user.message"]
+    assert sent == [f"paragraph {i}: {paragraph}" for i in range(25)]
+    assert sum(e.type == "assistant.message" for e in log) == 25
+
+
+async def test_compaction_failure_falls_back_to_dropping_turns_with_a_warning(
+    client: Client,
+) -> None:
+    from trimtab import ProviderError
+
+    def answer(request: ModelRequest) -> str:
+        if is_compaction(request):
+            raise ProviderError("provider_unavailable", "down")
+        return "ok"
+
+    model = ScriptedModel(then=answer)
+    session = await open_session(
+        client, model, model_limits={"context_window": LIMIT, "max_output_tokens": 200}
+    )
+    rec = Recorder(session)
+    for i in range(12):
+        await session.send_and_wait(f"paragraph {i}: " + "word " * 120)
+    warnings = rec.of("session.warning")
+    assert warnings and "dropped" in warnings[0].data.message
+    assert max(estimate_tokens(r.messages) for r in model.requests if not is_compaction(r)) <= LIMIT
+
+
+async def test_auto_compaction_can_be_disabled(client: Client) -> None:
+    model = ScriptedModel(["ok"] * 6)
+    session = await open_session(
+        client, model, model_limits={"context_window": 300}, infinite_sessions={"enabled": False}
+    )
+    for i in range(6):
+        await session.send_and_wait(f"{i} " + "word " * 60)
+    assert not any(is_compaction(r) for r in model.requests)
+
+
+def many_tools(count: int) -> list[Any]:
+    return [
+        define_tool(
+            f"tool_{i}", description=f"Does thing number {i}", handler=lambda p, i=i: f"result {i}"
+        )
+        for i in range(count)
+    ] + [
+        define_tool(
+            "weather_forecast",
+            description="Get the weather forecast for a city",
+            handler=lambda p: "sunny",
+        )
+    ]
+
+
+async def test_deferred_tools_are_found_with_tool_search(client: Client) -> None:
+    model = ScriptedModel(
+        [
+            tool_call("weather_forecast"),
+            tool_call("tool_search", {"query": "weather forecast"}),
+            tool_call("weather_forecast"),
+            "It is sunny.",
+        ]
+    )
+    tools = [*many_tools(31), clear_tool()]
+    session = await open_session(client, model, *tools)
+    rec = Recorder(session)
+    reply = await session.send_and_wait("What is the weather?")
+    assert reply is not None and reply.data.content == "It is sunny."
+    first = {t.name for t in model.requests[0].tools}
+    assert first == {"clear_context", "tool_search"}
+    assert [e.data.outcome for e in rec.of("tool.execution_complete")] == [
+        "failure",
+        "success",
+        "success",
+    ]
+    assert "not loaded" in rec.of("tool.execution_complete")[0].data.error.message
+    assert "weather_forecast" in {t.name for t in model.requests[2].tools}
+    assert "weather_forecast" not in {t.name for t in model.requests[1].tools}
+    model.add("again")
+    await session.send_and_wait("next run")
+    assert "weather_forecast" not in {t.name for t in model.requests[4].tools}
+
+
+async def test_few_tools_or_search_disabled_means_nothing_is_deferred(client: Client) -> None:
+    model = ScriptedModel(["a", "b"])
+    few = await open_session(client, model, *many_tools(5))
+    await few.send_and_wait("hi")
+    assert len(model.requests[0].tools) == 6
+    off = await open_session(client, model, *many_tools(40), tool_search={"enabled": False})
+    await off.send_and_wait("hi")
+    assert len(model.requests[1].tools) == 41 and "tool_search" not in {
+        t.name for t in model.requests[1].tools
+    }
+
+
+async def test_tool_search_can_be_overridden_and_clashes_are_refused(client: Client) -> None:
+    def my_search(params: Any) -> Any:
+        from trimtab import ToolResult
+
+        return ToolResult(text_result_for_llm="found tool_3", tool_references=["tool_3"])
+
+    custom = define_tool(
+        "tool_search", handler=my_search, overrides_built_in_tool=True, skip_permission=True
+    )
+    model = ScriptedModel([tool_call("tool_search", {"q": "x"}), tool_call("tool_3"), "done"])
+    session = await open_session(client, model, *many_tools(31), custom)
+    rec = Recorder(session)
+    await session.send_and_wait("go")
+    assert [e.data.outcome for e in rec.of("tool.execution_complete")] == ["success", "success"]
+    with pytest.raises(ValueError, match="overrides_built_in_tool"):
+        await open_session(client, ScriptedModel(), define_tool("tool_search", handler=my_search))
+
+
+async def test_seed_scenario_is_unaffected_by_deferred_tools(client: Client) -> None:
+    model = ScriptedModel([tool_call("clear_context", {"prompt": SEED}), "FRESH_CONTEXT"])
+    session = await open_session(client, model, *many_tools(40), clear_tool())
+    reply = await session.send_and_wait("clear please")
+    assert reply is not None and reply.data.content == "FRESH_CONTEXT"
+    assert roles(model, 1) == [("system", "SYSTEM"), ("user", SEED)]
+    assert {t.name for t in model.requests[1].tools} == {"clear_context", "tool_search"}
