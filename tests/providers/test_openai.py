@@ -25,7 +25,9 @@ from trimtab.providers._base import (
     ToolCall,
 )
 from trimtab.providers._config import ProviderConfig, make_provider
+from trimtab.providers.anthropic import AnthropicProvider
 from trimtab.providers.openai import OpenAIProvider
+from trimtab.providers.openai_responses import OpenAIResponsesProvider
 from trimtab.testing import Conversation, ConversationMessage, ReplayServer
 
 WEATHER = ToolDefinition(
@@ -203,13 +205,15 @@ async def test_parallel_calls_sharing_index_zero_are_kept_apart(
     make: Make, server: ReplayServer
 ) -> None:
     # Gemini's OpenAI-compatible endpoint numbers every parallel call 0; the ids tell them apart.
-    def chunk(call: dict[str, Any]) -> str:
+    def chunk(call: dict[str, Any], finish_reason: str | None = None) -> str:
         delta = {"tool_calls": [{"index": 0, "type": "function", **call}]}
-        return "data: " + json.dumps({"id": "x", "choices": [{"index": 0, "delta": delta}]})
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return "data: " + json.dumps({"id": "x", "choices": [choice]})
 
     paris = {"id": "c1", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
     rome = {"id": "c2", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}
-    server.fail_next(200, body=f"{chunk(paris)}\n\n{chunk(rome)}\n\ndata: [DONE]\n\n")
+    body = f"{chunk(paris)}\n\n{chunk(rome, 'tool_calls')}\n\ndata: [DONE]\n\n"
+    server.fail_next(200, body=body)
 
     response = await _response(make(), _request(user("Weather?"), stream=True))
 
@@ -519,15 +523,48 @@ def test_public_dict_hides_secrets() -> None:
     assert ProviderConfig.model_validate(public).base_url == "http://example.test/v1"
 
 
-def test_make_provider_builds_openai_and_refuses_the_rest() -> None:
+def test_make_provider_builds_each_remote_type() -> None:
     assert isinstance(make_provider(ProviderConfig(type="openai")), OpenAIProvider)
-    with pytest.raises(ValueError, match="'anthropic' is not available yet"):
-        make_provider(ProviderConfig(type="anthropic"))
-    with pytest.raises(ValueError, match="'responses' is not available yet"):
-        make_provider(ProviderConfig(type="openai", wire_api="responses"))
+    responses = make_provider(ProviderConfig(type="openai", wire_api="responses"))
+    assert isinstance(responses, OpenAIResponsesProvider)
+    assert isinstance(make_provider(ProviderConfig(type="anthropic")), AnthropicProvider)
+    azure = ProviderConfig(type="azure", api_version="2024-10-21", deployment="gpt-4o")
+    assert isinstance(make_provider(azure), OpenAIProvider)
 
 
-def test_config_module_does_not_import_openai() -> None:
-    code = "import sys, trimtab.providers._config; assert 'openai' not in sys.modules"
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"type": "azure", "deployment": "gpt-4o"}, "'azure' needs api_version"),
+        ({"type": "openai", "deployment": "gpt-4o"}, "deployment applies only to .*'azure'"),
+        ({"type": "anthropic", "api_version": "1"}, "api_version applies only to .*'azure'"),
+        ({"type": "anthropic", "wire_api": "responses"}, "wire_api 'responses' applies only"),
+    ],
+)
+def test_make_provider_refuses_options_that_do_not_fit_the_type(
+    config: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        make_provider(ProviderConfig.model_validate(config))
+
+
+def test_importing_trimtab_imports_no_client_library() -> None:
+    code = (
+        "import sys, trimtab, trimtab.providers._config, trimtab.testing; "
+        "assert not {'openai', 'anthropic', 'yaml'} & set(sys.modules), sys.modules.keys()"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+async def test_stream_closed_cleanly_before_its_finish_is_an_error(
+    make: Make, server: ReplayServer
+) -> None:
+    # The HTTP body ends properly, but the answer does not: no finish reason, no [DONE].
+    chunk = {"id": "x", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}
+    server.fail_next(200, body=f"data: {json.dumps(chunk)}\n\n")
+
+    error = await _error(make(), _request(user("Say hello"), stream=True))
+
+    assert (error.error_type, error.retryable) == ("provider_unavailable", True)
+    assert "before the response was complete" in error.message

@@ -89,14 +89,51 @@ def make_provider(config: ProviderConfig) -> Provider:
     about 0.6 s to import and `import trimtab` must stay fast.
 
     Raises:
-        ValueError: The type or wire API is not available.
+        ValueError: The type or wire API is not available, or an option does not fit the type.
+        ImportError: The type needs an optional package that is not installed.
     """
-    if config.type == "openai":
-        if config.wire_api != "completions":
-            raise ValueError(
-                f"wire_api {config.wire_api!r} is not available yet for provider type 'openai'"
-            )
+    _check_options(config)
+    if config.type in ("openai", "azure"):
+        if config.wire_api == "responses":
+            from trimtab.providers.openai_responses import OpenAIResponsesProvider
+
+            return OpenAIResponsesProvider(config)
         from trimtab.providers.openai import OpenAIProvider
 
         return OpenAIProvider(config)
+    if config.type == "anthropic":
+        try:
+            from trimtab.providers.anthropic import AnthropicProvider
+        except ModuleNotFoundError as exc:
+            if exc.name != "anthropic":
+                raise
+            raise ImportError(
+                "provider type 'anthropic' needs the anthropic package: "
+                "pip install 'trimtab[anthropic]'"
+            ) from exc
+        return AnthropicProvider(config)
+    if config.type == "local":
+        # Found, not imported (that takes 0.3 s, on the first request, with the weights): a
+        # missing package fails here like anthropic's, before a session starts. Weights that
+        # are missing or unreadable fail the first request with a ProviderError.
+        import importlib.util
+
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise ImportError(
+                "provider type 'local' needs llama-cpp-python: pip install 'trimtab[local]'"
+            )
+        from trimtab.providers.local import LocalProvider
+
+        return LocalProvider(config)
     raise ValueError(f"provider type {config.type!r} is not available yet")
+
+
+def _check_options(config: ProviderConfig) -> None:
+    """Refuse options that the provider type would silently ignore, or that it lacks."""
+    if config.type == "azure" and config.api_version is None:
+        raise ValueError("provider type 'azure' needs api_version (such as '2024-10-21')")
+    for key in ("deployment", "api_version"):
+        if config.type != "azure" and getattr(config, key) is not None:
+            raise ValueError(f"{key} applies only to provider type 'azure', not {config.type!r}")
+    if config.type not in ("openai", "azure") and config.wire_api != "completions":
+        raise ValueError(f"wire_api {config.wire_api!r} applies only to types 'openai', 'azure'")

@@ -7,13 +7,7 @@ all share: `chat.completions.create`, streamed or not.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import re
-import uuid
 from typing import TYPE_CHECKING, Any
-
-import openai
 
 from trimtab._errors import ProviderError
 from trimtab.providers._base import (
@@ -23,15 +17,15 @@ from trimtab.providers._base import (
     ProviderEvent,
     ReasoningDelta,
     TextDelta,
-    ToolCall,
     Usage,
 )
+from trimtab.providers._common import fold_stream, provider_errors, tool_call
 from trimtab.providers._config import ProviderConfig
+from trimtab.providers._openai_client import OpenAIClient, map_openai_error
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from openai import AsyncStream
     from openai.types import CompletionUsage
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
     from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
@@ -40,79 +34,47 @@ if TYPE_CHECKING:
 
 __all__ = ["OpenAIProvider"]
 
-_PLACEHOLDER_KEY = "unused"
-"""Sent to keyless local servers: the client library refuses to start without some key."""
-
-_CONTEXT_LENGTH = re.compile(
-    r"context[ _]?(length|size|window)|maximum context|too many tokens|prompt is too long", re.I
-)
-"""What vLLM, llama.cpp, LM Studio and OpenAI say when the prompt does not fit."""
-
 
 class OpenAIProvider:
-    """A `Provider` speaking Chat Completions through the official `openai` client."""
+    """A `Provider` speaking Chat Completions through the official `openai` client.
+
+    With `type: "azure"` the same wire format goes to Azure OpenAI (see `OpenAIClient`).
+    """
 
     name = "openai"
 
     def __init__(self, config: ProviderConfig) -> None:
         self._config = config
-        self._client: openai.AsyncOpenAI | None = None
+        self._client = OpenAIClient(config)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""
-        try:
-            completions = self._get_client().chat.completions
+        with provider_errors(map_openai_error):
+            completions = self._client.get().chat.completions
+            body = _body(request, self._client.model(request.model))
             if not request.stream:
-                yield _parse_completion(await completions.create(**_body(request), stream=False))
+                yield _parse_completion(await completions.create(**body, stream=False))
                 return
             options: Any = {"include_usage": True}
-            chunks = await completions.create(**_body(request), stream=True, stream_options=options)
-            state = _StreamState()
-            try:
-                while (chunk := await _next_chunk(chunks, self._config.stall_timeout)) is not None:
-                    for event in state.add(chunk):
-                        yield event
-            finally:
-                await chunks.close()
-            yield state.response()
-        except openai.OpenAIError as exc:
-            raise _map_error(exc) from exc
-        except ValueError as exc:
-            # Only parsing the server's bytes raises ValueError here (JSONDecodeError in a
-            # stream or a body, pydantic's ValidationError on a malformed field).
-            raise ProviderError("bad_response", f"malformed response: {exc}") from exc
+            chunks = await completions.create(**body, stream=True, stream_options=options)
+            stall_timeout = self._config.stall_timeout
+            async for event in fold_stream(
+                chunks, _StreamState(), stall_timeout=stall_timeout, close=chunks.close
+            ):
+                yield event
 
     async def aclose(self) -> None:
         """Close the HTTP client, if one was created."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.close()
-
-    def _get_client(self) -> openai.AsyncOpenAI:
-        # Created on first use so that building a provider never touches the network or the
-        # environment, and a provider that is never called costs nothing.
-        if self._client is None:
-            config = self._config
-            api_key = config.api_key or os.environ.get("OPENAI_API_KEY")
-            if api_key is None and config.base_url is None:
-                raise ProviderError("authentication", "no API key: set api_key or OPENAI_API_KEY")
-            self._client = openai.AsyncOpenAI(
-                api_key=api_key or _PLACEHOLDER_KEY,
-                base_url=config.base_url,
-                timeout=openai.DEFAULT_TIMEOUT if config.timeout is None else config.timeout,
-                max_retries=config.max_retries,
-                default_headers=config.headers,
-            )
-        return self._client
+        await self._client.aclose()
 
 
 # --- request ------------------------------------------------------------------------------
 
 
-def _body(request: ModelRequest) -> dict[str, Any]:
+def _body(request: ModelRequest, model: str) -> dict[str, Any]:
     """The request's fields, but for `stream` and `stream_options`."""
     body: dict[str, Any] = {
-        "model": request.model,
+        "model": model,
         "messages": [_message(m) for m in request.messages],
     }
     if request.tools:  # some servers reject an empty list
@@ -165,7 +127,7 @@ def _parse_completion(completion: ChatCompletion) -> ModelResponse:
     calls = [(call.id, getattr(call, "function", None)) for call in message.tool_calls or ()]
     return ModelResponse(
         content=message.content or "",
-        tool_calls=tuple(_tool_call(i, f.name, f.arguments) for i, f in calls if f is not None),
+        tool_calls=tuple(tool_call(i, f.name, f.arguments) for i, f in calls if f is not None),
         reasoning=_reasoning(message),
         usage=_usage(getattr(completion, "usage", None)),
         finish_reason=choice.finish_reason,
@@ -192,7 +154,10 @@ class _StreamState:
         events: list[ProviderEvent] = []
         for choice in getattr(chunk, "choices", None) or ():
             self.saw_choice = True
-            delta = choice.delta
+            delta = getattr(choice, "delta", None)  # built without validation: may be missing
+            if delta is None:
+                self.finish_reason = getattr(choice, "finish_reason", None) or self.finish_reason
+                continue
             if reasoning := _reasoning(delta):
                 self.reasoning.append(reasoning)
                 events.append(ReasoningDelta(text=reasoning))
@@ -218,31 +183,24 @@ class _StreamState:
             call["arguments"] += part.function.arguments or ""
 
     def response(self) -> ModelResponse:
-        """The final response; raise `bad_response` if the stream carried no answer at all."""
+        """The final response; raise if the stream carried no answer, or stopped mid-way."""
         if not self.saw_choice:
             raise ProviderError("bad_response", "the stream ended without any choice")
+        if self.finish_reason is None:
+            # Every server ends a choice with a finish reason; a stream without one was cut
+            # short (the client library does not tell a missing `[DONE]` from a present one).
+            raise ProviderError(
+                "provider_unavailable",
+                "the stream ended before the response was complete",
+                retryable=True,
+            )
         return ModelResponse(
             content="".join(self.text),
-            tool_calls=tuple(_tool_call(c["id"], c["name"], c["arguments"]) for c in self.calls),
+            tool_calls=tuple(tool_call(c["id"], c["name"], c["arguments"]) for c in self.calls),
             reasoning="".join(self.reasoning) if self.reasoning else None,
             usage=self.usage,
             finish_reason=self.finish_reason,
         )
-
-
-async def _next_chunk(
-    chunks: AsyncStream[ChatCompletionChunk], stall_timeout: float | None
-) -> ChatCompletionChunk | None:
-    """The next chunk, or None at the end; fail with `timeout` if none comes in time."""
-    try:
-        async with asyncio.timeout(stall_timeout):
-            return await anext(chunks)
-    except StopAsyncIteration:
-        return None
-    except TimeoutError:
-        raise ProviderError(
-            "timeout", f"the stream stalled: no data for {stall_timeout} s", retryable=True
-        ) from None
 
 
 def _reasoning(part: object) -> str | None:
@@ -259,65 +217,3 @@ def _usage(usage: CompletionUsage | None) -> Usage:
     if usage is None:
         return Usage()
     return Usage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
-
-
-def _tool_call(call_id: str | None, name: str, arguments: str | None) -> ToolCall:
-    # Some local servers omit ids; the loop needs one to pair each result with its call.
-    call_id = call_id or f"call_{uuid.uuid4().hex[:24]}"
-    return ToolCall(id=call_id, name=name, arguments=arguments or "")
-
-
-# --- errors -------------------------------------------------------------------------------
-
-
-def _map_error(exc: openai.OpenAIError) -> ProviderError:
-    """The `ProviderError` for an exception of the client (after its own retries)."""
-    if isinstance(exc, openai.APITimeoutError):
-        return ProviderError("timeout", "the request timed out", retryable=True)
-    if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__ or exc
-        host = exc.request.url.host  # not the whole URL: it may hold a key in its query
-        message = f"cannot reach {host}: {cause}"
-        return ProviderError("provider_unavailable", message, retryable=True)
-    if isinstance(exc, openai.APIStatusError):
-        return _map_status_error(exc)
-    if isinstance(exc, openai.APIError):
-        # An `error` object inside a 200 stream: the server failed while generating.
-        return ProviderError(
-            "provider_unavailable", f"the stream failed: {exc.message}", retryable=True
-        )
-    return ProviderError("bad_request", str(exc))
-
-
-def _map_status_error(exc: openai.APIStatusError) -> ProviderError:
-    status = exc.status_code
-    body = exc.body if isinstance(exc.body, dict) else {}
-    detail = body.get("message") if isinstance(body.get("message"), str) else exc.message
-    message = f"HTTP {status}: {detail}"
-    if status == 429:
-        # Out of quota is a 429 too, but waiting does not help it.
-        retryable = exc.code != "insufficient_quota"
-        retry_after = _retry_after(exc)
-        return ProviderError(
-            "rate_limit", message, status_code=status, retryable=retryable, retry_after=retry_after
-        )
-    if status in (401, 403):
-        return ProviderError("authentication", message, status_code=status)
-    if status == 408:
-        return ProviderError("timeout", message, status_code=status, retryable=True)
-    if status >= 500:
-        return ProviderError("provider_unavailable", message, status_code=status, retryable=True)
-    text = f"{exc.code or ''} {exc.type or ''} {detail}"
-    if status == 413 or _CONTEXT_LENGTH.search(text):
-        return ProviderError("context_length", message, status_code=status)
-    return ProviderError("bad_request", message, status_code=status)
-
-
-def _retry_after(exc: openai.APIStatusError) -> float | None:
-    headers = exc.response.headers
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        try:
-            return float(headers[name]) * scale
-        except (KeyError, ValueError):
-            continue  # absent, or an HTTP date: too rare to parse
-    return None

@@ -1,0 +1,254 @@
+"""What every wire format shares: reading a stream that may stall or drop, and failures.
+
+A provider module maps its wire format; everything that does not depend on the format lives
+here once: the stall timeout, folding a stream of events into deltas and one `ModelResponse`,
+turning HTTP statuses, error events and transport failures into typed `ProviderError`s, and
+giving id-less tool calls an id.
+
+Nothing here imports a client library: the transport errors of httpx (which `openai` and
+`anthropic` use, as `httpx` or as `httpx2` depending on their version) are looked up among the
+modules already imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Protocol, TypeVar
+
+from trimtab._errors import ProviderError, ProviderErrorType
+from trimtab.providers._base import ModelResponse, ProviderEvent, ToolCall
+
+__all__ = [
+    "StreamFold",
+    "classify_status",
+    "connection_error",
+    "fold_stream",
+    "provider_errors",
+    "retry_after",
+    "status_error",
+    "stream_error",
+    "tool_call",
+]
+
+_Event = TypeVar("_Event")
+_Event_contra = TypeVar("_Event_contra", contravariant=True)
+
+CONTEXT_LENGTH = re.compile(
+    r"context[ _]?(length|size|window)|maximum context|too many tokens|prompt is too long", re.I
+)
+"""What OpenAI, Anthropic, vLLM, llama.cpp and LM Studio say when the prompt does not fit."""
+
+
+# --- streams ------------------------------------------------------------------------------
+
+
+class StreamFold(Protocol[_Event_contra]):
+    """Folds the events of one wire format's stream into deltas and a final response."""
+
+    def add(self, event: _Event_contra) -> list[ProviderEvent]:
+        """Fold one event in; return the deltas to show as they stream."""
+        ...
+
+    def response(self) -> ModelResponse:
+        """The complete response; raise `ProviderError` if the stream did not complete it."""
+        ...
+
+
+async def fold_stream(
+    events: AsyncIterator[_Event],
+    fold: StreamFold[_Event],
+    *,
+    stall_timeout: float | None,
+    close: Callable[[], Awaitable[object]],
+) -> AsyncIterator[ProviderEvent]:
+    """Yield the deltas of a stream as they come, then its one `ModelResponse`.
+
+    `close` releases the connection however the stream ends, including when the consumer
+    stops early.
+    """
+    try:
+        while (event := await _next_event(events, stall_timeout)) is not None:
+            for delta in fold.add(event):
+                yield delta
+    finally:
+        await close()
+    yield fold.response()
+
+
+async def _next_event(events: AsyncIterator[_Event], stall_timeout: float | None) -> _Event | None:
+    """The next event, or None at the end; a stall or a dropped connection is a typed error."""
+    try:
+        async with asyncio.timeout(stall_timeout):
+            return await anext(events)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        raise ProviderError(
+            "timeout", f"the stream stalled: no data for {stall_timeout} s", retryable=True
+        ) from None
+    except Exception as exc:
+        # Once the stream has started the client libraries no longer retry, and `openai` wraps
+        # a dropped connection as if the host had never been reached: say what happened.
+        failure = transport_failure(exc, mid_stream=True)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+# --- failures -----------------------------------------------------------------------------
+
+
+@contextmanager
+def provider_errors(
+    map_library_error: Callable[[Exception], ProviderError | None],
+) -> Iterator[None]:
+    """Turn every failure inside the block into a `ProviderError`.
+
+    `map_library_error` maps the client library's own exceptions (None for others). Transport
+    failures the library let through become `provider_unavailable` or `timeout`, and a
+    `ValueError` (a JSON or validation error while parsing the server's bytes) `bad_response`.
+    """
+    try:
+        yield
+    except ProviderError:
+        raise
+    except Exception as exc:
+        error = map_library_error(exc) or transport_failure(exc, mid_stream=False)
+        if error is None and isinstance(exc, ValueError):
+            error = ProviderError("bad_response", f"malformed response: {exc}")
+        if error is None:
+            raise
+        raise error from exc
+
+
+def transport_failure(exc: BaseException, *, mid_stream: bool) -> ProviderError | None:
+    """A typed error if `exc` (or an exception it was raised from) is an httpx transport error."""
+    timeouts, transports = _transport_errors()
+    cause: BaseException | None = exc
+    seen: set[int] = set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, timeouts):
+            what = "the stream timed out" if mid_stream else "the request timed out"
+            return ProviderError("timeout", what, retryable=True)
+        if isinstance(cause, transports):
+            what = "the connection was lost mid-stream" if mid_stream else "the connection failed"
+            detail = str(cause) or type(cause).__name__
+            return ProviderError("provider_unavailable", f"{what}: {detail}", retryable=True)
+        cause = cause.__cause__
+    return None
+
+
+def _transport_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    timeouts: list[type[BaseException]] = []
+    transports: list[type[BaseException]] = []
+    for name in ("httpx2", "httpx"):
+        module = sys.modules.get(name)
+        if module is not None:
+            timeouts.append(module.TimeoutException)
+            transports.append(module.TransportError)
+    return tuple(timeouts), tuple(transports)
+
+
+def connection_error(host: str, exc: BaseException) -> ProviderError:
+    """`provider_unavailable` for a request that got no (complete) answer, after retries."""
+    # Not the whole URL: its query may hold a key.
+    cause = exc.__cause__ or exc
+    detail = str(cause) or type(cause).__name__  # a reset connection has no message
+    message = f"the connection to {host} failed: {detail}"
+    return ProviderError("provider_unavailable", message, retryable=True)
+
+
+def classify_status(status: int, text: str) -> tuple[ProviderErrorType, bool]:
+    """The error type of an HTTP status, and whether retrying may help.
+
+    `text` is what the server said (error type, code, message): only a 400 saying the prompt
+    is too long tells `context_length` from `bad_request`.
+    """
+    if status == 429:
+        return "rate_limit", True
+    if status in (401, 403):
+        return "authentication", False
+    if status == 408:
+        return "timeout", True
+    if status >= 500:  # 529 is Anthropic's "overloaded"
+        return "provider_unavailable", True
+    if status == 413 or CONTEXT_LENGTH.search(text):
+        return "context_length", False
+    return "bad_request", False
+
+
+def status_error(
+    status: int,
+    detail: str,
+    *,
+    kind: str = "",
+    retry_after: float | None = None,
+    retryable: bool | None = None,
+) -> ProviderError:
+    """The `ProviderError` for an HTTP error answer.
+
+    Args:
+        status: The HTTP status.
+        detail: The server's message.
+        kind: The server's error type and code, which help classify it.
+        retry_after: Seconds the server asked to wait.
+        retryable: Overrides the status's default (out of quota is a 429 waiting won't fix).
+    """
+    error_type, default_retryable = classify_status(status, f"{kind} {detail}")
+    return ProviderError(
+        error_type,
+        f"HTTP {status}: {detail}",
+        status_code=status,
+        retryable=default_retryable if retryable is None else retryable,
+        retry_after=retry_after,
+    )
+
+
+_STREAM_ERROR_STATUS = {
+    "rate_limit": 429,
+    "overloaded": 529,
+    "authentication": 401,
+    "permission": 403,
+    "context_length": 400,
+    "invalid_request": 400,
+    "request_too_large": 413,
+    "not_found": 404,
+    "timeout": 408,
+}
+"""Error type or code names (Anthropic's and OpenAI's) and the status they stand for."""
+
+
+def stream_error(kind: str | None, detail: str) -> ProviderError:
+    """The error for a failure the server reported inside a successful (200) stream."""
+    kind = kind or ""
+    status = next((s for name, s in _STREAM_ERROR_STATUS.items() if name in kind), 500)
+    error_type, retryable = classify_status(status, f"{kind} {detail}")
+    return ProviderError(
+        error_type, f"the stream failed: {kind + ': ' if kind else ''}{detail}", retryable=retryable
+    )
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """The seconds a `retry-after-ms` or `retry-after` header asks to wait, if any."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            return float(headers[name]) * scale
+        except (KeyError, ValueError):
+            continue  # absent, or an HTTP date: too rare to parse
+    return None
+
+
+# --- responses ----------------------------------------------------------------------------
+
+
+def tool_call(call_id: str | None, name: str, arguments: str | None) -> ToolCall:
+    """A `ToolCall`, with an id made up if the server sent none."""
+    # Some local servers omit ids; the loop needs one to pair each result with its call.
+    call_id = call_id or f"call_{uuid.uuid4().hex[:24]}"
+    return ToolCall(id=call_id, name=name, arguments=arguments or "")

@@ -1,0 +1,336 @@
+"""The Anthropic Messages provider, through the official `anthropic` package.
+
+The Messages API differs from Chat Completions in ways the window has to be mapped to: system
+and developer messages go to the `system` parameter (one text block each, in order), tool
+calls are `tool_use` blocks of the assistant message, and their results `tool_result` blocks
+of the next user message, so consecutive results become one user message. `max_tokens` is
+required: the request's, else the model's known output limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import anthropic
+
+from trimtab._errors import ProviderError
+from trimtab.providers._base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ProviderEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
+from trimtab.providers._common import (
+    connection_error,
+    fold_stream,
+    provider_errors,
+    retry_after,
+    status_error,
+    stream_error,
+    tool_call,
+)
+from trimtab.providers._config import ProviderConfig
+from trimtab.providers._limits import limits_for
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+__all__ = ["AnthropicProvider"]
+
+_PLACEHOLDER_KEY = "unused"
+"""Sent to keyless compatible servers: the client library refuses to start without some key."""
+
+_NON_STREAMED_MAX_TOKENS = 8_192
+"""The default `max_tokens` of a non-streamed request is capped: the client refuses
+non-streamed requests that may run past ten minutes (and, for some models, past 8,192)."""
+
+_FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+"""Anthropic's stop reasons as Chat Completions' finish reasons; others pass as they are."""
+
+
+class AnthropicProvider:
+    """A `Provider` speaking the Anthropic Messages API."""
+
+    name = "anthropic"
+
+    def __init__(self, config: ProviderConfig) -> None:
+        self._config = config
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+        """Answer one request; raise `ProviderError` on any failure."""
+        with provider_errors(_map_error):
+            messages = self._get_client().messages
+            body = _body(request)
+            if not request.stream:
+                yield _parse_message(await messages.create(**body, stream=False))
+                return
+            events = await messages.create(**body, stream=True)
+            stall_timeout = self._config.stall_timeout
+            async for event in fold_stream(
+                events, _StreamState(), stall_timeout=stall_timeout, close=events.close
+            ):
+                yield event
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if one was created."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    def _get_client(self) -> anthropic.AsyncAnthropic:
+        # Created on first use, like the OpenAI client: building a provider costs nothing.
+        if self._client is None:
+            config = self._config
+            api_key = config.api_key or os.environ.get("ANTHROPIC_API_KEY")
+            if api_key is None and config.base_url is None:
+                raise ProviderError(
+                    "authentication", "no API key: set api_key or ANTHROPIC_API_KEY"
+                )
+            self._client = anthropic.AsyncAnthropic(
+                api_key=api_key or _PLACEHOLDER_KEY,
+                base_url=config.base_url,
+                timeout=anthropic.DEFAULT_TIMEOUT if config.timeout is None else config.timeout,
+                max_retries=config.max_retries,
+                default_headers=config.headers,
+            )
+        return self._client
+
+
+# --- request ------------------------------------------------------------------------------
+
+
+def _body(request: ModelRequest) -> dict[str, Any]:
+    """The request's fields, but for `stream`."""
+    system, messages = _messages(request.messages)
+    max_tokens = request.max_tokens or limits_for(request.model).max_output_tokens
+    if not request.stream and request.max_tokens is None:
+        max_tokens = min(max_tokens, _NON_STREAMED_MAX_TOKENS)
+    body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": max_tokens}
+    if system:
+        body["system"] = system
+    if request.tools:
+        body["tools"] = [
+            {"name": t.name, "input_schema": t.parameters}
+            | ({"description": t.description} if t.description else {})
+            for t in request.tools
+        ]
+    return body
+
+
+def _messages(window: tuple[Message, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The `system` blocks and the alternating user / assistant messages of a window."""
+    system: list[dict[str, Any]] = []
+    turns: list[dict[str, Any]] = []
+    for message in window:
+        if message.role in ("system", "developer"):
+            if message.content:  # the API rejects empty text blocks
+                system.append({"type": "text", "text": message.content})
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = _blocks(message)
+        if not blocks:
+            continue
+        # Tool results (and a user message after them) share one user message: the API wants
+        # every result of a batch in the message right after the one that made the calls.
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return system, turns
+
+
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if message.role == "tool":
+        block = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+        return [block | ({"content": message.content} if message.content else {})]
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    blocks += [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+        for c in message.tool_calls
+    ]
+    return blocks
+
+
+def _input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as the object `tool_use.input` must be."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        value = None
+    # Invalid JSON cannot go on the wire; the call's result already told the model that its
+    # arguments were invalid, so an empty object keeps the conversation valid and honest.
+    return value if isinstance(value, dict) else {}
+
+
+# --- response -----------------------------------------------------------------------------
+
+
+def _parse_message(message: Any) -> ModelResponse:
+    """The `ModelResponse` of a complete (non-streamed) message."""
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCall] = []
+    for block in getattr(message, "content", None) or ():
+        match getattr(block, "type", None):
+            case "text":
+                text.append(getattr(block, "text", None) or "")
+            case "thinking":
+                reasoning.append(getattr(block, "thinking", None) or "")
+            case "tool_use":
+                call_id, name = getattr(block, "id", None), getattr(block, "name", "")
+                calls.append(tool_call(call_id, name, _arguments(getattr(block, "input", None))))
+            case _:
+                pass  # redacted thinking, server tools' blocks: nothing to show
+    usage = getattr(message, "usage", None)
+    return ModelResponse(
+        content="".join(text),
+        tool_calls=tuple(calls),
+        reasoning="".join(reasoning) or None,
+        usage=Usage(
+            input_tokens=getattr(usage, "input_tokens", None),
+            output_tokens=getattr(usage, "output_tokens", None),
+        ),
+        finish_reason=_finish_reason(getattr(message, "stop_reason", None)),
+    )
+
+
+def _arguments(value: object) -> str:
+    # Text is passed on as it came: a server that sent it instead of an object may have sent
+    # invalid JSON, which the loop turns into an `invalid_arguments` outcome.
+    return value if isinstance(value, str) else json.dumps(value if value is not None else {})
+
+
+def _finish_reason(stop_reason: str | None) -> str | None:
+    return _FINISH_REASONS.get(stop_reason, stop_reason) if stop_reason else None
+
+
+_DELTA_FIELDS = {
+    "text_delta": "text",
+    "thinking_delta": "thinking",
+    "input_json_delta": "partial_json",
+}
+"""The content block deltas that carry text, and the field that holds it."""
+
+
+class _StreamState:
+    """What the events of one stream add up to."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, dict[str, Any]] = {}
+        """Content blocks by index: their type, text, and for tool_use id, name and JSON."""
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.stop_reason: str | None = None
+        self.stopped = False
+
+    def add(self, event: Any) -> list[ProviderEvent]:
+        """Fold one event in; return the deltas to show as they stream."""
+        # `getattr` with defaults: the client builds events without validation.
+        index = int(getattr(event, "index", None) or 0)
+        match getattr(event, "type", None):
+            case "message_start":
+                self._add_usage(getattr(getattr(event, "message", None), "usage", None))
+            case "content_block_start":
+                block = getattr(event, "content_block", None)
+                self.blocks[index] = {
+                    "type": getattr(block, "type", None),
+                    "id": getattr(block, "id", None),
+                    "name": getattr(block, "name", ""),
+                    "input": getattr(block, "input", None),
+                    "parts": [],
+                }
+            case "content_block_delta":
+                return self._add_delta(index, getattr(event, "delta", None))
+            case "message_delta":
+                stop_reason = getattr(getattr(event, "delta", None), "stop_reason", None)
+                self.stop_reason = stop_reason or self.stop_reason
+                self._add_usage(getattr(event, "usage", None))
+            case "message_stop":
+                self.stopped = True
+            case _:
+                pass  # ping, content_block_stop, and kinds added after this was written
+        return []
+
+    def _add_delta(self, index: int, delta: Any) -> list[ProviderEvent]:
+        block = self.blocks.setdefault(index, {"type": None, "name": "", "parts": []})
+        kind = getattr(delta, "type", None)
+        field = _DELTA_FIELDS.get(kind or "")
+        text = getattr(delta, field, None) if field is not None else None
+        if not isinstance(text, str):
+            return []  # signature and citation deltas, and kinds added after this was written
+        block["parts"].append(text)
+        if kind == "text_delta":
+            return [TextDelta(text=text)]
+        if kind == "thinking_delta":
+            return [ReasoningDelta(text=text)]
+        return []
+
+    def _add_usage(self, usage: Any) -> None:
+        # message_start carries the input tokens; message_delta the output tokens so far.
+        self.input_tokens = getattr(usage, "input_tokens", None) or self.input_tokens
+        self.output_tokens = getattr(usage, "output_tokens", None) or self.output_tokens
+
+    def response(self) -> ModelResponse:
+        """The final response; raise if the stream stopped before `message_stop`."""
+        if not self.stopped:
+            raise ProviderError(
+                "provider_unavailable",
+                "the stream ended before the response was complete",
+                retryable=True,
+            )
+        blocks = [self.blocks[i] for i in sorted(self.blocks)]
+        calls = tuple(
+            tool_call(b["id"], b["name"], "".join(b["parts"]) or _arguments(b.get("input")))
+            for b in blocks
+            if b["type"] == "tool_use"
+        )
+        reasoning = "".join("".join(b["parts"]) for b in blocks if b["type"] == "thinking")
+        return ModelResponse(
+            content="".join("".join(b["parts"]) for b in blocks if b["type"] == "text"),
+            tool_calls=calls,
+            reasoning=reasoning or None,
+            usage=Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens),
+            finish_reason=_finish_reason(self.stop_reason),
+        )
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def _map_error(exc: Exception) -> ProviderError | None:
+    """The `ProviderError` for an exception of the `anthropic` client (after its retries)."""
+    if not isinstance(exc, anthropic.AnthropicError):
+        return None
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ProviderError("timeout", "the request timed out", retryable=True)
+    if isinstance(exc, anthropic.APIConnectionError):
+        return connection_error(exc.request.url.host, exc)
+    if isinstance(exc, anthropic.APIResponseValidationError):
+        return ProviderError("bad_response", f"malformed response: {exc.message}")
+    if isinstance(exc, anthropic.APIStatusError):
+        error = exc.body.get("error") if isinstance(exc.body, dict) else None
+        error = error if isinstance(error, dict) else {}
+        kind = str(error.get("type") or "")
+        detail = str(error.get("message") or exc.message)
+        if exc.status_code < 400:
+            # An `error` event inside a 200 stream (the client raises it as a status error).
+            return stream_error(kind, detail)
+        return status_error(
+            exc.status_code, detail, kind=kind, retry_after=retry_after(exc.response.headers)
+        )
+    return ProviderError("bad_request", str(exc))
