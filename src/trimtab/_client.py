@@ -10,7 +10,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -34,6 +34,9 @@ from trimtab.events import (
 )
 from trimtab.providers import Provider, ProviderConfig, make_provider
 from trimtab.store import SessionRecord, Store, open_store
+
+if TYPE_CHECKING:
+    from trimtab.remote import RemoteClient
 
 __all__ = ["Client", "SessionOptions"]
 
@@ -105,6 +108,23 @@ class Client:
         self._sessions: dict[str, Session] = {}
         self._providers: dict[str, Provider] = {}
         self._maintainer: asyncio.Task[None] | None = None
+
+    @classmethod
+    def connect(cls, url: str, *, token: str | None = None) -> RemoteClient:
+        """A client of a runtime in another process (`trimtab serve`), with this API.
+
+        ```python
+        async with Client.connect("tcp://127.0.0.1:8765") as client:
+            session = await client.create_session(provider={...}, tools=[...])
+        ```
+
+        Tools and the permission handler run in the calling process; the loop, the model
+        calls and the event log run in the server. `token` is the server's connection token.
+        """
+        # The remote client is an adapter above this layer: imported only when asked for.
+        from trimtab.remote import RemoteClient
+
+        return RemoteClient(url, token=token)
 
     async def __aenter__(self) -> Client:
         await self.start()

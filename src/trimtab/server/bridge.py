@@ -1,0 +1,303 @@
+"""What the runtime waits for from clients: tool results, permission decisions, run ends.
+
+A tool declared over the wire becomes a `trimtab.Tool` whose handler hands the call to the
+clients (`external_tool.requested`), waits for one of them to answer
+(`session.tools.handlePendingToolCall`) and says it is settled (`external_tool.completed`).
+Permission requests wait the same way for `handlePendingPermissionRequest`. `RunLedger`
+follows a session's events to tell `session.sendAndWait` how its run ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trimtab import PermissionDecision, Tool, ToolInvocation, ToolResult
+from trimtab.events import (
+    AssistantMessageEvent,
+    Event,
+    ExternalToolCompletedData,
+    ExternalToolCompletedEvent,
+    ExternalToolRequestedData,
+    ExternalToolRequestedEvent,
+    PermissionRequestData,
+    PermissionRequestedEvent,
+    SessionErrorEvent,
+    SessionIdleEvent,
+    ToolDefinition,
+    UserMessageEvent,
+    new_id,
+)
+from trimtab.server.hooks import Hooks
+from trimtab.server.wire import HandleToolCallParams, PermissionAnswer, ToolResultAnswer
+
+__all__ = ["Bridge", "RunEnd", "RunLedger", "permission_decision", "tool_result"]
+
+_APPROVE_ONCE = {"approve-once", "approved", "approve-for-location"}
+_APPROVE_FOR_SESSION = {
+    "approve-for-session",
+    "approve-read-only-for-session",
+    "approve-permanently",
+}
+_REJECT = {"reject", "denied-interactively-by-user"}
+_NOT_AVAILABLE = {
+    "user-not-available",
+    "denied-no-approval-rule-and-could-not-request-from-user",
+    "denied-by-rules",
+    "denied-by-content-exclusion-policy",
+}
+
+
+def permission_decision(answer: PermissionAnswer) -> PermissionDecision:
+    """The trimtab decision for a Copilot decision kind (protocol section 4.3).
+
+    Location-scoped approvals count once; read-only and permanent ones count for the session,
+    which is as long as trimtab remembers approvals.
+
+    Raises:
+        ValueError: An unknown kind.
+    """
+    kind = answer.kind
+    if kind in _APPROVE_ONCE:
+        return PermissionDecision(kind="approve-once")
+    if kind in _APPROVE_FOR_SESSION:
+        return PermissionDecision(kind="approve-for-session")
+    if kind in _REJECT:
+        return PermissionDecision(kind="reject", feedback=answer.feedback)
+    if kind in _NOT_AVAILABLE:
+        return PermissionDecision(kind="user-not-available")
+    raise ValueError(f"unknown permission decision kind {kind!r}")
+
+
+def tool_result(answer: HandleToolCallParams, name: str, arguments: Any) -> ToolResult:
+    """The trimtab result of a client's answer (protocol sections 4.2 and 6e).
+
+    A client's `error` text is never shown to the model: it sees the generic failure text the
+    official runtime uses, so recordings made against it still match.
+    """
+    result = answer.result
+    if isinstance(result, str):
+        return ToolResult(text_result_for_llm=result)
+    if isinstance(result, ToolResultAnswer):
+        return _from_object(result)
+    if answer.error is not None:
+        shown = json.dumps(arguments, separators=(",", ":"))
+        text = (
+            f"Failed to execute `{name}` tool with arguments: {shown} "
+            "due to error: Error: Tool execution failed"
+        )
+        return ToolResult(text_result_for_llm=text, result_type="failure", error=answer.error)
+    return ToolResult(text_result_for_llm="")
+
+
+def _from_object(result: ToolResultAnswer) -> ToolResult:
+    kind = result.result_type or ("failure" if result.error is not None else "success")
+    return ToolResult(
+        text_result_for_llm=result.text_result_for_llm,
+        # trimtab has no client-reported timeout outcome: it is a failure the model can read.
+        result_type="failure" if kind == "timeout" else kind,
+        error=result.error,
+        tool_references=result.tool_references or [],
+    )
+
+
+@dataclass
+class RunEnd:
+    """How one run (one `send`) ended, as `session.sendAndWait` reports it."""
+
+    message_id: str
+    last_message: AssistantMessageEvent | None = None
+    error: SessionErrorEvent | None = None
+    idle: SessionIdleEvent | None = None
+
+
+class RunLedger:
+    """Follows a session's events to know when each run ended and what it answered.
+
+    Runs are sequential and each ends in exactly one `session.idle` (spec E1), so the run in
+    progress is the one whose user message came last; a seeded run after a clear belongs to
+    the run that cleared (its `user.message` has source `context_cleared`).
+    """
+
+    _KEEP = 64
+    """Ended runs remembered for a waiter that has not asked yet."""
+
+    def __init__(self) -> None:
+        self._current: RunEnd | None = None
+        self._ended: OrderedDict[str, RunEnd] = OrderedDict()
+        self._waiters: dict[str, asyncio.Future[RunEnd]] = {}
+
+    def observe(self, event: Event) -> None:
+        """Account for one event of the session, in log order."""
+        match event:
+            case UserMessageEvent() if event.data.source != "context_cleared":
+                if event.data.message_id is not None:
+                    self._current = RunEnd(event.data.message_id)
+            case AssistantMessageEvent() if self._current is not None:
+                if event.data.originating_message_id == self._current.message_id:
+                    self._current.last_message = event
+            case SessionErrorEvent() if self._current is not None:
+                self._current.error = event
+            case SessionIdleEvent():
+                if self._current is not None:
+                    self._current.idle = event
+                    self._ended_run(self._current)
+                self._current = None
+            case _:
+                pass
+
+    def _ended_run(self, run: RunEnd) -> None:
+        waiter = self._waiters.pop(run.message_id, None)
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(run)
+            return
+        self._ended[run.message_id] = run
+        while len(self._ended) > self._KEEP:
+            self._ended.popitem(last=False)
+
+    async def wait(self, message_id: str) -> RunEnd:
+        """The end of the run of `message_id` (already ended, or when it ends)."""
+        if (run := self._ended.pop(message_id, None)) is not None:
+            return run
+        waiter = self._waiters.setdefault(message_id, asyncio.get_running_loop().create_future())
+        try:
+            return await waiter
+        finally:
+            self._waiters.pop(message_id, None)
+
+    def close(self, reason: Exception) -> None:
+        """Fail every waiter: the session is gone."""
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(reason)
+        self._waiters.clear()
+
+
+@dataclass
+class _PendingCall:
+    tool_name: str
+    future: asyncio.Future[HandleToolCallParams] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Bridge:
+    """A session's open questions to its clients: external tool calls and permissions."""
+
+    def __init__(self, session_id: str, hooks: Hooks) -> None:
+        self.session_id = session_id
+        self.hooks = hooks
+        self.ledger = RunLedger()
+        self.provided: Callable[[str], bool] = lambda name: True
+        """Whether some attached client declared the tool (set by the session's owner)."""
+        self._calls: dict[str, _PendingCall] = {}
+        self._permissions: dict[str, asyncio.Future[PermissionDecision]] = {}
+        self._permission_by_call: dict[str, str] = {}
+
+    # --- tools ---------------------------------------------------------------------------
+
+    def tool(self, definition: ToolDefinition) -> Tool:
+        """A tool whose calls are answered by a client."""
+
+        async def handler(arguments: dict[str, Any], invocation: ToolInvocation) -> ToolResult:
+            return await self._call_external(definition.name, arguments, invocation)
+
+        return Tool(definition, handler, None)
+
+    async def _call_external(
+        self, name: str, arguments: dict[str, Any], invocation: ToolInvocation
+    ) -> ToolResult:
+        if not self.provided(name):
+            # Its client left: nobody would ever answer.
+            text = f"No connected client provides the tool '{name}'."
+            return ToolResult(text_result_for_llm=text, result_type="failure")
+        pre = await self.hooks.pre_tool_use(name, arguments)
+        if pre.denied is not None:
+            return ToolResult(text_result_for_llm=pre.denied, result_type="denied")
+        arguments = pre.arguments
+        request_id = new_id()
+        call = self._calls[request_id] = _PendingCall(name)
+        session = invocation.session
+        try:
+            await session.emit(
+                ExternalToolRequestedEvent(
+                    data=ExternalToolRequestedData(
+                        request_id=request_id,
+                        session_id=self.session_id,
+                        tool_call_id=invocation.tool_call_id,
+                        tool_name=name,
+                        arguments=arguments,
+                    )
+                )
+            )
+            answer = await call.future
+        finally:
+            # Also on abort: the event tells clients to cancel the handler and not answer.
+            del self._calls[request_id]
+            completed = ExternalToolCompletedData(request_id=request_id)
+            await session.emit(ExternalToolCompletedEvent(data=completed))
+        return await self.hooks.post_tool_use(name, arguments, tool_result(answer, name, arguments))
+
+    def abandon_unprovided(self) -> None:
+        """Fail the pending calls of tools no attached client declares any more."""
+        for request_id, call in self._calls.items():
+            if not call.future.done() and not self.provided(call.tool_name):
+                error = "the client that provides this tool disconnected"
+                answer = HandleToolCallParams(
+                    session_id=self.session_id, request_id=request_id, error=error
+                )
+                call.future.set_result(answer)
+
+    def answer_tool(self, answer: HandleToolCallParams) -> bool:
+        """Settle a pending external call; False if it is unknown or already settled."""
+        call = self._calls.get(answer.request_id)
+        if call is None or call.future.done():
+            return False
+        call.future.set_result(answer)
+        return True
+
+    # --- permissions ---------------------------------------------------------------------
+
+    def observe(self, event: Event) -> None:
+        """Open a pending permission request when the loop announces one."""
+        if isinstance(event, PermissionRequestedEvent):
+            data = event.data
+            future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
+            self._permissions[data.request_id] = future
+            if data.permission_request.tool_call_id is not None:
+                self._permission_by_call[data.permission_request.tool_call_id] = data.request_id
+        self.ledger.observe(event)
+
+    async def ask_permission(
+        self, request: PermissionRequestData, invocation: ToolInvocation
+    ) -> PermissionDecision:
+        """The session's permission handler: wait for a client's decision.
+
+        The loop emits `permission.requested` (which `observe` saw) just before calling this,
+        so the request id is found through the tool call id.
+        """
+        request_id = self._permission_by_call.pop(invocation.tool_call_id, None)
+        future = self._permissions.get(request_id) if request_id is not None else None
+        if request_id is None or future is None:
+            return PermissionDecision(kind="user-not-available")
+        try:
+            return await future
+        finally:
+            self._permissions.pop(request_id, None)
+
+    def answer_permission(self, request_id: str, decision: PermissionDecision) -> bool:
+        """Settle a pending permission request; False if it is unknown or already settled."""
+        future = self._permissions.get(request_id)
+        if future is None or future.done():
+            return False
+        future.set_result(decision)
+        return True
+
+    def close(self, reason: Exception) -> None:
+        """The session is gone: nobody may wait for it any more."""
+        self.ledger.close(reason)

@@ -1,0 +1,323 @@
+"""The Copilot SDK protocol on one connection: its method table, mapped onto trimtab sessions.
+
+Each method validates its params with one wire model, calls the runtime, and returns a result
+model. Runtime exceptions become JSON-RPC errors in one place (`CopilotConnection.dispatch`),
+so a method body reads as the mapping it is.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from trimtab import ClearContextError, SessionNotFoundError, TrimtabError, __version__
+from trimtab.events import SessionWarningEvent, WarningData
+from trimtab.server.bridge import permission_decision
+from trimtab.server.hooks import PromptBlocked
+from trimtab.server.hub import SESSION_NOT_FOUND, SessionHub, SharedSession
+from trimtab.server.rpc import INVALID_PARAMS, METHOD_NOT_FOUND, Connection, Params, RpcError
+from trimtab.server.wire import (
+    PROTOCOL_VERSION,
+    ClearContextParams,
+    CompactParams,
+    ConnectParams,
+    CreateParams,
+    HandlePermissionParams,
+    HandleToolCallParams,
+    PingParams,
+    ResumeParams,
+    SendAndWaitResult,
+    SendParams,
+    SessionMetadata,
+    SessionParams,
+    TruncateParams,
+    dump,
+)
+
+__all__ = ["AUTHENTICATION_FAILED", "CANCELLABLE", "RUN_FAILED", "CopilotConnection"]
+
+AUTHENTICATION_FAILED = -32001
+"""A missing or wrong connection token (the message starts with `AUTHENTICATION_FAILED`)."""
+RUN_FAILED = -32000
+"""A refused runtime operation: a failed run, a refused clear, a blocked prompt."""
+
+CANCELLABLE = frozenset({"session.sendAndWait"})
+"""Requests a `$/cancelRequest` may cancel: only waiting, which is safe to stop halfway."""
+
+Method = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+class CopilotConnection:
+    """Serves the Copilot protocol to one client.
+
+    Args:
+        conn: The JSON-RPC connection.
+        hub: The server's open sessions.
+        token: The connection token a client must present in `connect`, or None.
+    """
+
+    def __init__(self, conn: Connection, hub: SessionHub, *, token: str | None) -> None:
+        self._conn = conn
+        self._hub = hub
+        self._token = token
+        self._authenticated = token is None
+        self._methods: dict[str, Method] = {
+            "connect": self._connect,
+            "ping": self._ping,
+            "status.get": self._status,
+            "auth.getStatus": self._auth_status,
+            "models.list": self._models,
+            "runtime.shutdown": self._shutdown,
+            "session.create": self._create,
+            "session.resume": self._resume,
+            "session.send": self._send,
+            "session.sendAndWait": self._send_and_wait,
+            "session.abort": self._abort,
+            "session.detach": self._detach,
+            "session.destroy": self._detach,
+            "session.getMessages": self._get_messages,
+            "session.list": self._list,
+            "session.getMetadata": self._get_metadata,
+            "session.getLastId": self._get_last_id,
+            "session.delete": self._delete,
+            "session.history.clearContext": self._clear_context,
+            "session.history.truncate": self._truncate,
+            "session.history.compact": self._compact,
+            "session.tools.handlePendingToolCall": self._handle_tool_call,
+            "session.permissions.handlePendingPermissionRequest": self._handle_permission,
+        }
+
+    async def serve(self) -> None:
+        """Serve until the client goes away, then let go of its sessions."""
+        try:
+            await self._conn.run(self.dispatch)
+        finally:
+            await self._hub.release_all(self._conn)
+
+    async def dispatch(self, method: str, params: Params) -> Any:
+        """Run one method; every runtime failure becomes a JSON-RPC error."""
+        if not self._authenticated and method != "connect":
+            raise _auth_failed()
+        handler = self._methods.get(method)
+        if handler is None:
+            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+        if not isinstance(params, dict):
+            raise RpcError(INVALID_PARAMS, "Invalid params: expected an object")
+        try:
+            return await handler(params)
+        except ValidationError as exc:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: {_summary(exc)}") from None
+        except ClearContextError as exc:
+            code = INVALID_PARAMS if exc.code == "empty_prompt" else RUN_FAILED
+            raise RpcError(code, str(exc), {"code": exc.code}) from None
+        except SessionNotFoundError as exc:
+            raise RpcError(SESSION_NOT_FOUND, str(exc), {"code": "session_not_found"}) from None
+        except PromptBlocked as exc:
+            raise RpcError(
+                RUN_FAILED, f"prompt_blocked: {exc}", {"code": "prompt_blocked"}
+            ) from None
+        except ValueError as exc:
+            raise RpcError(INVALID_PARAMS, f"Invalid params: {exc}") from None
+        except TrimtabError as exc:
+            raise RpcError(RUN_FAILED, str(exc)) from None
+
+    # --- connection --------------------------------------------------------------------
+
+    async def _connect(self, params: dict[str, Any]) -> dict[str, Any]:
+        given = ConnectParams.model_validate(params).token
+        if self._token is not None:
+            if given is None or not hmac.compare_digest(_raw(given), _raw(self._token)):
+                raise _auth_failed()
+            self._authenticated = True
+        return {"ok": True, "protocolVersion": PROTOCOL_VERSION, "version": __version__}
+
+    async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
+        message = PingParams.model_validate(params).message
+        return {
+            "message": f"pong: {'' if message is None else message}",
+            "timestamp": datetime.now(UTC).isoformat(),
+            "protocolVersion": PROTOCOL_VERSION,
+        }
+
+    async def _status(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"version": __version__, "protocolVersion": PROTOCOL_VERSION}
+
+    async def _auth_status(self, params: dict[str, Any]) -> dict[str, Any]:
+        # trimtab signs in to nothing: each session brings its own (BYOK) provider.
+        return {"isAuthenticated": True, "statusMessage": "trimtab: sessions bring a provider"}
+
+    async def _models(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"models": []}
+
+    async def _shutdown(self, params: dict[str, Any]) -> None:
+        # Answered after cleanup, as the protocol asks. Only this client's sessions are let
+        # go: a TCP server may serve others. A stdio server ends when its stdin closes.
+        await self._hub.release_all(self._conn)
+
+    # --- sessions ------------------------------------------------------------------------
+
+    def _session(self, params: dict[str, Any]) -> SharedSession:
+        return self._hub.get(self._conn, SessionParams.model_validate(params).session_id)
+
+    async def _create(self, params: dict[str, Any]) -> dict[str, Any]:
+        shared = await self._hub.open(self._conn, CreateParams.model_validate(params), resume=False)
+        return {"sessionId": shared.session_id}
+
+    async def _resume(self, params: dict[str, Any]) -> dict[str, Any]:
+        shared = await self._hub.open(self._conn, ResumeParams.model_validate(params), resume=True)
+        return {"sessionId": shared.session_id}
+
+    async def _send(self, params: dict[str, Any]) -> dict[str, Any]:
+        shared, prompt = await self._prompt(params)
+        return {"messageId": await shared.session.send(prompt)}
+
+    async def _send_and_wait(self, params: dict[str, Any]) -> dict[str, Any]:
+        shared, prompt = await self._prompt(params)
+        if shared.session.is_remote:
+            raise TrimtabError("send_and_wait needs the session's lease; use session.send")
+        message_id = await shared.session.send(prompt)
+        run = await shared.bridge.ledger.wait(message_id)
+        idle = run.idle.id if run.idle is not None else None
+        if run.error is not None:
+            data = run.error.data
+            detail = {
+                "errorType": data.error_type,
+                "message": data.message,
+                "statusCode": data.status_code,
+                "completionEventId": idle,
+            }
+            raise RpcError(RUN_FAILED, f"Session error: {data.message}", detail)
+        result = SendAndWaitResult(
+            aborted=bool(run.idle is not None and run.idle.data.aborted),
+            message_id=message_id,
+            completion_event_id=idle,
+            response=run.last_message.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if run.last_message is not None
+            else None,
+        )
+        return dump(result)
+
+    async def _prompt(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
+        request = SendParams.model_validate(params)
+        shared = self._hub.get(self._conn, request.session_id)
+        try:
+            return shared, await shared.bridge.hooks.user_prompt_submitted(request.prompt)
+        except PromptBlocked as exc:
+            # No run, no user message; clients see why (ephemeral, as in the official runtime).
+            data = WarningData(warning_type="policy_blocked", message=str(exc))
+            await shared.session.emit(SessionWarningEvent(data=data, ephemeral=True))
+            raise
+
+    async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:
+        await self._session(params).session.abort()
+        return {}
+
+    async def _detach(self, params: dict[str, Any]) -> dict[str, Any]:
+        session_id = SessionParams.model_validate(params).session_id
+        await self._hub.release(self._conn, session_id)
+        return {"success": True}
+
+    async def _get_messages(self, params: dict[str, Any]) -> dict[str, Any]:
+        events = await self._session(params).session.get_events()
+        return {
+            "events": [e.model_dump(by_alias=True, mode="json", exclude_none=True) for e in events]
+        }
+
+    async def _list(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"sessions": [dump(m) for m in await self._metadata()]}
+
+    async def _get_metadata(self, params: dict[str, Any]) -> dict[str, Any]:
+        session_id = SessionParams.model_validate(params).session_id
+        found = [m for m in await self._metadata() if m.session_id == session_id]
+        return {"session": dump(found[0])} if found else {}
+
+    async def _get_last_id(self, params: dict[str, Any]) -> dict[str, Any]:
+        sessions = await self._metadata()
+        return {"sessionId": sessions[0].session_id} if sessions else {}
+
+    async def _metadata(self) -> list[SessionMetadata]:
+        """Every stored session, most recently active first."""
+        return [
+            SessionMetadata(
+                session_id=r.session_id,
+                start_time=r.created_at,
+                modified_time=r.updated_at,
+                # Run by another runtime sharing the store (spec R1).
+                is_remote=r.lease_owner is not None and not self._hub.runs(r.session_id),
+                summary=r.summary,
+                event_count=r.event_count,
+                lease_owner=r.lease_owner,
+            )
+            for r in await self._hub.client.list_sessions()
+        ]
+
+    async def _delete(self, params: dict[str, Any]) -> dict[str, Any]:
+        session_id = SessionParams.model_validate(params).session_id
+        try:
+            await self._hub.delete(session_id)
+        except SessionNotFoundError as exc:
+            return {"success": False, "error": str(exc)}
+        return {"success": True}
+
+    # --- history -------------------------------------------------------------------------
+
+    async def _clear_context(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = ClearContextParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        # From this request's task, outside any handler's context: the core picks the
+        # session's earliest tool call in flight as the enclosing one (spec C1).
+        result = session.history.clear_context(request.prompt)
+        return {"messagesCleared": result.messages_cleared}
+
+    async def _truncate(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = TruncateParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        result = await session.history.truncate(request.event_id)
+        return {"eventsRemoved": result.events_removed}
+
+    async def _compact(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = CompactParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        result = await session.history.compact(request.custom_instructions)
+        return {
+            "success": result.success,
+            "messagesRemoved": result.messages_removed,
+            "tokensRemoved": result.tokens_removed,
+            **({"summaryContent": result.summary} if result.summary is not None else {}),
+        }
+
+    # --- answers to the runtime's questions ----------------------------------------------
+
+    async def _handle_tool_call(self, params: dict[str, Any]) -> dict[str, Any]:
+        answer = HandleToolCallParams.model_validate(params)
+        shared = self._hub.get(self._conn, answer.session_id)
+        return {"success": shared.bridge.answer_tool(answer)}
+
+    async def _handle_permission(self, params: dict[str, Any]) -> dict[str, Any]:
+        answer = HandlePermissionParams.model_validate(params)
+        shared = self._hub.get(self._conn, answer.session_id)
+        decision = permission_decision(answer.result)
+        return {"success": shared.bridge.answer_permission(answer.request_id, decision)}
+
+
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")  # any string a JSON client can send
+
+
+def _auth_failed() -> RpcError:
+    return RpcError(
+        AUTHENTICATION_FAILED, "AUTHENTICATION_FAILED: missing or wrong connection token"
+    )
+
+
+def _summary(exc: ValidationError) -> str:
+    """The first few validation errors, one `field: message` each."""
+    parts = [
+        f"{'.'.join(str(p) for p in error['loc']) or '(root)'}: {error['msg']}"
+        for error in exc.errors()[:3]
+    ]
+    return "; ".join(parts)

@@ -1,0 +1,266 @@
+"""The Copilot protocol's params and results: one Pydantic model per wire shape.
+
+Field names are snake_case in Python and camelCase on the wire (aliases). Unknown fields are
+ignored, as the protocol requires: official clients send many options trimtab has no use for.
+Results are serialised with `dump`, which leaves out fields that are None.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from trimtab.events import ToolDefinition
+from trimtab.providers import ProviderConfig
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "ClearContextParams",
+    "CompactParams",
+    "ConnectParams",
+    "CreateParams",
+    "HandlePermissionParams",
+    "HandleToolCallParams",
+    "PermissionAnswer",
+    "PingParams",
+    "ResumeParams",
+    "SendAndWaitResult",
+    "SendParams",
+    "SessionMetadata",
+    "SessionParams",
+    "ToolResultAnswer",
+    "TruncateParams",
+    "WireTool",
+    "dump",
+]
+
+PROTOCOL_VERSION = 3
+"""The only Copilot SDK protocol version the official clients accept."""
+
+
+def _encodable(text: str) -> str:
+    # Text that reaches the event log must be valid Unicode: a lone surrogate (legal in a
+    # JSON escape) would make the store refuse the event in the middle of a run.
+    text.encode("utf-8")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+"""A string that can be stored: valid Unicode, no lone surrogates."""
+
+
+class Wire(BaseModel):
+    """Base of the wire models: camelCase aliases, unknown fields ignored."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """A result as the wire wants it: camelCase, JSON types, no null fields."""
+    return model.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+# --- connection ----------------------------------------------------------------------------
+
+
+class ConnectParams(Wire):
+    """`connect`: the handshake; `token` is checked when the server has one."""
+
+    token: str | None = None
+
+
+class PingParams(Wire):
+    """`ping`: answered with `pong: <message>`."""
+
+    message: Any = None
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+class SessionParams(Wire):
+    """Params of every method that targets one session."""
+
+    session_id: str = Field(min_length=1)
+
+
+class WireTool(Wire):
+    """A client-side tool as `session.create` declares it."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    is_terminal: bool = False
+    defer: Literal["auto", "never"] | None = None
+    skip_permission: bool = False
+    overrides_built_in_tool: bool = False
+    metadata: dict[str, Any] | None = None
+
+    def definition(self) -> ToolDefinition:
+        """The runtime's definition of this tool."""
+        fields = self.model_dump(exclude_none=True)
+        parameters = fields.pop("parameters", None) or {"type": "object", "properties": {}}
+        # zod-made schemas carry "$schema", which some model APIs refuse in a tool schema.
+        fields["parameters"] = {k: v for k, v in parameters.items() if k != "$schema"}
+        return ToolDefinition.model_validate(fields)
+
+
+class SystemMessage(Wire):
+    """The SDKs' `systemMessage` object."""
+
+    content: str | None = None
+    mode: str | None = None
+    """`append`, `replace` or `customize`: trimtab has no built-in prompt, so all mean the same."""
+
+
+class SessionOptionsParams(SessionParams):
+    """What `session.create` and `session.resume` share."""
+
+    model: str | None = None
+    provider: dict[str, Any] | None = None
+    tools: list[WireTool] | None = None
+    system_message: SystemMessage | str | None = None
+    developer_messages: list[str] | None = None
+    """A trimtab extension (the Copilot SDKs have no developer messages); sent by
+    `trimtab.Client.connect` clients."""
+    streaming: bool | None = None
+    request_permission: bool = False
+    hooks: bool = False
+
+    def options(self) -> dict[str, Any]:
+        """Keyword options for `Client.create_session` / `resume_session` (tools apart)."""
+        options: dict[str, Any] = {}
+        if self.model is not None:
+            options["model"] = self.model
+        if self.provider is not None:
+            options["provider"] = provider_config(self.provider)
+        message = self.system_message
+        content = message.content if isinstance(message, SystemMessage) else message
+        if content is not None:
+            options["system_message"] = content
+        if self.developer_messages is not None:
+            options["developer_messages"] = self.developer_messages
+        if self.streaming is not None:
+            options["streaming"] = self.streaming
+        return options
+
+
+class CreateParams(SessionOptionsParams):
+    """`session.create`: the client chooses the session id."""
+
+
+class ResumeParams(SessionOptionsParams):
+    """`session.resume`: reopen a stored session (tools and handlers come again)."""
+
+
+_PROVIDER_KEYS = {
+    key
+    for name, field in ProviderConfig.model_fields.items()
+    for key in (name, field.alias or name)
+}
+
+
+def provider_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A BYOK `provider` object as `ProviderConfig` input.
+
+    The Copilot SDKs send keys trimtab does not know (`transport`, `modelId`, ...): they are
+    dropped. `azure.apiVersion` and `bearerToken` are mapped to their trimtab equivalents.
+    """
+    config = {key: value for key, value in raw.items() if key in _PROVIDER_KEYS}
+    azure = raw.get("azure")
+    if isinstance(azure, dict) and "apiVersion" in azure:
+        config.setdefault("apiVersion", azure["apiVersion"])
+    token = raw.get("bearerToken")
+    if isinstance(token, str):
+        headers = dict(config.get("headers") or {})
+        headers.setdefault("Authorization", f"Bearer {token}")
+        config["headers"] = headers
+    return config
+
+
+class SendParams(SessionParams):
+    """`session.send` and `session.sendAndWait` (attachments and modes are ignored)."""
+
+    prompt: Text
+
+
+class SendAndWaitResult(Wire):
+    """What `session.sendAndWait` answers once the run is over."""
+
+    aborted: bool
+    message_id: str
+    completion_event_id: str | None = None
+    """The run's `session.idle`, also sent as a notification before this result."""
+    response: dict[str, Any] | None = None
+    """The run's last `assistant.message` event."""
+
+
+class SessionMetadata(Wire):
+    """One entry of `session.list` (the Copilot shape, plus trimtab's `eventCount`)."""
+
+    session_id: str
+    start_time: datetime
+    modified_time: datetime
+    is_remote: bool
+    summary: str | None = None
+    event_count: int
+    lease_owner: str | None = None
+    """The runtime running the session, while its lease is live (spec R1)."""
+
+
+# --- history -------------------------------------------------------------------------------
+
+
+class ClearContextParams(SessionParams):
+    """`session.history.clearContext`: the seed of the fresh window."""
+
+    prompt: Text
+
+
+class TruncateParams(SessionParams):
+    """`session.history.truncate`: forget this event and everything after it."""
+
+    event_id: str
+
+
+class CompactParams(SessionParams):
+    """`session.history.compact`."""
+
+    custom_instructions: Text | None = None
+
+
+# --- answers to the server's questions ---------------------------------------------------
+
+
+class ToolResultAnswer(Wire):
+    """A client tool's result object (`ToolResult` in the SDKs)."""
+
+    text_result_for_llm: Text = ""
+    result_type: Literal["success", "failure", "rejected", "denied", "timeout"] | None = None
+    error: Text | None = None
+    tool_references: list[str] | None = None
+
+
+class HandleToolCallParams(SessionParams):
+    """`session.tools.handlePendingToolCall`: a result (object or text) or an error."""
+
+    request_id: str
+    result: ToolResultAnswer | Text | None = None
+    error: Text | None = None
+
+
+class PermissionAnswer(Wire):
+    """A permission decision; `kind` is checked when it is mapped to a trimtab decision."""
+
+    kind: str
+    feedback: Text | None = None
+
+
+class HandlePermissionParams(SessionParams):
+    """`session.permissions.handlePendingPermissionRequest`."""
+
+    request_id: str
+    result: PermissionAnswer
