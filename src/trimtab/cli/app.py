@@ -1,0 +1,203 @@
+"""The `trimtab` commands: click wiring, each command a few lines that resolve the
+configuration and hand over to the module doing the work.
+
+Command bodies import their modules lazily so that `--help` and a mistyped flag answer fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from trimtab import __version__
+
+if TYPE_CHECKING:
+    from trimtab.cli.config import Resolved
+
+__all__ = ["cli"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PROVIDER_HELP = (
+    "openai, anthropic, ollama or local (the embedded model). Default: OPENAI_API_KEY, "
+    "ANTHROPIC_API_KEY, a running Ollama, else local."
+)
+
+
+def _common_options(command: F) -> F:
+    """Options every command takes."""
+    command = click.option(
+        "--store",
+        metavar="PATH",
+        help="Session store: a SQLite file, sqlite:///URL or 'memory' [env TRIMTAB_STORE].",
+    )(command)
+    return click.option(
+        "--debug",
+        is_flag=True,
+        default=None,
+        help="Show tracebacks of unexpected errors [env TRIMTAB_DEBUG].",
+    )(command)
+
+
+def _provider_options(command: F) -> F:
+    """Options that choose the model and its tools."""
+    options = [
+        click.option("--provider", "-p", metavar="NAME", help=_PROVIDER_HELP),
+        click.option("--model", "-m", metavar="NAME", help="Model name [env TRIMTAB_MODEL]."),
+        click.option("--base-url", metavar="URL", help="API root of an OpenAI-compatible server."),
+        click.option("--api-key", metavar="KEY", help="API key [env TRIMTAB_API_KEY]."),
+        click.option(
+            "--tools",
+            metavar="SET",
+            help="'demo': calculator, current_time and clear_context; 'none' (default).",
+        ),
+        click.option(
+            "--system", "system_message", metavar="TEXT", help="System message of new sessions."
+        ),
+        # The scripted provider is a testing aid: replies from a JSON or YAML file.
+        click.option("--script", metavar="FILE", hidden=True),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _resolve(settings: dict[str, Any]) -> Resolved:
+    from trimtab.cli.config import resolve
+
+    return resolve(settings)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trimtab")
+def cli() -> None:
+    """trimtab: agent sessions from the command line.
+
+    \b
+    Examples:
+      trimtab chat --tools demo
+      trimtab run --tools demo --yes "What is 17 * 23?"
+      trimtab sessions list
+
+    Settings come from flags, TRIMTAB_* environment variables and an optional trimtab.toml
+    (current directory, else $TRIMTAB_HOME); 'trimtab config' shows the values in force.
+    """
+
+
+@cli.command()
+@click.argument("prompt", required=False)
+@click.option("--yes", "-y", is_flag=True, help="Approve every tool call.")
+@click.option("--json", "as_json", is_flag=True, help="Print every event as one JSON line.")
+@_provider_options
+@_common_options
+def run(prompt: str | None, yes: bool, as_json: bool, **settings: Any) -> int:
+    """Run one prompt in a new session and print the reply.
+
+    PROMPT '-' or none reads the prompt from stdin. Exits 1 if the run ends in an error.
+    Without --yes, tool calls are asked about on a terminal and denied otherwise.
+    """
+    from trimtab.cli.commands import run_once
+
+    return run_once(_resolve(settings), prompt, yes=yes, as_json=as_json)
+
+
+@cli.command()
+@click.option(
+    "--resume",
+    "-r",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[ID]",
+    help="Continue the last session, or the one whose id starts with ID.",
+)
+@click.option("--yes", "-y", is_flag=True, help="Approve every tool call.")
+@_provider_options
+@_common_options
+def chat(resume: str | None, yes: bool, **settings: Any) -> int:
+    """Talk with an agent; type /help for the commands."""
+    from trimtab.cli.chat import run_chat
+
+    return run_chat(_resolve(settings), resume=resume, yes=yes)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_provider_options
+@_common_options
+def config(as_json: bool, **settings: Any) -> int:
+    """Show the settings in force and the provider they select.
+
+    Each setting is listed with where its value comes from: a flag, a TRIMTAB_* variable,
+    the trimtab.toml file, or the default.
+    """
+    from trimtab.cli.commands import show_config
+
+    return show_config(_resolve(settings), as_json=as_json)
+
+
+@cli.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    add_help_option=False,
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def serve(args: tuple[str, ...]) -> int:
+    """Serve sessions to Copilot SDK clients over JSON-RPC.
+
+    The server's own options: trimtab serve --help.
+    """
+    # The server owns its flags (and the Copilot clients' extra ones it tolerates).
+    from trimtab.server.__main__ import main as serve_main
+
+    return serve_main(list(args), prog="trimtab serve")
+
+
+@cli.group()
+def sessions() -> None:
+    """List, inspect and delete stored sessions."""
+
+
+@sessions.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@_common_options
+def sessions_list(as_json: bool, **settings: Any) -> int:
+    """List sessions, most recently active first."""
+    from trimtab.cli.sessions import list_sessions
+
+    return list_sessions(_resolve(settings), as_json=as_json)
+
+
+@sessions.command("show")
+@click.argument("session_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@_common_options
+def sessions_show(session_id: str, as_json: bool, **settings: Any) -> int:
+    """Show one session: configuration, size, usage. ID may be a unique prefix."""
+    from trimtab.cli.sessions import show_session
+
+    return show_session(_resolve(settings), session_id, as_json=as_json)
+
+
+@sessions.command("events")
+@click.argument("session_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line (wire shape).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new events until Ctrl-C.")
+@_common_options
+def sessions_events(session_id: str, as_json: bool, follow: bool, **settings: Any) -> int:
+    """Print a session's event log. ID may be a unique prefix."""
+    from trimtab.cli.sessions import session_events
+
+    return session_events(_resolve(settings), session_id, as_json=as_json, follow=follow)
+
+
+@sessions.command("rm")
+@click.argument("session_ids", metavar="ID...", nargs=-1, required=True)
+@click.option("--force", is_flag=True, help="Delete even a session another process has open.")
+@_common_options
+def sessions_rm(session_ids: tuple[str, ...], force: bool, **settings: Any) -> int:
+    """Delete sessions and their logs."""
+    from trimtab.cli.sessions import remove_sessions
+
+    return remove_sessions(_resolve(settings), session_ids, force=force)

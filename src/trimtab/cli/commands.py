@@ -1,0 +1,108 @@
+"""`trimtab run` and `trimtab config`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from trimtab.cli.config import Resolved
+from trimtab.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from trimtab.cli.host import SessionHost
+from trimtab.cli.render import JsonRenderer, Terminal, TextRenderer, table
+from trimtab.cli.runtime import (
+    ApprovalMode,
+    Approver,
+    Bridge,
+    Portal,
+    provider_type,
+    session_error_hint,
+)
+from trimtab.cli.select import choose_provider
+
+__all__ = ["run_once", "show_config"]
+
+
+def run_once(resolved: Resolved, prompt: str | None, *, yes: bool, as_json: bool) -> int:
+    """One prompt in a new session; the exit code is 1 if the run ended in `session.error`.
+
+    On stdout: the reply (streamed on a terminal, whole into a pipe), or with `as_json` every
+    event as a JSON line. Tool calls and notices go to stderr.
+    """
+    term = Terminal.detect()
+    text = _prompt(prompt)
+    mode: ApprovalMode = "yes" if yes else "ask" if sys.stdin.isatty() else "deny"
+    live = term.out.isatty()
+    renderer = (
+        JsonRenderer(term) if as_json else TextRenderer(term, replies=live, activity_to_err=True)
+    )
+    approver = Approver(term, mode, prompt_on_err=True)
+    with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
+        bridge = Bridge(portal, term, renderer.render, approver)
+        session = host.create(bridge)
+        provider = provider_type(session)
+        if isinstance(renderer, TextRenderer) and provider == "local":
+            renderer.first_wait = "loading the embedded model"
+        if as_json:
+            # session.start was logged before the bridge listened: print it from the log.
+            for event in host.events(session.session_id):
+                renderer.render(event)
+        outcome = bridge.drive(text)
+    if outcome.error is not None:
+        error = outcome.error
+        term.error(f"{error.error_type}: {error.message}", session_error_hint(error, provider))
+        return EXIT_ERROR
+    if outcome.aborted:
+        return EXIT_INTERRUPTED
+    reply = outcome.reply.data.content if outcome.reply else ""
+    if not as_json and not live and reply:
+        term.line(reply)
+    return 0
+
+
+def _prompt(given: str | None) -> str:
+    """The prompt argument, or stdin's text for `-` or no argument."""
+    if given is not None and given != "-":
+        text = given
+    elif sys.stdin.isatty():
+        raise CliError(
+            "missing PROMPT",
+            hint='trimtab run "your prompt", or pipe it in: echo "..." | trimtab run',
+            exit_code=EXIT_USAGE,
+        )
+    else:
+        text = sys.stdin.read()
+    if not text.strip():
+        raise CliError("the prompt is empty", hint="say something", exit_code=EXIT_USAGE)
+    return text
+
+
+def show_config(resolved: Resolved, *, as_json: bool) -> int:
+    """The settings in force and where each comes from, then the provider they select."""
+    term = Terminal.detect()
+    config = resolved.config
+    values = config.model_dump(mode="json")
+    values["api_key"] = "(set)" if config.api_key is not None else None
+    if config.store is None:
+        values["store"] = str(config.home / "trimtab.db")
+    choice = choose_provider(resolved, os.environ)
+    config_file = str(resolved.config_file) if resolved.config_file else None
+    selected = {"provider": choice.name, "model": choice.model, "reason": choice.reason}
+    if as_json:
+        settings = {
+            name: {"value": value, "source": resolved.sources.get(name, "default")}
+            for name, value in values.items()
+        }
+        document = {"settings": settings, "configFile": config_file, "selected": selected}
+        term.line(json.dumps(document, indent=2))
+        return 0
+    rows = [
+        [name, "-" if value is None else str(value), resolved.sources.get(name, "default")]
+        for name, value in values.items()
+    ]
+    term.line(table(["SETTING", "VALUE", "FROM"], rows, width=None))
+    term.line()
+    term.line(f"config file  {config_file or '(none)'}")
+    model = f" with model {choice.model}" if choice.model else ""
+    term.line(f"selected     {choice.name}{model}: {choice.reason}")
+    return 0

@@ -1,0 +1,263 @@
+"""`SessionHost`: the store and the `Client` a command works with, and how it opens sessions
+(which provider, model and tools) from the resolved configuration."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from trimtab import (
+    Client,
+    Event,
+    Session,
+    SessionNotFoundError,
+    SessionOptions,
+)
+from trimtab.cli.config import Resolved
+from trimtab.cli.demo_tools import DEMO_TOOL_NAMES, demo_tools
+from trimtab.cli.errors import EXIT_USAGE, CliError
+from trimtab.cli.render import Terminal
+from trimtab.cli.runtime import Bridge, Portal
+from trimtab.cli.select import ProviderChoice, choose_provider, provider_spec
+from trimtab.events import SessionConfigData, SessionResumeEvent, SessionStartEvent
+from trimtab.providers import Provider
+from trimtab.store import SessionRecord, Store, open_store
+
+if TYPE_CHECKING:
+    # Not imported at run time: it brings in the testing helpers, for a hidden provider.
+    from trimtab.cli.script import CliScriptedModel
+
+__all__ = ["SessionHost", "persisted_config"]
+
+_REBUILDABLE = frozenset({"openai", "azure", "anthropic", "local"})
+"""Provider types a resumed session can rebuild from its log (credentials from the
+environment); anything else, such as an in-process provider, must be chosen again."""
+
+_LIST_HINT = "see 'trimtab sessions list'"
+
+
+class SessionHost:
+    """One store and one `Client` on the portal's loop, for the length of a command.
+
+    ```python
+    with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
+        session = host.create(bridge)
+    ```
+    """
+
+    def __init__(
+        self,
+        portal: Portal,
+        resolved: Resolved,
+        term: Terminal,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._portal = portal
+        self._resolved = resolved
+        self._term = term
+        self._env = os.environ if env is None else env
+        self._store: Store | None = None
+        self._client: Client | None = None
+        self._choice: ProviderChoice | None = None
+        self._spec: dict[str, Any] | Provider | None = None
+        self._scripts: list[CliScriptedModel] = []
+
+    def __enter__(self) -> SessionHost:
+        config = self._resolved.config
+        try:
+            self._store = self._portal.call(_open(config.store, str(config.home)))
+        except ValueError as exc:
+            raise CliError(
+                str(exc), hint="fix --store or TRIMTAB_STORE", exit_code=EXIT_USAGE
+            ) from None
+        except (OSError, sqlite3.Error) as exc:
+            where = config.store or str(config.home / "trimtab.db")
+            raise CliError(
+                f"cannot open the session store {where}: {exc}",
+                hint="check --store, TRIMTAB_STORE or TRIMTAB_HOME",
+            ) from None
+        self._client = Client(store=self._store)
+        self._portal.call(self._client.start())
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self._client is not None:
+                self._portal.call(self._client.stop())
+        finally:
+            if self._store is not None:
+                self._portal.call(self._store.close())
+        unused = sum(script.remaining for script in self._scripts)
+        if unused:
+            self._term.note(f"trimtab: {unused} step(s) of the --script file were not used")
+
+    @property
+    def client(self) -> Client:
+        """The runtime."""
+        assert self._client is not None, "use the host as a context manager"
+        return self._client
+
+    @property
+    def store(self) -> Store:
+        """Where the sessions live."""
+        assert self._store is not None, "use the host as a context manager"
+        return self._store
+
+    # --- provider --------------------------------------------------------------------------
+
+    def choice(self) -> ProviderChoice:
+        """The provider for new sessions; an automatic choice is announced once."""
+        if self._choice is None:
+            self._choice = choose_provider(self._resolved, self._env)
+            if self._choice.auto:
+                self._term.note(self._choice.notice())
+        return self._choice
+
+    def _provider_options(self, choice: ProviderChoice) -> SessionOptions:
+        # One provider for every session of the command: a script is read once, so a chat's
+        # /new or /resume goes on with its next step rather than starting it over.
+        if self._spec is None:
+            self._spec = provider_spec(choice, self._resolved.config)
+            if choice.name == "scripted":
+                self._scripts.append(cast("CliScriptedModel", self._spec))
+        options: SessionOptions = {"provider": self._spec}
+        if choice.model is not None:
+            options["model"] = choice.model
+        return options
+
+    # --- sessions --------------------------------------------------------------------------
+
+    def create(self, bridge: Bridge) -> Session:
+        """A new session with the configured provider, model, tools and system message."""
+        choice = self.choice()
+        config = self._resolved.config
+        options = self._provider_options(choice)
+        options.update(self._common_options(bridge, demo=config.tools == "demo"))
+        if config.system_message:
+            options["system_message"] = config.system_message
+        session = self._open_session(
+            self.client.create_session(**options), choice.name, f"starting {choice.name}"
+        )
+        bridge.attach(session)
+        return session
+
+    def resume(self, wanted: str | None, bridge: Bridge) -> Session:
+        """Reopen a session by id or id prefix (None: the most recently active one).
+
+        Without a configured provider the session keeps its own, rebuilt from its log.
+        """
+        session_id = self.find(wanted) if wanted else self._last_session_id()
+        record = self._portal.call(self.store.get(session_id))
+        if record.lease_owner is not None:
+            raise _in_use(session_id, record)
+        persisted = persisted_config(self._portal.call(self.store.read(session_id)))
+        options, provider = self._resume_provider(persisted)
+        demo = self._resolved.config.tools == "demo" or (
+            not self._resolved.is_set("tools")
+            and bool(persisted.tools)
+            and {tool.name for tool in persisted.tools} <= DEMO_TOOL_NAMES
+        )
+        options.update(self._common_options(bridge, demo=demo))
+        session = self._open_session(
+            self.client.resume_session(session_id, **options), provider, "resuming"
+        )
+        if session.is_remote:
+            self._portal.call(session.disconnect())
+            raise _in_use(session_id, record)
+        bridge.attach(session)
+        return session
+
+    def _resume_provider(self, persisted: SessionConfigData) -> tuple[SessionOptions, str]:
+        """The provider options of a resume, and the provider's name for messages."""
+        resolved = self._resolved
+        provider_type = str((persisted.provider or {}).get("type"))
+        if provider_type in _REBUILDABLE and not (
+            resolved.is_set("provider") or resolved.is_set("base_url")
+        ):
+            options: SessionOptions = {}
+            if resolved.config.model is not None:
+                options["model"] = resolved.config.model
+            return options, provider_type
+        choice = self.choice()
+        return self._provider_options(choice), choice.name
+
+    @staticmethod
+    def _common_options(bridge: Bridge, *, demo: bool) -> SessionOptions:
+        # Tools are code, not logged: they are passed on every open. An empty list also tells
+        # a resumed session not to offer the model tools this process cannot run.
+        return {
+            "tools": demo_tools() if demo else [],
+            "on_permission_request": bridge.permission_handler,
+            "streaming": True,
+        }
+
+    def _open_session(self, opening: Any, provider: str, progress: str) -> Session:
+        try:
+            session: Session = self._portal.call(opening, progress=progress)
+        except (ValueError, ImportError) as exc:
+            raise _unavailable(provider, exc) from None
+        return session
+
+    def find(self, given: str) -> str:
+        """The id of the one session whose id is or starts with `given`.
+
+        Raises:
+            CliError: No session, or several, match.
+        """
+        try:
+            return self._portal.call(self.store.get(given)).session_id
+        except SessionNotFoundError:
+            pass
+        matches = [r.session_id for r in self.records() if r.session_id.startswith(given)]
+        if not matches:
+            raise CliError(f"no session with id {given!r}", hint=_LIST_HINT)
+        if len(matches) > 1:
+            raise CliError(f"{given!r} matches {len(matches)} sessions", hint="type more of the id")
+        return matches[0]
+
+    def records(self) -> list[SessionRecord]:
+        """Every session, most recently active first."""
+        return self._portal.call(self.client.list_sessions())
+
+    def events(self, session_id: str, after: int = 0) -> list[Event]:
+        """A session's stored events after the first `after`."""
+        return self._portal.call(self.store.read(session_id, after=after))
+
+    def _last_session_id(self) -> str:
+        records = self.records()
+        if not records:
+            raise CliError("there is no session to resume", hint="start one with 'trimtab chat'")
+        return records[0].session_id
+
+
+async def _open(spec: str | None, home: str) -> Store:
+    return open_store(spec, home=home)
+
+
+def persisted_config(events: list[Event]) -> SessionConfigData:
+    """A session's configuration as its log last recorded it."""
+    config = SessionConfigData()
+    for event in events:
+        if isinstance(event, SessionStartEvent):
+            config = event.data.config
+        elif isinstance(event, SessionResumeEvent) and event.data.config is not None:
+            config = event.data.config
+    return config
+
+
+def _in_use(session_id: str, record: SessionRecord) -> CliError:
+    return CliError(
+        f"session {session_id} is in use by another trimtab process ({record.lease_owner})",
+        hint="close it there first; a crashed process lets go of it within 30 s",
+    )
+
+
+def _unavailable(provider: str, exc: Exception) -> CliError:
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if provider == "local":
+        hint = "install the embedded model with pip install 'trimtab[local]', or pass --provider"
+    else:
+        hint = "choose another provider with --provider (see 'trimtab config')"
+    return CliError(f"cannot use provider {provider}: {message}", hint=hint)
