@@ -8,9 +8,11 @@ and uses long TTLs wherever a lease must still be live.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from datetime import UTC
 from pathlib import Path
+from typing import Protocol, cast
 
 import pytest
 
@@ -21,6 +23,7 @@ from trimtab.events import (
     AssistantMessageDeltaEvent,
     AssistantMessageEvent,
     Event,
+    EventAdapter,
     SessionConfigData,
     SessionStartData,
     SessionStartEvent,
@@ -41,16 +44,45 @@ LONG_TTL = 60.0
 """A lease that surely outlives the test."""
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """Each backend in turn, empty; SQLite in a directory that does not exist yet."""
+    """Each backend in turn, empty; SQLite in a directory that does not exist yet, and
+    PostgreSQL in a fresh schema (`pg_dsn`)."""
     backend: Store
     if request.param == "memory":
         backend = MemoryStore()
-    else:
+    elif request.param == "sqlite":
         backend = SqliteStore(tmp_path / "not" / "yet" / "trimtab.db")
+    else:
+        dsn = request.getfixturevalue("pg_dsn")  # skips (or fails in CI) without a server
+        from trimtab.store.postgres import PostgresStore
+
+        backend = PostgresStore(dsn)
     yield backend
     await backend.close()
+
+
+class Subscribable(Store, Protocol):
+    """A store with `subscribe`: every backend has it, the `Store` protocol not yet."""
+
+    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]: ...
+
+
+def subscribable(store: Store) -> Subscribable:
+    assert callable(getattr(store, "subscribe", None))
+    return cast(Subscribable, store)
+
+
+async def take(events: AsyncIterator[Event], count: int) -> list[Event]:
+    """The next `count` events of a subscription; fails if they take over 5 s."""
+    async with asyncio.timeout(5):
+        return [await anext(events) for _ in range(count)]
+
+
+async def drain(events: AsyncIterator[Event]) -> list[Event]:
+    """Every event until the subscription ends; fails if it has not ended within 5 s."""
+    async with asyncio.timeout(5):
+        return [event async for event in events]
 
 
 def user(content: str) -> UserMessageEvent:
@@ -139,6 +171,31 @@ async def test_events_round_trip_unchanged(store: Store) -> None:
     await store.append("s", events, lease=None)
 
     assert await store.read("s") == events
+
+
+async def test_events_round_trip_byte_for_byte(store: Store) -> None:
+    # Tool arguments keep their key order and odd characters: the window replays them.
+    events: list[Event] = [
+        user('nul \x00 and escapes \\ " \u2028 end'),
+        AssistantMessageEvent(
+            data=AssistantMessageData(
+                message_id="m",
+                tool_requests=[
+                    ToolRequest(
+                        tool_call_id="c", name="f", arguments={"zeta": 1.0, "alpha": 1e100, "m": {}}
+                    )
+                ],
+            )
+        ),
+    ]
+    await store.create("s")
+    await store.append("s", events, lease=None)
+
+    stored = await store.read("s")
+
+    assert [EventAdapter.dump_json(e) for e in stored] == [
+        EventAdapter.dump_json(e) for e in events
+    ]
 
 
 async def test_empty_append_returns_the_count_and_changes_nothing(store: Store) -> None:
@@ -464,3 +521,89 @@ async def test_r1_inputs_are_taken_once_in_fifo_order(store: Store) -> None:
     await store.enqueue_input("s", "later", "m3")
     assert await store.take_inputs("s") == [("later", "m3")]
     assert await store.take_inputs("t") == [("elsewhere", "mt")]
+
+
+async def test_inputs_keep_their_text_unchanged(store: Store) -> None:
+    await store.create("s")
+    prompt = 'nul \x00, quotes " \\ and ✓\n'
+
+    await store.enqueue_input("s", prompt, "m1")
+
+    assert await store.take_inputs("s") == [(prompt, "m1")]
+
+
+# --- subscriptions (catch up from the log, then live) -------------------------------------
+
+
+async def test_subscribe_catches_up_after_the_cursor_then_follows_appends(store: Store) -> None:
+    await store.create("s")
+    await store.append("s", [user("a"), user("b")], lease=None)
+
+    async with aclosing(subscribable(store).subscribe("s", after=1)) as events:
+        assert contents(await take(events, 1)) == ["b"]
+        later = asyncio.create_task(take(events, 3))
+        await asyncio.sleep(0.05)
+        await store.append("s", [user("c"), user("d")], lease=None)
+        await store.append("s", [user("e")], lease=None)
+
+        assert contents(await later) == ["c", "d", "e"]
+
+
+async def test_subscribe_from_beyond_the_end_waits_for_later_events(store: Store) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+
+    async with aclosing(subscribable(store).subscribe("s", after=2)) as events:
+        later = asyncio.create_task(take(events, 1))
+        await store.append("s", [user("b")], lease=None)
+        await store.append("s", [user("c")], lease=None)
+
+        assert contents(await later) == ["c"]
+
+
+async def test_subscribers_see_every_event_once_in_order(store: Store) -> None:
+    await store.create("s")
+    source = subscribable(store)
+
+    async with (
+        aclosing(source.subscribe("s")) as first,
+        aclosing(source.subscribe("s")) as second,
+    ):
+        readers = [asyncio.create_task(take(events, 30)) for events in (first, second)]
+        for batch in range(10):
+            await store.append("s", [user(f"{batch}.{n}") for n in range(3)], lease=None)
+
+        expected = [f"{batch}.{n}" for batch in range(10) for n in range(3)]
+        assert [contents(await reader) for reader in readers] == [expected, expected]
+
+
+async def test_subscribe_to_an_unknown_session_raises(store: Store) -> None:
+    async with aclosing(subscribable(store).subscribe("nope")) as events:
+        with pytest.raises(SessionNotFoundError):
+            await anext(events)
+
+
+async def test_subscription_fails_when_its_session_is_deleted(store: Store) -> None:
+    await make(store, "s")
+
+    async with aclosing(subscribable(store).subscribe("s")) as events:
+        reader = asyncio.create_task(drain(events))
+        await asyncio.sleep(0.05)
+        await store.delete("s")
+
+        with pytest.raises(SessionNotFoundError):
+            await reader
+
+
+async def test_subscription_ends_when_the_store_closes(store: Store) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+
+    async with aclosing(subscribable(store).subscribe("s")) as events:
+        reader = asyncio.create_task(drain(events))
+        await asyncio.sleep(0.05)
+        await store.close()
+
+        assert contents(await reader) == ["a"]
+    with pytest.raises(RuntimeError, match="closed"):
+        await anext(subscribable(store).subscribe("s"))

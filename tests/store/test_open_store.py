@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,11 +12,14 @@ from trimtab import Client
 from trimtab.store import MemoryStore, SqliteStore, open_store
 from trimtab.testing import ScriptedModel
 
+from .conftest import require_psycopg
+
 
 async def test_default_is_sqlite_under_trimtab_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRIMTAB_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TRIMTAB_STORE", raising=False)
     async with Client() as client:
         session = await client.create_session(provider=ScriptedModel(["hi"]))
         await session.send_and_wait("hello")
@@ -41,7 +46,46 @@ async def test_memory_and_instances() -> None:
     assert open_store(store) is store
 
 
-@pytest.mark.parametrize("spec", ["postgresql://u@h/db", "redis://x", "sqlite://", "", 42])
+@pytest.mark.parametrize("spec", ["postgresql://u@h/db", "postgres://h:5433/db?sslmode=disable"])
+def test_postgresql_urls_open_a_postgres_store_without_connecting(spec: str) -> None:
+    require_psycopg()
+    from trimtab.store.postgres import PostgresStore
+
+    assert isinstance(open_store(spec), PostgresStore)
+
+
+def test_postgresql_url_without_psycopg_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "trimtab.store.postgres", raising=False)
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # what an absent package looks like
+
+    with pytest.raises(ImportError, match=re.escape("pip install 'trimtab[postgres]'")):
+        open_store("postgresql://u@h/db")
+
+
+@pytest.mark.parametrize(
+    ("variable", "expected"), [("memory", MemoryStore), ("sqlite:///env.db", SqliteStore)]
+)
+async def test_trimtab_store_names_the_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, expected: type
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRIMTAB_STORE", variable)
+
+    store = open_store(None)
+
+    assert isinstance(store, expected)
+    assert isinstance(open_store("memory"), MemoryStore)  # an explicit spec wins
+    await store.close()
+
+
+def test_bad_trimtab_store_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIMTAB_STORE", "redis://x")
+
+    with pytest.raises(ValueError, match="store"):
+        open_store(None)
+
+
+@pytest.mark.parametrize("spec", ["redis://x", "sqlite://", "", 42])
 def test_bad_specs_are_clear_errors(spec: object) -> None:
     with pytest.raises(ValueError, match="store"):
         open_store(spec)  # type: ignore[arg-type]

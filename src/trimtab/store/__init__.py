@@ -12,9 +12,11 @@ from trimtab.store.sqlite import SqliteStore
 __all__ = ["Lease", "MemoryStore", "SessionRecord", "SqliteStore", "Store", "open_store"]
 
 _SQLITE_PREFIX = "sqlite:///"
+_POSTGRES_PREFIXES = ("postgresql://", "postgres://")
 _ACCEPTED = (
-    "None (SQLite at <home>/trimtab.db), 'memory', 'sqlite:///<path>'"
-    " ('sqlite:////abs/path.db' for an absolute path), a file path, or a Store instance"
+    "None ($TRIMTAB_STORE, else SQLite at <home>/trimtab.db), 'memory', 'sqlite:///<path>'"
+    " ('sqlite:////abs/path.db' for an absolute path), a file path, a postgresql:// URL,"
+    " or a Store instance"
 )
 
 
@@ -24,16 +26,21 @@ def open_store(
     """The store a spec names.
 
     Args:
-        spec: `None` for SQLite at `<home>/trimtab.db`; `"memory"` for a `MemoryStore`;
-            `"sqlite:///<path>"` (SQLAlchemy style: the path after the third slash, so
-            `sqlite:////var/lib/x.db` is absolute and `sqlite:///x.db` relative) or a plain
-            path for a `SqliteStore`; a `Store` instance is returned as is.
+        spec: `None` for `$TRIMTAB_STORE` if set (any string form below), else SQLite at
+            `<home>/trimtab.db`; `"memory"` for a `MemoryStore`; `"sqlite:///<path>"`
+            (SQLAlchemy style: the path after the third slash, so `sqlite:////var/lib/x.db`
+            is absolute and `sqlite:///x.db` relative) or a plain path for a `SqliteStore`;
+            a `postgresql://` or `postgres://` URL for a `PostgresStore` (needs the
+            `trimtab[postgres]` extra); a `Store` instance is returned as is.
         home: trimtab's data directory; defaults to `$TRIMTAB_HOME`, else `~/.trimtab`.
 
     Raises:
-        ValueError: `spec` is none of the accepted forms (PostgreSQL URLs included, for now).
+        ValueError: `spec` is none of the accepted forms.
+        ImportError: a PostgreSQL URL, without the `trimtab[postgres]` extra installed.
     """
     if spec is None:
+        if env_spec := os.environ.get("TRIMTAB_STORE"):
+            return _open_url(env_spec)
         return SqliteStore(_home(home) / "trimtab.db")
     if isinstance(spec, os.PathLike):
         return SqliteStore(spec)
@@ -45,17 +52,28 @@ def open_store(
 
 
 def _open_url(spec: str) -> Store:
-    """The store a string names: `memory`, a `sqlite:///` URL or a path."""
+    """The store a string names: `memory`, a `sqlite:///` or PostgreSQL URL, or a path."""
     if spec == "memory":
         return MemoryStore()
-    if spec.startswith(("postgresql://", "postgres://")):
-        raise ValueError("PostgreSQL stores are not available yet; use SQLite or 'memory'")
+    if spec.startswith(_POSTGRES_PREFIXES):
+        return _postgres(spec)
     if spec.startswith(_SQLITE_PREFIX) and len(spec) > len(_SQLITE_PREFIX):
         return SqliteStore(spec.removeprefix(_SQLITE_PREFIX))
     # Any other URL (or a bare "sqlite://") is a mistake, not a file name with a colon.
     if not spec or "://" in spec:
         raise ValueError(f"cannot open a store from {spec!r}: expected {_ACCEPTED}")
     return SqliteStore(spec)
+
+
+def _postgres(dsn: str) -> Store:
+    """A `PostgresStore`; imported here so that psycopg stays an optional dependency."""
+    try:
+        from trimtab.store.postgres import PostgresStore
+    except ImportError as error:
+        raise ImportError(
+            f"a PostgreSQL store needs psycopg ({error}): pip install 'trimtab[postgres]'"
+        ) from error
+    return PostgresStore(dsn)
 
 
 def _home(home: str | os.PathLike[str] | None) -> Path:

@@ -6,9 +6,11 @@ test passing against it says something about the durable backends too.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError
@@ -47,6 +49,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
         self._closed = False
+        self._rings: dict[str, set[asyncio.Event]] = {}
+        """What `subscribe` waits on, per session: set when the session changed."""
 
     def _check_open(self) -> None:
         if self._closed:
@@ -88,11 +92,46 @@ class MemoryStore:
             session.updated_at = now
             if session.summary is None:
                 session.summary = summarize(events)
+            self._ring(session_id)
         return len(session.events)
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
         return self._session(session_id).events[max(after, 0) :]
+
+    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        """The events after `after` as they are stored: the log first, then live ones.
+
+        The iterator never ends on its own: it ends when the store is closed, and raises
+        `SessionNotFoundError` for an unknown (or deleted) session.
+        """
+        self._check_open()
+        cursor = max(after, 0)
+        with self._registered(session_id) as ring:
+            while not self._closed:
+                ring.clear()
+                events = await self.read(session_id, after=cursor)
+                for event in events:
+                    yield event
+                cursor += len(events)
+                await ring.wait()
+
+    @contextmanager
+    def _registered(self, session_id: str) -> Iterator[asyncio.Event]:
+        """An event set whenever `session_id` changes, until the block exits."""
+        ring = asyncio.Event()
+        self._rings.setdefault(session_id, set()).add(ring)
+        try:
+            yield ring
+        finally:
+            rings = self._rings.get(session_id, set())
+            rings.discard(ring)
+            if not rings:
+                self._rings.pop(session_id, None)
+
+    def _ring(self, session_id: str) -> None:
+        for ring in self._rings.get(session_id, ()):
+            ring.set()
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
@@ -110,6 +149,7 @@ class MemoryStore:
     async def delete(self, session_id: str) -> bool:
         """Remove a session, its log and its queued inputs; False if there was none."""
         self._check_open()
+        self._ring(session_id)  # its subscribers fail as for an unknown session
         return self._sessions.pop(session_id, None) is not None
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
@@ -163,9 +203,11 @@ class MemoryStore:
         return taken
 
     async def close(self) -> None:
-        """Drop every session; the store is unusable afterwards."""
+        """Drop every session and end subscriptions; the store is unusable afterwards."""
         self._sessions.clear()
         self._closed = True
+        for session_id in list(self._rings):
+            self._ring(session_id)
 
     @staticmethod
     def _record(session_id: str, session: _Session, now: float) -> SessionRecord:

@@ -13,11 +13,12 @@ written without its commit) is ignored by SQLite's recovery when the file is nex
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,12 @@ SCHEMA_VERSION = 1
 
 BUSY_TIMEOUT = 5.0
 """Seconds to wait for another process's write lock before failing with `database is locked`."""
+
+SUBSCRIBE_POLL = 0.1
+"""Seconds between a subscriber's reads of the file, to see other processes' appends.
+
+Appends through this store wake its subscribers at once.
+"""
 
 _SCHEMA_V1 = (
     """
@@ -100,6 +107,9 @@ class SqliteStore:
         # Guards the connection for callers on other threads (a sync facade, `to_thread`):
         # one sqlite3 connection must not interleave two transactions.
         self._lock = threading.Lock()
+        # What `subscribe` waits on, per session, with the loop each subscriber runs on:
+        # an append may come from another thread.
+        self._rings: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 
     @contextmanager
     def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
@@ -144,6 +154,8 @@ class SqliteStore:
                     " summary = COALESCE(summary, ?) WHERE session_id = ?",
                     (last_seq, time.time(), summarize(events), session_id),
                 )
+        if rows:
+            self._ring(session_id)
         return last_seq
 
     @staticmethod
@@ -176,6 +188,48 @@ class SqliteStore:
             ).fetchall()
         return [EventAdapter.validate_json(body) for (body,) in bodies]
 
+    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        """The events after `after` as they are stored: the log first, then live ones.
+
+        The iterator never ends on its own: it ends when the store is closed, and raises
+        `SessionNotFoundError` for an unknown (or deleted) session. Appends through this
+        store wake it at once; those of other processes within `SUBSCRIBE_POLL` seconds.
+        """
+        if self._db is None:
+            raise RuntimeError("the store is closed")
+        cursor = max(after, 0)
+        with self._registered(session_id) as ring:
+            while self._db is not None:
+                ring.clear()
+                events = await self.read(session_id, after=cursor)
+                for event in events:
+                    yield event
+                cursor += len(events)
+                try:
+                    async with asyncio.timeout(SUBSCRIBE_POLL):
+                        await ring.wait()
+                except TimeoutError:
+                    pass
+
+    @contextmanager
+    def _registered(self, session_id: str) -> Iterator[asyncio.Event]:
+        """An event set whenever this store changes `session_id`, until the block exits."""
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        self._rings.setdefault(session_id, set()).add(entry)
+        try:
+            yield entry[1]
+        finally:
+            rings = self._rings.get(session_id, set())
+            rings.discard(entry)
+            if not rings:
+                self._rings.pop(session_id, None)
+
+    def _ring(self, session_id: str) -> None:
+        for loop, ring in list(self._rings.get(session_id, ())):
+            # asyncio.Event is not thread-safe: set it on its own loop's thread.
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(ring.set)
+
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
         with self._transaction("BEGIN") as db:
@@ -201,6 +255,7 @@ class SqliteStore:
         with self._transaction() as db:
             # The foreign keys cascade to `events` and `inputs`.
             deleted = db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+        self._ring(session_id)  # its subscribers fail as for an unknown session
         return deleted.rowcount > 0
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
@@ -276,11 +331,16 @@ class SqliteStore:
         return [(prompt, message_id) for prompt, message_id in rows]
 
     async def close(self) -> None:
-        """Close the connection; the store is unusable afterwards. Closing twice is a no-op."""
+        """Close the connection and end subscriptions; the store is unusable afterwards.
+
+        Closing twice is a no-op.
+        """
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+        for session_id in list(self._rings):
+            self._ring(session_id)
 
 
 def _connect(path: Path) -> sqlite3.Connection:

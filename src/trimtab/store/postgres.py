@@ -1,0 +1,714 @@
+"""`PostgresStore`: the scale-out backend, one PostgreSQL database shared by many runtimes.
+
+The semantics are `SqliteStore`'s (the conformance suite runs against both); what differs is
+how they hold across hosts (docs: scale-out.md, section 4):
+
+- An append is one statement: it bumps the session's `last_seq` (the row lock serialises the
+  session's appenders, so sequence numbers are gapless and in commit order), checks the lease
+  in the same `WHERE` (fencing), inserts the events and rings the doorbell.
+- Leases live on the database clock (`now()`), never on the hosts' clocks.
+- Fan-out: every append does `pg_notify('trimtab_events', '<session_id>:<last seq>')`. The
+  notification is only a doorbell; subscribers read the events from the table by sequence, so
+  a lost notification (a dropped listener connection) delays delivery but loses nothing.
+- Inputs queued for a session's lease holder wait in `session_inputs`; `claim_next` lets a
+  pool of workers pick sessions with pending input (`FOR UPDATE SKIP LOCKED`).
+
+Events are stored as their `EventAdapter` JSON in a `json` column, not `jsonb`: `jsonb`
+rewrites the document (it reorders keys, normalises numbers, refuses `\\u0000`), and the log
+must give back exactly what was appended; `json` still allows `payload->'data'` queries.
+
+Connections come from a `psycopg_pool.AsyncConnectionPool` in autocommit mode, opened on first
+use. A connection is checked when taken from the pool, so after a server restart the next call
+reconnects instead of failing on a dead socket. A call that fails while the server goes away
+raises `psycopg.OperationalError`; whether its write committed is then unknown, as with any
+database client (an append with `idem_keys` can simply be retried).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import select
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeAlias
+
+import psycopg
+from psycopg import errors
+from psycopg_pool import AsyncConnectionPool, PoolClosed
+
+from trimtab._errors import LeaseLostError, SessionNotFoundError
+from trimtab.events import Event, EventAdapter
+from trimtab.store._base import Lease, SessionRecord, check_persistable, holds_lease, summarize
+
+__all__ = ["PostgresStore"]
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "trimtab_events"
+"""The doorbell channel. Payload: `<session_id>:<last seq>` (0 when the session was deleted)."""
+
+SUBSCRIBE_POLL = 5.0
+"""Seconds a subscriber waits for the doorbell before it reads the table anyway.
+
+Only a safety net: NOTIFY is reliable while the listener is connected, and every subscriber
+re-reads whenever the listener (re)connects.
+"""
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds a call waits for a pooled connection (e.g. while the server restarts) before
+failing with `psycopg_pool.PoolTimeout`."""
+
+_MIGRATION_LOCK = 0x7472696D746162
+"""`pg_advisory_xact_lock` key ("trimtab" in ASCII): one migrating runtime at a time."""
+
+_Connection: TypeAlias = psycopg.AsyncConnection[tuple[Any, ...]]
+_Pool: TypeAlias = AsyncConnectionPool[_Connection]
+
+# Versioned schema: version n is _MIGRATIONS[n - 1]. Append a script; never edit one.
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE sessions (
+        session_id        text COLLATE "C" PRIMARY KEY,  -- byte order, like SQLite and memory
+        last_seq          bigint      NOT NULL DEFAULT 0,  -- the row lock serialises appends
+        lease_owner       text,
+        lease_token       bigint      NOT NULL DEFAULT 0,  -- fencing token, +1 per acquisition
+        lease_expires_at  timestamptz,
+        summary           text,
+        created_at        timestamptz NOT NULL DEFAULT now(),
+        updated_at        timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX sessions_by_update ON sessions (updated_at);
+    CREATE INDEX sessions_by_lease_owner ON sessions (lease_owner) WHERE lease_owner IS NOT NULL;
+
+    CREATE TABLE session_events (
+        session_id   text COLLATE "C" NOT NULL REFERENCES sessions ON DELETE CASCADE,
+        seq          bigint NOT NULL,
+        id           text   NOT NULL,
+        type         text   NOT NULL,
+        payload      json   NOT NULL,
+        idem_key     text,               -- client message id, tool call id: dedups retries
+        lease_token  bigint,             -- the lease that wrote it (audit)
+        created_at   timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (session_id, seq)
+    );
+    CREATE UNIQUE INDEX session_events_idem_key
+        ON session_events (session_id, idem_key) WHERE idem_key IS NOT NULL;
+
+    CREATE TABLE session_inputs (
+        id          bigserial PRIMARY KEY,
+        session_id  text COLLATE "C" NOT NULL REFERENCES sessions ON DELETE CASCADE,
+        message_id  text NOT NULL,
+        body        json NOT NULL,       -- {"prompt": ...}: json, as text refuses NUL
+        created_at  timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX session_inputs_by_session ON session_inputs (session_id, id);
+    """,
+)
+
+# The fenced append (scale-out.md 4.3). With no lease (`token` NULL) it is unfenced. It stores
+# nothing, and returns no row, when the session is unknown, the lease is not the session's
+# current live one, or one of the batch's idempotency keys is already in the log.
+_APPEND = """
+    WITH session AS (
+        UPDATE sessions
+        SET last_seq = last_seq + %(count)s,
+            updated_at = now(),
+            summary = COALESCE(summary, %(summary)s)
+        WHERE session_id = %(session_id)s
+          AND (%(token)s::bigint IS NULL
+               OR (%(lease_session)s = session_id
+                   AND lease_owner = %(owner)s
+                   AND lease_token = %(token)s
+                   AND lease_expires_at > now()))
+          AND NOT EXISTS (
+              SELECT FROM session_events
+              WHERE session_id = %(session_id)s AND idem_key = ANY (%(idem_keys)s::text[]))
+        RETURNING last_seq
+    ),
+    stored AS (
+        INSERT INTO session_events (session_id, seq, id, type, payload, idem_key, lease_token)
+        SELECT %(session_id)s, session.last_seq - %(count)s + new.n,
+               new.id, new.type, new.payload, new.idem_key, %(token)s
+        FROM session,
+             unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::json[],
+                    %(idem_keys)s::text[]) WITH ORDINALITY AS new (id, type, payload, idem_key, n)
+    )
+    SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq) FROM session
+"""
+
+# Why an append stored nothing (or, for an empty batch, the count it returns).
+_APPEND_STATE = """
+    SELECT last_seq, lease_owner, lease_token,
+           extract(epoch FROM lease_expires_at)::float8, extract(epoch FROM now())::float8,
+           EXISTS (SELECT FROM session_events e
+                   WHERE e.session_id = s.session_id AND e.idem_key = ANY (%(idem_keys)s::text[]))
+    FROM sessions s
+    WHERE session_id = %(session_id)s
+"""
+
+# The lease owner is reported only while the lease is live.
+_RECORD_COLUMNS = """
+    session_id, created_at, updated_at, last_seq,
+    CASE WHEN lease_expires_at > now() THEN lease_owner END, summary
+"""
+
+# One row per session id: NULL when another runtime holds the lease; no row for an unknown
+# session (the outer SELECT reads the snapshot from before the UPDATE).
+_ACQUIRE = """
+    WITH taken AS (
+        UPDATE sessions SET
+            -- SET expressions all see the old row, so the CASE tests the previous owner.
+            lease_token = CASE WHEN lease_owner = %(owner)s AND lease_expires_at > now()
+                               THEN lease_token ELSE lease_token + 1 END,
+            lease_owner = %(owner)s,
+            lease_expires_at = now() + make_interval(secs => %(ttl)s)
+        WHERE session_id = %(session_id)s
+          AND (lease_owner IS NULL OR lease_owner = %(owner)s OR lease_expires_at <= now())
+        RETURNING lease_token
+    )
+    SELECT (SELECT lease_token FROM taken) FROM sessions WHERE session_id = %(session_id)s
+"""
+
+# The least recently updated session with pending input and no live lease, locked so that
+# concurrent claimers skip it rather than wait (scale-out.md 4.4).
+_CLAIM = """
+    WITH candidate AS (
+        SELECT s.session_id FROM sessions s
+        WHERE EXISTS (SELECT FROM session_inputs i WHERE i.session_id = s.session_id)
+          AND (s.lease_owner IS NULL OR s.lease_expires_at <= now())
+        ORDER BY s.updated_at
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE sessions s SET
+        lease_owner = %(owner)s,
+        lease_token = s.lease_token + 1,
+        lease_expires_at = now() + make_interval(secs => %(ttl)s)
+    FROM candidate
+    WHERE s.session_id = candidate.session_id
+    RETURNING s.session_id, s.lease_token
+"""
+
+# No row: unknown session. One row of NULLs: nothing queued. Else the inputs, oldest first.
+_TAKE_INPUTS = """
+    WITH taken AS (
+        DELETE FROM session_inputs WHERE session_id = %(session_id)s
+        RETURNING id, body, message_id
+    )
+    SELECT taken.body::text, taken.message_id
+    FROM sessions LEFT JOIN taken ON true
+    WHERE sessions.session_id = %(session_id)s
+    ORDER BY taken.id
+"""
+
+# No row: unknown session. One row with a NULL payload: no events after the cursor.
+_READ = """
+    SELECT e.payload::text
+    FROM sessions s LEFT JOIN session_events e ON e.session_id = s.session_id AND e.seq > %s
+    WHERE s.session_id = %s
+    ORDER BY e.seq
+"""
+
+
+class PostgresStore:
+    """A `Store` in a PostgreSQL database, shared by any number of runtimes and hosts.
+
+    Nothing connects until the first call, which opens the pool and brings the schema up to
+    date. Put the tables in a schema of their own with the DSN's `options`, e.g.
+    `postgresql://host/db?options=-csearch_path%3Dtrimtab` (the schema must exist).
+
+    Args:
+        dsn: A libpq connection string or `postgresql://` URL.
+        max_connections: The most pooled connections; subscriptions use one more, shared.
+    """
+
+    def __init__(self, dsn: str, *, max_connections: int = 10) -> None:
+        self._dsn = dsn
+        self._max_connections = max_connections
+        self._pool: _Pool | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
+        self._append_order = _KeyedLock()
+        self._doorbell: _Doorbell | None = None
+
+    # --- connections ----------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[_Connection]:
+        """A pooled autocommit connection; raises `RuntimeError` once the store is closed."""
+        pool = self._pool or await self._open()
+        try:
+            async with pool.connection() as conn:
+                yield conn
+        except PoolClosed:
+            raise RuntimeError("the store is closed") from None
+
+    async def _open(self) -> _Pool:
+        """Migrate the schema and open the pool, once; a failed attempt is retried next call."""
+        async with self._opening:
+            if self._closed:
+                raise RuntimeError("the store is closed")
+            if self._pool is None:
+                # A direct first connection: a wrong DSN or a server that is down fails here
+                # at once with its own error, rather than as a pool timeout.
+                conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                async with conn:
+                    await _migrate(conn)
+                pool: _Pool = AsyncConnectionPool(
+                    self._dsn,
+                    min_size=1,
+                    max_size=self._max_connections,
+                    kwargs={"autocommit": True},
+                    check=_check_connection,
+                    timeout=CONNECT_TIMEOUT,
+                    open=False,
+                    name="trimtab",
+                )
+                await pool.open(wait=False)
+                self._pool = pool
+            return self._pool
+
+    # --- the log --------------------------------------------------------------------------
+
+    async def create(self, session_id: str) -> None:
+        """Create an empty log; raises `ValueError` if the id exists."""
+        async with self._connection() as conn:
+            try:
+                await conn.execute("INSERT INTO sessions (session_id) VALUES (%s)", (session_id,))
+            except errors.UniqueViolation:
+                raise ValueError(f"session {session_id!r} already exists") from None
+
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        idem_keys: Sequence[str | None] | None = None,
+    ) -> int:
+        """Append persisted events in order, in one statement; returns the new event count.
+
+        With a lease, the fencing check is part of the same statement, so a lease taken over
+        by another runtime can never let a stale write through.
+
+        Args:
+            session_id: The session.
+            events: The batch; all of it is stored, or none of it.
+            lease: Fence the append with this lease (`LeaseLostError` unless it is the
+                session's current, unexpired lease); None appends unfenced.
+            idem_keys: One idempotency key (or None) per event, e.g. the client's message id
+                or a tool call id. If one of them is already in the session's log, the batch
+                is taken as a retry of an append that went through: nothing is stored and
+                the current event count is returned.
+        """
+        check_persistable(events)
+        keys = _checked_keys(events, idem_keys)
+        async with self._append_order.hold(session_id):
+            if not events:
+                return await self._append_state(session_id, lease, keys, stored_nothing=False)
+            params = _append_params(session_id, events, lease, keys)
+            try:
+                async with self._connection() as conn:
+                    row = await (await conn.execute(_APPEND, params)).fetchone()
+            except errors.UniqueViolation as error:
+                # Only a concurrent append of the same key (from another store) gets here.
+                if error.diag.constraint_name != "session_events_idem_key":
+                    raise
+                row = None
+            if row is None:
+                return await self._append_state(session_id, lease, keys, stored_nothing=True)
+            return int(row[0])
+
+    async def _append_state(
+        self, session_id: str, lease: Lease | None, keys: list[str | None], *, stored_nothing: bool
+    ) -> int:
+        """The event count after the fencing check, or the error an append that stored nothing
+        (`stored_nothing`) has to raise; an already stored idempotency key is no error."""
+        async with self._connection() as conn:
+            cursor = await conn.execute(
+                _APPEND_STATE, {"session_id": session_id, "idem_keys": keys}
+            )
+            row = await cursor.fetchone()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        last_seq, owner, token, expires_at, now, duplicate = row
+        if lease is not None and not holds_lease(
+            lease, session_id, owner=owner, token=token, expires_at=expires_at, now=now
+        ):
+            raise LeaseLostError(
+                f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
+            )
+        if stored_nothing and not duplicate:
+            # Neither lease nor key explains it: the session was missing when the append ran
+            # (it has been created again since).
+            raise SessionNotFoundError(session_id)
+        return int(last_seq)
+
+    async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
+        """The events with sequence number > `after` (1-based), oldest first."""
+        async with self._connection() as conn:
+            rows = await (await conn.execute(_READ, (after, session_id))).fetchall()
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        return [EventAdapter.validate_json(payload) for (payload,) in rows if payload is not None]
+
+    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        """The events after `after` as they are stored: the log first, then live ones.
+
+        The iterator never ends on its own: it ends when the store is closed, and raises
+        `SessionNotFoundError` for an unknown (or deleted) session. Notifications from any
+        runtime sharing the database wake it; it then reads the new events by sequence.
+        Close it with `contextlib.aclosing` when breaking out of the loop early.
+        """
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        doorbell = self._doorbell or self._start_doorbell()
+        cursor = max(after, 0)
+        with doorbell.registered(session_id) as ring:
+            while not self._closed:
+                ring.clear()  # before the read: a ring during the read means read again
+                try:
+                    events = await self.read(session_id, after=cursor)
+                except RuntimeError:
+                    if self._closed:
+                        return
+                    raise
+                except psycopg.OperationalError as error:
+                    # The server is away (a restart, a failover): keep the cursor and read
+                    # again once the listener is back (it rings) or at the next poll.
+                    log.warning("trimtab subscription to %r: %s; retrying", session_id, error)
+                    events = []
+                for event in events:
+                    yield event
+                cursor += len(events)
+                await _wait(ring, SUBSCRIBE_POLL)
+
+    def _start_doorbell(self) -> _Doorbell:
+        self._doorbell = _Doorbell(self._dsn)
+        return self._doorbell
+
+    # --- sessions -------------------------------------------------------------------------
+
+    async def get(self, session_id: str) -> SessionRecord:
+        """The session's record; raises `SessionNotFoundError` for an unknown session."""
+        async with self._connection() as conn:
+            cursor = await conn.execute(
+                f"SELECT {_RECORD_COLUMNS} FROM sessions WHERE session_id = %s", (session_id,)
+            )
+            row = await cursor.fetchone()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        return _record(row)
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        """Every session, most recently updated first."""
+        async with self._connection() as conn:
+            cursor = await conn.execute(
+                f"SELECT {_RECORD_COLUMNS} FROM sessions ORDER BY updated_at DESC, session_id DESC"
+            )
+            rows = await cursor.fetchall()
+        return [_record(row) for row in rows]
+
+    async def delete(self, session_id: str) -> bool:
+        """Remove a session, its log and its queued inputs; False if there was none.
+
+        Subscribers to the session (on any runtime) are woken, and fail as for an unknown id.
+        """
+        async with self._connection() as conn:
+            # The foreign keys cascade to `session_events` and `session_inputs`.
+            cursor = await conn.execute(
+                "WITH gone AS (DELETE FROM sessions WHERE session_id = %(id)s RETURNING 1)"
+                " SELECT pg_notify(%(channel)s, %(id)s || ':0') FROM gone",
+                {"id": session_id, "channel": CHANNEL},
+            )
+            return cursor.rowcount > 0
+
+    # --- leases ---------------------------------------------------------------------------
+
+    async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """Take the lease if it is free, expired or already `owner`'s; None if another holds it.
+
+        A new acquisition bumps the fencing token; re-acquiring one's own live lease only
+        extends it, so appends in flight with the same `Lease` stay valid.
+        """
+        params = {"session_id": session_id, "owner": owner, "ttl": ttl}
+        async with self._connection() as conn:
+            row = await (await conn.execute(_ACQUIRE, params)).fetchone()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        (token,) = row
+        return None if token is None else Lease(session_id=session_id, owner=owner, token=token)
+
+    async def renew_leases(self, owner: str, ttl: float) -> list[str]:
+        """Extend every live lease `owner` holds; returns their session ids, sorted.
+
+        A lease that has already expired is not renewed: another runtime may have read the
+        session as free, so the holder must treat it as lost.
+        """
+        async with self._connection() as conn:
+            cursor = await conn.execute(
+                "UPDATE sessions SET lease_expires_at = now() + make_interval(secs => %s)"
+                " WHERE lease_owner = %s AND lease_expires_at > now() RETURNING session_id",
+                (ttl, owner),
+            )
+            rows = await cursor.fetchall()
+        return sorted(session_id for (session_id,) in rows)
+
+    async def release_lease(self, lease: Lease) -> None:
+        """Give the lease up (no-op if it was already lost or the session is gone)."""
+        async with self._connection() as conn:
+            # The token stays: the next acquisition bumps it, fencing out this holder.
+            await conn.execute(
+                "UPDATE sessions SET lease_owner = NULL, lease_expires_at = NULL"
+                " WHERE session_id = %s AND lease_owner = %s AND lease_token = %s",
+                (lease.session_id, lease.owner, lease.token),
+            )
+
+    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
+        """Take the lease of a session that has queued input and no live lease, if any.
+
+        For a pool of workers sharing the database: concurrent claimers never get the same
+        session (`FOR UPDATE SKIP LOCKED`), and the least recently updated session goes
+        first. The claimer then delivers the input with `take_inputs`.
+        """
+        async with self._connection() as conn:
+            cursor = await conn.execute(_CLAIM, {"owner": owner, "ttl": ttl})
+            row = await cursor.fetchone()
+        if row is None:
+            return None
+        session_id, token = row
+        return Lease(session_id=session_id, owner=owner, token=token)
+
+    # --- the input queue ------------------------------------------------------------------
+
+    async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
+        """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
+        async with self._connection() as conn:
+            try:
+                await conn.execute(
+                    "INSERT INTO session_inputs (session_id, message_id, body)"
+                    " VALUES (%s, %s, %s::json)",
+                    (session_id, message_id, json.dumps({"prompt": prompt})),
+                )
+            except errors.ForeignKeyViolation:
+                raise SessionNotFoundError(session_id) from None
+
+    async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
+        """Remove and return the queued `(prompt, message_id)` pairs, oldest first.
+
+        Each input is taken once, even by concurrent callers on different hosts.
+        """
+        async with self._connection() as conn:
+            cursor = await conn.execute(_TAKE_INPUTS, {"session_id": session_id})
+            rows = await cursor.fetchall()
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        return [
+            (json.loads(body)["prompt"], message_id)
+            for body, message_id in rows
+            if body is not None
+        ]
+
+    async def close(self) -> None:
+        """Close the pool and the listener, ending subscriptions; closing twice is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        async with self._opening:  # not while a first call is still opening the pool
+            if self._doorbell is not None:
+                await self._doorbell.close()
+            if self._pool is not None:
+                await self._pool.close()
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+async def _check_connection(conn: _Connection) -> None:
+    """Raise if a pooled connection is dead, so the pool replaces it before it is used.
+
+    An idle connection has nothing to read unless the server went away (a restart sends a
+    FATAL message and closes the socket): only then is a round trip spent to find out.
+    """
+    if _readable(conn.fileno()):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _readable(fd: int) -> bool:
+    """Whether `fd` has input (or EOF) waiting, without blocking."""
+    if hasattr(select, "poll"):  # select.select cannot take descriptors >= 1024
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # Windows
+
+
+async def _migrate(conn: _Connection) -> None:
+    """Apply the missing schema versions; refuse a database written by a newer trimtab."""
+    async with conn.transaction():
+        # Transaction-scoped: released at commit, and by the server if this process dies.
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS trimtab_schema ("
+            " version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM trimtab_schema")
+        row = await cursor.fetchone()
+        version = int(row[0]) if row else 0
+        if version > len(_MIGRATIONS):
+            raise RuntimeError(
+                f"the database has schema version {version}, newer than this trimtab's"
+                f" {len(_MIGRATIONS)}: upgrade trimtab"
+            )
+        for number, script in enumerate(_MIGRATIONS[version:], start=version + 1):
+            log.info("migrating the trimtab schema to version %d", number)
+            await conn.execute(script)  # no parameters: sent as one multi-statement script
+            await conn.execute("INSERT INTO trimtab_schema (version) VALUES (%s)", (number,))
+
+
+def _checked_keys(
+    events: Sequence[Event], idem_keys: Sequence[str | None] | None
+) -> list[str | None]:
+    """One idempotency key or None per event; raises `ValueError` on a mismatch or repeat."""
+    if idem_keys is None:
+        return [None] * len(events)
+    keys = list(idem_keys)
+    if len(keys) != len(events):
+        raise ValueError(f"{len(keys)} idempotency keys for {len(events)} events")
+    given = [key for key in keys if key is not None]
+    if len(set(given)) != len(given):
+        raise ValueError("idempotency keys repeat within one batch")
+    return keys
+
+
+def _append_params(
+    session_id: str, events: Sequence[Event], lease: Lease | None, keys: list[str | None]
+) -> dict[str, Any]:
+    """The parameters of `_APPEND`; events are serialised here, before any lock is taken."""
+    return {
+        "session_id": session_id,
+        "count": len(events),
+        "summary": _text(summarize(events)),
+        "token": lease.token if lease else None,
+        "owner": lease.owner if lease else None,
+        "lease_session": lease.session_id if lease else None,
+        "ids": [event.id for event in events],
+        "types": [event.type for event in events],
+        "payloads": [EventAdapter.dump_json(event).decode() for event in events],
+        "idem_keys": keys,
+        "channel": CHANNEL,
+    }
+
+
+def _text(value: str | None) -> str | None:
+    """`value` fit for a `text` column, which cannot hold NUL: U+FFFD stands in for it."""
+    return value.replace("\x00", "\ufffd") if value else value
+
+
+def _record(row: Sequence[Any]) -> SessionRecord:
+    session_id, created_at, updated_at, last_seq, lease_owner, summary = row
+    return SessionRecord(
+        session_id=session_id,
+        created_at=_utc(created_at),
+        updated_at=_utc(updated_at),
+        event_count=last_seq,
+        lease_owner=lease_owner,
+        summary=summary,
+    )
+
+
+def _utc(moment: datetime) -> datetime:
+    """A `timestamptz` (in the server's time zone) as UTC, like the other backends report."""
+    return moment.astimezone(UTC)
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    """Wait for `event`, at most `timeout` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        pass
+
+
+class _KeyedLock:
+    """One FIFO lock per key, dropped when unused: concurrent appends to one session from
+    this store are stored in call order, as with the other backends."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class _Doorbell:
+    """The store's one LISTEN connection, ringing the local subscribers of each session.
+
+    It reconnects (with backoff) whenever the connection drops, and then rings every
+    subscriber, since notifications sent meanwhile are lost.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._rings: dict[str, set[asyncio.Event]] = {}
+        self._task = asyncio.get_running_loop().create_task(
+            self._listen(), name="trimtab-postgres-listener"
+        )
+
+    @contextmanager
+    def registered(self, session_id: str) -> Iterator[asyncio.Event]:
+        """An event set whenever `session_id` may have new events, until the block exits."""
+        ring = asyncio.Event()
+        self._rings.setdefault(session_id, set()).add(ring)
+        try:
+            yield ring
+        finally:
+            rings = self._rings.get(session_id, set())
+            rings.discard(ring)
+            if not rings:
+                self._rings.pop(session_id, None)
+
+    def ring_all(self) -> None:
+        for rings in self._rings.values():
+            for ring in rings:
+                ring.set()
+
+    async def _listen(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    delay = 0.1
+                    self.ring_all()
+                    async for notify in conn.notifies():
+                        session_id = notify.payload.rpartition(":")[0]
+                        for ring in self._rings.get(session_id, ()):
+                            ring.set()
+            except psycopg.Error as error:
+                log.warning("trimtab listener: %s; reconnecting in %.1f s", error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, SUBSCRIBE_POLL)
+
+    async def close(self) -> None:
+        """Stop listening and wake every subscriber (they see the store closed and end)."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self.ring_all()

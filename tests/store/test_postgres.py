@@ -1,0 +1,493 @@
+"""`PostgresStore` where only PostgreSQL can be tested: many processes and stores on one
+database, `kill -9`, the doorbell, worker claims, idempotency keys and a server restart.
+
+Every test runs in a fresh schema (`pg_dsn`, see conftest.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from .conftest import require_env, require_psycopg
+
+require_psycopg()
+
+import psycopg  # noqa: E402
+
+import trimtab.store  # noqa: E402
+from trimtab._errors import LeaseLostError  # noqa: E402
+from trimtab.events import Event, EventAdapter, UserMessageData, UserMessageEvent  # noqa: E402
+from trimtab.store import Lease, open_store, postgres  # noqa: E402
+from trimtab.store.postgres import CHANNEL, SUBSCRIBE_POLL, PostgresStore  # noqa: E402
+
+SRC = Path(trimtab.store.__file__).resolve().parents[2]
+"""The directory holding the `trimtab` package under test, for the workers' PYTHONPATH."""
+
+# A worker process on session "s": connects, prints "ready", waits for "go" on stdin (so that
+# workers started together really overlap), then either appends `count` events `batch` per
+# call, printing each returned count once acknowledged, or takes the lease and renews it
+# every ttl/3 until killed, printing its fencing token.
+WORKER = """
+import asyncio, sys
+from trimtab.events import UserMessageData, UserMessageEvent
+from trimtab.store.postgres import PostgresStore
+
+async def append(store, name, count, batch):
+    for n in range(0, count, batch):
+        events = [UserMessageEvent(data=UserMessageData(content=f"{name}:{n + i}"))
+                  for i in range(batch)]
+        print(await store.append("s", events, lease=None), flush=True)
+
+async def hold(store, owner, ttl):
+    lease = await store.acquire_lease("s", owner, ttl)
+    print(lease.token, flush=True)
+    while True:
+        await asyncio.sleep(ttl / 3)
+        assert await store.renew_leases(owner, ttl) == ["s"]
+
+async def main(dsn, mode, name, *args):
+    store = PostgresStore(dsn)
+    await store.get("s")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    if mode == "append":
+        await append(store, name, int(args[0]), int(args[1]))
+    else:
+        await hold(store, name, float(args[0]))
+    await store.close()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def user(content: str) -> UserMessageEvent:
+    return UserMessageEvent(data=UserMessageData(content=content, source="user"))
+
+
+def contents(events: list[Event]) -> list[str]:
+    return [e.data.content for e in events if isinstance(e, UserMessageEvent)]
+
+
+@asynccontextmanager
+async def stores(dsn: str, count: int) -> AsyncIterator[list[PostgresStore]]:
+    """`count` independent stores on one database, as separate runtimes would have."""
+    opened = [PostgresStore(dsn) for _ in range(count)]
+    try:
+        yield opened
+    finally:
+        for store in opened:
+            await store.close()
+
+
+async def column(dsn: str, query: str) -> list[object]:
+    """The first column of a query's rows, read behind the store's back."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        return [row[0] for row in await (await conn.execute(query.encode())).fetchall()]
+
+
+@asynccontextmanager
+async def worker(tmp_path: Path, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A worker process (see `WORKER`), ready and waiting for "go"; killed on exit."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert await next_line(proc) == "ready"
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def next_line(proc: asyncio.subprocess.Process) -> str:
+    """The worker's next stdout line; fails with its stderr if it died instead."""
+    assert proc.stdout is not None and proc.stderr is not None
+    async with asyncio.timeout(15):
+        line = await proc.stdout.readline()
+    if not line:
+        raise AssertionError(f"worker died: {(await proc.stderr.read()).decode()}")
+    return line.decode().strip()
+
+
+def go(*procs: asyncio.subprocess.Process) -> None:
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+
+
+async def poll_lease(store: PostgresStore, owner: str, *, within: float) -> Lease:
+    """Session "s"'s lease for `owner`, as soon as it is free; fails after `within` s."""
+    async with asyncio.timeout(within):
+        while True:
+            if (lease := await store.acquire_lease("s", owner, 30)) is not None:
+                return lease
+            await asyncio.sleep(0.01)
+
+
+async def take(events: AsyncIterator[Event], count: int, within: float) -> list[Event]:
+    async with asyncio.timeout(within):
+        return [await anext(events) for _ in range(count)]
+
+
+# --- one log, many writers ----------------------------------------------------------------
+
+
+async def test_two_processes_appending_to_one_session_keep_seq_gapless(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    per_writer, batches = 300, {"a": 1, "b": 3}
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+
+    async with (
+        worker(tmp_path, pg_dsn, "append", "a", str(per_writer), "1") as a,
+        worker(tmp_path, pg_dsn, "append", "b", str(per_writer), "3") as b,
+    ):
+        go(a, b)
+        outputs = await asyncio.gather(a.communicate(), b.communicate())
+    for proc, (_, stderr) in zip((a, b), outputs, strict=True):
+        assert proc.returncode == 0, stderr.decode()
+    acks = {
+        name: [int(n) for n in out.split()] for name, (out, _) in zip("ab", outputs, strict=True)
+    }
+
+    # The table holds seq 1..2N once each, and each acknowledged count ends the batch that
+    # writer appended, in its order: no gap, no duplicate, no interleaving within a batch.
+    assert await column(pg_dsn, "SELECT seq FROM session_events ORDER BY seq") == list(
+        range(1, 2 * per_writer + 1)
+    )
+    async with stores(pg_dsn, 1) as (store,):
+        events = contents(await store.read("s"))
+        assert (await store.get("s")).event_count == len(events) == 2 * per_writer
+    for name, counts in acks.items():
+        batch = batches[name]
+        stored = [events[last - batch + i] for last in counts for i in range(batch)]
+        assert stored == [f"{name}:{n}" for n in range(per_writer)]
+
+
+async def test_r1_appends_of_a_taken_over_lease_stop_before_the_new_holders(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 2) as (old_store, new_store):
+        await old_store.create("s")
+        old = await old_store.acquire_lease("s", "old", 0.3)
+        assert old is not None
+
+        async def append_until_fenced() -> int:
+            appended = 0
+            while True:
+                try:
+                    await old_store.append("s", [user(f"old {appended}")], lease=old)
+                except LeaseLostError:
+                    return appended
+                appended += 1
+
+        async def take_over() -> Lease:
+            lease = await poll_lease(new_store, "new", within=5)
+            await new_store.append("s", [user("new")], lease=lease)
+            return lease
+
+        appended, new = await asyncio.gather(append_until_fenced(), take_over())
+
+        assert appended > 0
+        assert new.token == old.token + 1
+        assert await old_store.renew_leases("old", 30) == []
+        # The audit column: every event the stale holder got in precedes the new holder's.
+        tokens = await column(pg_dsn, "SELECT lease_token FROM session_events ORDER BY seq")
+        assert tokens == [old.token] * appended + [new.token]
+        assert await column(pg_dsn, "SELECT seq FROM session_events ORDER BY seq") == list(
+            range(1, appended + 2)
+        )
+
+
+async def test_r1_kill_9_of_the_lease_holder_lets_another_take_over_after_the_ttl(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    ttl, loop = 1.0, asyncio.get_running_loop()
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        async with worker(tmp_path, pg_dsn, "hold", "holder", str(ttl)) as holder:
+            go(holder)
+            token = int(await next_line(holder))
+            # Alive, the holder renews: the lease stays refused for well past one TTL.
+            refused_until = loop.time() + 1.5 * ttl
+            while loop.time() < refused_until:
+                assert await store.acquire_lease("s", "taker", ttl) is None
+                await asyncio.sleep(0.1)
+            holder.kill()
+            await holder.wait()
+        # Not free at once (the lease outlives its holder, unlike a session lock), but
+        # within a TTL of the holder's last renewal.
+        assert await store.acquire_lease("s", "taker", ttl) is None
+        lease = await poll_lease(store, "taker", within=ttl + 1.0)
+
+        assert lease.token == token + 1
+        stale = Lease(session_id="s", owner="holder", token=token)
+        with pytest.raises(LeaseLostError):
+            await store.append("s", [user("zombie")], lease=stale)
+        assert await store.append("s", [user("taker")], lease=lease) == 1
+
+
+async def test_r1_of_concurrent_acquirers_on_many_stores_exactly_one_wins(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 4) as opened:
+        await opened[0].create("s")
+        for round_ in range(5):
+            leases = await asyncio.gather(
+                *(store.acquire_lease("s", f"w{n}", 30) for n, store in enumerate(opened))
+            )
+
+            won = [lease for lease in leases if lease is not None]
+            assert len(won) == 1
+            assert won[0].token == round_ + 1
+            await opened[0].release_lease(won[0])
+
+
+# --- the doorbell -------------------------------------------------------------------------
+
+
+async def test_subscriber_on_another_store_catches_up_then_hears_the_doorbell(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 2) as (writer, reader):
+        await writer.create("s")
+        await writer.append("s", [user("old 1"), user("old 2")], lease=None)
+
+        async with aclosing(reader.subscribe("s", after=1)) as events:
+            assert contents(await take(events, 1, within=5)) == ["old 2"]
+            for n in range(10):
+                await writer.append("s", [user(f"live {n}")], lease=None)
+                # Far sooner than the fallback poll: the notification woke the reader.
+                live = await take(events, 1, within=SUBSCRIBE_POLL / 5)
+                assert contents(live) == [f"live {n}"]
+
+
+async def test_doorbell_payload_is_the_session_and_its_last_seq_never_the_event(
+    pg_dsn: str,
+) -> None:
+    async with (
+        stores(pg_dsn, 1) as (store,),
+        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener,
+    ):
+        await listener.execute(f"LISTEN {CHANNEL}".encode())
+        await store.create("a:b")
+        await store.append("a:b", [user("secret"), user("text")], lease=None)
+        await store.delete("a:b")
+
+        payloads = [n.payload async for n in listener.notifies(timeout=2, stop_after=2)]
+
+    assert payloads == ["a:b:2", "a:b:0"]
+
+
+async def test_without_the_doorbell_a_subscriber_still_catches_up_by_polling(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres, "SUBSCRIBE_POLL", 0.2)
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        # The subscriber's first read fails, as during a failover: it must not end.
+        failures = [psycopg.OperationalError("the server is away")]
+        read = store.read
+
+        async def flaky_read(session_id: str, *, after: int = 0) -> list[Event]:
+            if failures:
+                raise failures.pop()
+            return await read(session_id, after=after)
+
+        monkeypatch.setattr(store, "read", flaky_read)
+        async with aclosing(store.subscribe("s")) as events:
+            reader = asyncio.create_task(take(events, 1, within=5))
+            await asyncio.sleep(0.05)
+            # An event stored behind the store's back, with no notification.
+            async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+                await conn.execute(
+                    b"WITH s AS (UPDATE sessions SET last_seq = 1 RETURNING session_id)"
+                    b" INSERT INTO session_events (session_id, seq, id, type, payload)"
+                    b" SELECT session_id, 1, 'e1', 'user.message', %s::json FROM s",
+                    (EventAdapter.dump_json(user("quiet")).decode(),),
+                )
+
+            assert contents(await reader) == ["quiet"]
+        assert not failures
+
+
+# --- workers, idempotency, schema ---------------------------------------------------------
+
+
+async def test_workers_claim_each_session_with_pending_input_once(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        pending = [f"s{n:02}" for n in range(24)]
+        for session_id in [*pending, "idle", "held"]:
+            await store.create(session_id)
+        for session_id in [*pending, "held"]:
+            await store.enqueue_input(session_id, "first", f"{session_id}-1")
+            await store.enqueue_input(session_id, "second", f"{session_id}-2")
+        await store.acquire_lease("held", "another runtime", 60)
+
+        async def work(owner: str) -> list[tuple[str, list[tuple[str, str]]]]:
+            done = []
+            while (lease := await store.claim_next(owner, 30)) is not None:
+                assert lease.owner == owner
+                done.append((lease.session_id, await store.take_inputs(lease.session_id)))
+                await store.release_lease(lease)
+            return done
+
+        results = await asyncio.gather(*(work(f"w{n}") for n in range(4)))
+
+    # A claim can find the inputs already taken (it read a stale snapshot); never twice.
+    delivered = sorted((sid, inputs) for done in results for sid, inputs in done if inputs)
+    assert delivered == [(sid, [("first", f"{sid}-1"), ("second", f"{sid}-2")]) for sid in pending]
+    assert sum(1 for done in results if done) > 1, "one worker did everything"
+
+
+async def test_retried_append_with_a_stored_idempotency_key_stores_nothing(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        await store.create("t")
+
+        assert await store.append("s", [user("hi")], lease=None, idem_keys=["msg-1"]) == 1
+        assert await store.append("s", [user("hi")], lease=None, idem_keys=["msg-1"]) == 1
+        batch = [user("result"), user("note")]
+        assert await store.append("s", batch, lease=None, idem_keys=["call-1", None]) == 3
+        assert await store.append("s", batch, lease=None, idem_keys=["call-1", None]) == 3
+        assert await store.append("s", [user("free")], lease=None, idem_keys=[None]) == 4
+        assert await store.append("t", [user("hi")], lease=None, idem_keys=["msg-1"]) == 1
+
+        assert contents(await store.read("s")) == ["hi", "result", "note", "free"]
+        with pytest.raises(ValueError, match="2 idempotency keys for 1 events"):
+            await store.append("s", [user("x")], lease=None, idem_keys=["a", "b"])
+        with pytest.raises(ValueError, match="repeat"):
+            await store.append("s", [user("x"), user("y")], lease=None, idem_keys=["a", "a"])
+
+
+async def test_a_retry_still_needs_the_lease(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        lease = await store.acquire_lease("s", "w", 60)
+        assert lease is not None
+        await store.append("s", [user("hi")], lease=lease, idem_keys=["msg-1"])
+        await store.release_lease(lease)
+
+        with pytest.raises(LeaseLostError):
+            await store.append("s", [user("hi")], lease=lease, idem_keys=["msg-1"])
+
+
+async def test_concurrent_appends_of_one_key_from_two_stores_store_it_once(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 2) as (a, b):
+        await a.create("s")
+        for n in range(20):
+            batch, keys = [user(f"msg {n}")], [f"k{n}"]
+            await asyncio.gather(
+                a.append("s", batch, lease=None, idem_keys=keys),
+                b.append("s", batch, lease=None, idem_keys=keys),
+            )
+
+        assert contents(await a.read("s")) == [f"msg {n}" for n in range(20)]
+
+
+async def test_schema_is_created_once_by_concurrent_first_calls(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 4) as opened:
+        await asyncio.gather(*(store.list_sessions() for store in opened))
+
+    assert await column(pg_dsn, "SELECT version FROM trimtab_schema") == [1]
+
+
+async def test_a_newer_schema_is_refused(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+        await conn.execute(b"INSERT INTO trimtab_schema (version) VALUES (99)")
+
+    async with stores(pg_dsn, 1) as (store,):
+        with pytest.raises(RuntimeError, match="newer"):
+            await store.get("s")
+
+
+async def test_an_unreachable_server_fails_fast_and_the_store_stays_retryable() -> None:
+    store = PostgresStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
+
+    for _ in range(2):
+        with pytest.raises(psycopg.OperationalError):
+            await store.list_sessions()
+    await store.close()
+
+
+async def test_open_store_takes_the_dsn_from_trimtab_store(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRIMTAB_STORE", pg_dsn)
+
+    store = open_store(None)
+
+    assert isinstance(store, PostgresStore)
+    await store.create("s")
+    assert [r.session_id for r in await store.list_sessions()] == ["s"]
+    await store.close()
+
+
+# --- a server restart ---------------------------------------------------------------------
+
+
+def restart_command() -> list[str]:
+    """`pg_ctl restart` of the test cluster, as the OS user that owns it."""
+    pg_ctl = require_env("TRIMTAB_TEST_PG_CTL")
+    data = require_env("TRIMTAB_TEST_PG_DATA")
+    log = os.environ.get("TRIMTAB_TEST_PG_LOG", os.devnull)
+    # -l: without it the server would write to (and hold open) our pipes.
+    command = [pg_ctl, "restart", "-D", data, "-l", log, "-m", "fast", "-w", "-t", "20"]
+    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name
+    if os.geteuid() == 0 and owner != "root":
+        command = ["runuser", "-u", owner, "--", *command]
+    return command
+
+
+async def test_store_recovers_after_a_server_restart_and_loses_nothing_acknowledged(
+    pg_dsn: str,
+) -> None:
+    restart = restart_command()
+    async with AsyncExitStack() as stack:
+        writer, reader = await stack.enter_async_context(stores(pg_dsn, 2))
+        await writer.create("s")
+        acknowledged = [
+            await writer.append("s", [user(f"before {n}")], lease=None) for n in range(5)
+        ]
+        events = await stack.enter_async_context(aclosing(reader.subscribe("s")))
+        assert len(await take(events, 5, within=5)) == 5
+
+        await asyncio.to_thread(
+            subprocess.run, restart, check=True, capture_output=True, timeout=60
+        )
+
+        # The next call works (the pool replaces its dead connections), and so do the
+        # subscriber's listener and reads: nothing acknowledged was lost.
+        assert acknowledged == [1, 2, 3, 4, 5]
+        assert await writer.append("s", [user("after")], lease=None) == 6
+        assert contents(await writer.read("s")) == [*(f"before {n}" for n in range(5)), "after"]
+        assert contents(await take(events, 1, within=SUBSCRIBE_POLL + 5)) == ["after"]
+        await writer.append("s", [user("later")], lease=None)
+        assert contents(await take(events, 1, within=SUBSCRIBE_POLL / 5)) == ["later"]
