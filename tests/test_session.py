@@ -240,3 +240,24 @@ async def test_disconnect_aborts_and_releases(client: Client) -> None:
     with pytest.raises(Exception, match="disconnected"):
         await session.send("more")
     assert session.session_id in {r.session_id for r in await client.list_sessions()}
+
+
+async def test_deltas_carry_the_id_of_their_assistant_message(client: Client) -> None:
+    session = await open_session(
+        client, ScriptedModel(["streamed words"], chunk_size=4), streaming=True
+    )
+    rec = Recorder(session)
+    await session.send_and_wait("go")
+    message_id = rec.of("assistant.message")[0].data.message_id
+    assert {d.data.message_id for d in rec.of("assistant.message_delta")} == {message_id}
+
+
+async def test_lone_surrogates_never_break_a_run(client: Client) -> None:
+    bad = "broken \udc80 text"
+    model = ScriptedModel([tool_call("probe"), bad])
+    session = await open_session(client, model, define_tool("probe", handler=lambda p: bad))
+    with pytest.raises(ValueError, match="lone surrogate"):
+        await session.send(bad)
+    reply = await session.send_and_wait("go")
+    assert reply is not None and reply.data.content == "broken ? text"
+    assert roles(model, 1)[-1] == ("tool", "broken ? text")

@@ -16,7 +16,7 @@ from typing import Literal, Protocol
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import ProviderError
 from trimtab._permissions import NO_HANDLER, PermissionHandlerFn, Verdict, ask_permission
-from trimtab._tools import CallOutcome, Tool, ToolInvocation, parse_arguments
+from trimtab._tools import CallOutcome, Tool, ToolInvocation, parse_arguments, valid_text
 from trimtab.events import (
     AbortEvent,
     AssistantMessageData,
@@ -72,6 +72,10 @@ current_tool_call: ContextVar[str | None] = ContextVar("trimtab_current_tool_cal
 INTERRUPTED = "The tool call was interrupted before it completed."
 
 
+_NO_TOOLS: frozenset[str] = frozenset()
+"""Shared: `frozenset()` is not a singleton, and an empty one takes ~200 bytes."""
+
+
 @dataclass(frozen=True, slots=True)
 class StagedClear:
     prompt: str
@@ -89,9 +93,11 @@ class LoopState:
     staged: StagedClear | None = None
     seed: str | None = None
     """The prompt of a committed clear whose seeded run has not started yet (C8)."""
-    approved_tools: set[str] = field(default_factory=set)
+    # Frozen sets, replaced on change: an empty one is shared, where an empty `set()` takes
+    # ~200 bytes in every idle session, and neither changes more than once per tool call.
+    approved_tools: frozenset[str] = _NO_TOOLS
     """Tools approved for the rest of the session (`approve-for-session`)."""
-    discovered: set[str] = field(default_factory=set)
+    discovered: frozenset[str] = _NO_TOOLS
     """Deferred tools found by `tool_search`, callable for the rest of the run."""
 
 
@@ -124,7 +130,7 @@ async def run(
     """Run one `send` to its single `session.idle` (spec E1), including any seeded run (C8)."""
     result = RunResult()
     host.state.staged = host.state.seed = None
-    host.state.discovered.clear()
+    host.state.discovered = _NO_TOOLS
     try:
         if append_user:
             await host.emit(user_message(prompt, message_id, source))
@@ -174,7 +180,8 @@ async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
                 current_tokens=request_tokens(host),
                 messages_length=len(host.window()),
             )
-            response, duration = await _call_model(host)
+            reply_id = new_id()
+            response, duration = await _call_model(host, reply_id)
         except ProviderError as exc:
             result.error = _error_event(
                 exc.error_type, exc.message, exc.status_code, exc.retryable, message_id
@@ -187,8 +194,8 @@ async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
             return "end"
         message = AssistantMessageEvent(
             data=AssistantMessageData(
-                message_id=new_id(),
-                content=response.content,
+                message_id=reply_id,
+                content=valid_text(response.content),
                 tool_requests=[_request(c) for c in response.tool_calls] or None,
                 originating_message_id=message_id,
                 turn_id=turn_id,
@@ -234,23 +241,25 @@ def _next_step(host: LoopHost, calls: Sequence[ToolCall], outcomes: Sequence[Cal
     return "end" if terminal else "continue"
 
 
-async def _call_model(host: LoopHost) -> tuple[ModelResponse, float]:
-    """The model's response and how long it took (ms); streams deltas when configured."""
+async def _call_model(host: LoopHost, reply_id: str) -> tuple[ModelResponse, float]:
+    """The model's response and how long it took (ms); streams deltas when configured, under
+    the id the final `assistant.message` will carry (clients join them on it)."""
     config = host.config
     request = ModelRequest(
         model=config.model or "default",
         messages=tuple(host.window()),
         tools=tuple(host.model_tools()),
         stream=config.streaming,
+        # Only a session's own override bounds the output: the table's figure is a ceiling.
+        max_tokens=config.model_limits.max_output_tokens if config.model_limits else None,
     )
-    delta_id = new_id()
     response: ModelResponse | None = None
     started = time.perf_counter()
     async for event in host.provider.stream(request):
         if isinstance(event, TextDelta) and config.streaming:
             await host.emit(
                 AssistantMessageDeltaEvent(
-                    data=AssistantMessageDeltaData(message_id=delta_id, delta_content=event.text)
+                    data=AssistantMessageDeltaData(message_id=reply_id, delta_content=event.text)
                 )
             )
         elif isinstance(event, ModelResponse):
@@ -261,9 +270,8 @@ async def _call_model(host: LoopHost) -> tuple[ModelResponse, float]:
 
 
 def _request(call: ToolCall) -> ToolRequest:
-    return ToolRequest(
-        tool_call_id=call.id, name=call.name, arguments=parse_arguments(call.arguments)
-    )
+    arguments = parse_arguments(valid_text(call.arguments))
+    return ToolRequest(tool_call_id=call.id, name=call.name, arguments=arguments)
 
 
 def _error_event(
@@ -326,7 +334,7 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     try:
         outcome = await tool.run(params, invocation)
         if outcome.outcome == "success":
-            host.state.discovered.update(r for r in outcome.references if r in host.tools)
+            host.state.discovered |= {r for r in outcome.references if r in host.tools}
         return outcome
     finally:
         current_tool_call.reset(token)
@@ -355,7 +363,7 @@ async def _permission(
     )
     verdict = await ask_permission(handler, request, invocation)
     if verdict.for_session:
-        host.state.approved_tools.add(tool.name)
+        host.state.approved_tools |= {tool.name}
     await host.emit(
         PermissionCompletedEvent(
             data=PermissionCompletedData(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
@@ -15,16 +14,9 @@ from trimtab._errors import ClearContextError, LeaseLostError, SessionError, Tri
 from trimtab._history import ClearContextResult, History
 from trimtab._loop import LoopState, RunResult
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._tools import Tool, ToolInvocation
+from trimtab._tools import Tool, ToolInvocation, valid_text
 from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
-from trimtab._window import (
-    ContextWindow,
-    Replay,
-    build_window,
-    context_window,
-    conversation,
-    conversation_length,
-)
+from trimtab._window import ContextWindow, Replay, context_window
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
@@ -50,6 +42,8 @@ T = TypeVar("T")
 log = logging.getLogger("trimtab")
 
 EventHandler = Callable[[Event], object]
+
+_NOTHING_DEFERRED: frozenset[str] = frozenset()
 
 
 class _Rpc:
@@ -105,14 +99,20 @@ class Session:
         self._store = store
         self._lease = lease
         self._replay = replayed
+        # Windows come from the replay's incremental projection; the events behind it need
+        # not stay in memory (an idle session holds its messages only).
+        replayed.keep_events, replayed.window_events = False, []
         self._provider = provider
-        self._tools = dict(tools)
+        # The client hands over a dict of its own: no copy (~200 bytes per idle session).
+        self._tools = tools if type(tools) is dict else dict(tools)
         self._hidden: tuple[SessionConfigData, frozenset[str], dict[str, Tool]] | None = None
         self._permission_handler = permission_handler
         self._on_close = on_close
         self._on_fork = on_fork
         self._handlers: list[tuple[EventType | None, EventHandler]] = []
-        self._queue: deque[_Pending | _Operation] = deque()
+        # A list, not a deque: an empty deque takes ~600 bytes in every idle session, and a
+        # queue holds a message or two.
+        self._queue: list[_Pending | _Operation] = []
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunResult] | None = None
         self._closed = False
@@ -143,7 +143,9 @@ class Session:
         # Recomputed only when the configuration changes (it is replaced, never mutated).
         config = self._replay.config
         if self._hidden is None or self._hidden[0] is not config:
-            hidden = deferred(self._tools, config.tool_search)
+            # One shared empty set when nothing is deferred (the usual case): ~200 bytes less
+            # per session.
+            hidden = deferred(self._tools, config.tool_search) or _NOTHING_DEFERRED
             tools = self._tools
             if hidden and TOOL_SEARCH not in tools:
                 tools = {**tools, TOOL_SEARCH: make_tool_search(self._tools, hidden)}
@@ -158,7 +160,11 @@ class Session:
     @property
     def limits(self) -> ModelLimits:
         """The model's context window and output limit (the session's override, else the table)."""
-        return limits_for(self.config.model, self.config.model_limits)
+        config = self.config
+        model = config.model
+        if model is None and (config.provider or {}).get("type") == "local":
+            model = "smollm2"  # the embedded default model, whose window is small
+        return limits_for(model, config.model_limits)
 
     @property
     def usage(self) -> Usage:
@@ -181,11 +187,11 @@ class Session:
 
     def window(self) -> list[Message]:
         """The messages the model will see on its next call."""
-        return build_window(self._replay.config, self._replay.base, self._replay.window_events)
+        return self._replay.window()
 
     def conversation(self) -> list[Message]:
         """The window without its system and developer messages."""
-        return conversation(self._replay.base, self._replay.window_events)
+        return self._replay.conversation()
 
     def get_context(self) -> ContextWindow:
         """What the model will see next, with token counts, so a host can inspect its budget."""
@@ -323,6 +329,8 @@ class Session:
     ) -> _Pending:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
+        if valid_text(prompt) != prompt:
+            raise ValueError("prompt is not valid Unicode text (it holds a lone surrogate)")
         if self._closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         pending = _Pending(prompt, message_id or new_id(), appended=False, waiter=waiter)
@@ -347,7 +355,7 @@ class Session:
         """Run queued items one after another; each run ends in one idle (spec E1)."""
         try:
             while self._queue:
-                item = self._queue.popleft()
+                item = self._queue.pop(0)
                 if isinstance(item, _Operation):
                     await self._apply(item)
                     continue
@@ -431,7 +439,7 @@ class Session:
             )
         if self.state.staged is not None or self.state.seed is not None:
             raise ClearContextError("clear_pending", "a clear is already pending in this run")
-        cleared = conversation_length(self._replay.base, self._replay.window_events)
+        cleared = self._replay.conversation_length()
         self.state.staged = _loop.StagedClear(prompt, cleared, call_id)
         return ClearContextResult(messages_cleared=cleared)
 

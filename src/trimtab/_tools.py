@@ -31,6 +31,7 @@ __all__ = [
     "ToolResult",
     "define_tool",
     "parse_arguments",
+    "valid_text",
 ]
 
 ToolHandler = Callable[..., Any]
@@ -128,13 +129,14 @@ class Tool:
                 "timeout", f"Tool '{self.name}' timed out after {self.definition.timeout} s."
             )
         except ToolError as exc:
-            return CallOutcome("failure", str(exc))
+            return CallOutcome("failure", valid_text(str(exc)))
         except Exception:
             # The exception text may hold paths or secrets: the model only learns that it failed.
             return CallOutcome(
                 "failure", f"Failed to execute '{self.name}': tool execution failed."
             )
-        return _to_outcome(value)
+        outcome = _to_outcome(value)
+        return outcome._replace(text=valid_text(outcome.text))
 
 
 def _to_outcome(value: Any) -> CallOutcome:
@@ -151,6 +153,16 @@ def _to_outcome(value: Any) -> CallOutcome:
             return CallOutcome("success", value.model_dump_json())
         case _:
             return CallOutcome("success", pydantic_core.to_json(value).decode())
+
+
+def valid_text(text: str) -> str:
+    """`text` with lone surrogates replaced: they cannot be stored as UTF-8, and one stray
+    character from a handler or a model must not fail the whole run."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
 
 
 def parse_arguments(text: str) -> Any:

@@ -13,8 +13,10 @@ never holds an orphan.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from pydantic import BaseModel
 
@@ -77,17 +79,15 @@ def _conversation(events: Iterable[Event]) -> list[UserMessageEvent | _Turn]:
                 data = event.data
                 requested = open_turn.event.data.tool_requests or ()
                 if any(r.tool_call_id == data.tool_call_id for r in requested):
-                    text = (
-                        data.result.content
-                        if data.result
-                        else data.error.message
-                        if data.error
-                        else ""
-                    )
-                    open_turn.results[data.tool_call_id] = text
+                    open_turn.results[data.tool_call_id] = _result_text(event)
             case _:
                 pass
     return entries
+
+
+def _result_text(event: ToolExecutionCompleteEvent) -> str:
+    data = event.data
+    return data.result.content if data.result else data.error.message if data.error else ""
 
 
 def conversation_length(base: Sequence[Message], events: Iterable[Event]) -> int:
@@ -119,24 +119,28 @@ def conversation(base: Sequence[Message], events: Iterable[Event]) -> list[Messa
     for entry in _conversation(events):
         if isinstance(entry, UserMessageEvent):
             window.append(Message(role="user", content=entry.data.content))
-            continue
-        answered = [
-            r for r in entry.event.data.tool_requests or () if r.tool_call_id in entry.results
-        ]
-        if not entry.event.data.content and not answered:
-            continue
-        window.append(
-            Message(
-                role="assistant",
-                content=entry.event.data.content,
-                tool_calls=tuple(_to_call(r) for r in answered),
-            )
-        )
-        window.extend(
-            Message(role="tool", tool_call_id=r.tool_call_id, content=entry.results[r.tool_call_id])
-            for r in answered
-        )
+        else:
+            data = entry.event.data
+            window += _render_turn(data.content, data.tool_requests or (), entry.results)
     return window
+
+
+def _render_turn(
+    content: str, requests: Sequence[ToolRequest], results: Mapping[str, str]
+) -> list[Message]:
+    """An assistant message with the calls that have a result, then those results in request
+    order; nothing when it has neither text nor an answered call (no orphans, spec P3)."""
+    answered = [r for r in requests if r.tool_call_id in results]
+    if not content and not answered:
+        return []
+    calls = tuple(_to_call(r) for r in answered)
+    return [
+        Message(role="assistant", content=content, tool_calls=calls),
+        *(
+            Message(role="tool", tool_call_id=r.tool_call_id, content=results[r.tool_call_id])
+            for r in answered
+        ),
+    ]
 
 
 def _to_call(request: ToolRequest) -> ToolCall:
@@ -197,11 +201,72 @@ def estimate_tokens(messages: Iterable[Message]) -> int:
     """
     total = 0
     for message in messages:
-        chars = len(message.content) + sum(
-            len(c.name) + len(c.arguments) for c in message.tool_calls
-        )
+        chars = len(message.content)
+        if message.tool_calls:  # most messages have none: no generator for them (runs per turn)
+            chars += sum(len(c.name) + len(c.arguments) for c in message.tool_calls)
         total += 4 + (chars + 3) // 4
     return total
+
+
+class _Projection:
+    """The conversation since the base, kept up to date one event at a time.
+
+    `conversation()` replays the window's events on every call: O(window) work per model
+    request, several times per turn, and the events must stay in memory. This is the same
+    projection kept incrementally (O(1) per event) as final `Message`s, so that a window is a
+    list copy and an idle session holds a few messages instead of its events. Only the latest
+    assistant turn can still change (its results arrive after it); what precedes it is final.
+    """
+
+    __slots__ = ("_after", "_final", "_rendered", "_turn", "length")
+
+    def __init__(self) -> None:
+        self._final: list[Message] = []
+        """The messages before the open turn, which no later event can change."""
+        self._turn: tuple[str, tuple[ToolRequest, ...], dict[str, str]] | None = None
+        """The latest assistant message (content, requests) and the results it has so far."""
+        self._rendered: list[Message] | None = None
+        """The open turn's messages, until a result changes them."""
+        self._after: list[Message] = []
+        """User messages sent after the open turn (results may still come for it)."""
+        self.length = 0
+        """`conversation_length` of the events added (the base not included)."""
+
+    def add(self, event: Event) -> None:
+        """Project one window event (see `_conversation`, which this must agree with)."""
+        match event:
+            case UserMessageEvent():
+                message = Message(role="user", content=event.data.content)
+                (self._after if self._turn is not None else self._final).append(message)
+                self.length += 1
+            case AssistantMessageEvent():
+                self._final += self._turn_messages()
+                self._final += self._after
+                data = event.data
+                self._turn, self._rendered, self._after = (
+                    (data.content, tuple(data.tool_requests or ()), {}),
+                    None,
+                    [],
+                )
+                self.length += 1
+            case ToolExecutionCompleteEvent() if self._turn is not None:
+                call_id, results = event.data.tool_call_id, self._turn[2]
+                if any(r.tool_call_id == call_id for r in self._turn[1]):
+                    self.length += call_id not in results
+                    results[call_id] = _result_text(event)
+                    self._rendered = None
+            case _:
+                pass
+
+    def _turn_messages(self) -> list[Message]:
+        if self._turn is None:
+            return []
+        if self._rendered is None:
+            self._rendered = _render_turn(*self._turn)
+        return self._rendered
+
+    def messages(self) -> list[Message]:
+        return [*self._final, *self._turn_messages(), *self._after]
 
 
 @dataclass
@@ -216,9 +281,15 @@ class Replay:
     base: tuple[Message, ...] = ()
     """The conversation the window starts from (set by compaction and truncation)."""
     window_events: list[Event] = field(default_factory=list)
-    """The events since the latest base that the window is built from."""
-    usage: Usage = field(default_factory=Usage)
-    """Tokens used by every model call of the session (spec C9: survives clears)."""
+    """The events since the latest base that the window is built from (if `keep_events`)."""
+    keep_events: bool = True
+    """Whether to keep `window_events`; a live session needs only the projection."""
+    projection: _Projection = field(default_factory=_Projection, repr=False, compare=False)
+    """The conversation since the base, built incrementally from the same events."""
+    _tokens: tuple[int, int] | None = field(default=None, repr=False)
+    """Input and output tokens summed over every `assistant.usage`; None before the first.
+
+    Two ints rather than a `Usage` model: ~300 bytes less in every idle session."""
     unfinished_calls: dict[str, str] = field(default_factory=dict)
     """Tool calls started but never completed (a crash mid-call): call id -> tool name."""
     pending_seed: str | None = None
@@ -232,22 +303,23 @@ class Replay:
         self.last_id = event.id
         match event:
             case SessionStartEvent():
-                self.config = event.data.config
+                self.config = _shared(event.data.config)
             case SessionResumeEvent() if event.data.config is not None:
-                self.config = event.data.config
+                self.config = _shared(event.data.config)
             case SessionContextClearedEvent():
                 self.epoch += 1
-                self.base, self.window_events = (), []
+                self._rebase(())
                 self.pending_seed, self.seed_recorded = event.data.initial_message, False
             case SessionCompactionCompleteEvent() if event.data.success:
-                self.base, self.window_events = tuple(event.data.base), []
+                self._rebase(tuple(event.data.base))
             case SessionTruncatedEvent():
-                self.base, self.window_events = tuple(event.data.base), []
+                self._rebase(tuple(event.data.base))
                 self.pending_seed = None
             case AssistantUsageEvent():
-                self.usage = Usage(
-                    input_tokens=(self.usage.input_tokens or 0) + (event.data.input_tokens or 0),
-                    output_tokens=(self.usage.output_tokens or 0) + (event.data.output_tokens or 0),
+                used_in, used_out = self._tokens or (0, 0)
+                self._tokens = (
+                    used_in + (event.data.input_tokens or 0),
+                    used_out + (event.data.output_tokens or 0),
                 )
             case AssistantTurnStartEvent():
                 self.turns += 1
@@ -255,17 +327,71 @@ class Replay:
                 self.unfinished_calls[event.data.tool_call_id] = event.data.tool_name
             case ToolExecutionCompleteEvent():
                 self.unfinished_calls.pop(event.data.tool_call_id, None)
-                self.window_events.append(event)
+                self._add_to_window(event)
             case UserMessageEvent():
-                self.window_events.append(event)
+                self._add_to_window(event)
                 self.seed_recorded = event.data.source == "context_cleared"
             case AssistantMessageEvent():
-                self.window_events.append(event)
+                self._add_to_window(event)
                 self.pending_seed = None
             case SessionErrorEvent() | AbortEvent():
                 self.pending_seed = None  # the seeded run happened; it just did not end well
             case _:
                 pass
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by every model call of the session (spec C9: survives clears)."""
+        if self._tokens is None:
+            return Usage()
+        return Usage(input_tokens=self._tokens[0], output_tokens=self._tokens[1])
+
+    def _rebase(self, base: tuple[Message, ...]) -> None:
+        self.base, self.window_events, self.projection = base, [], _Projection()
+
+    def _add_to_window(self, event: Event) -> None:
+        if self.keep_events:
+            self.window_events.append(event)
+        self.projection.add(event)
+
+    def window(self) -> list[Message]:
+        """`build_window(config, base, window_events)`, from the projection: O(1) per event
+        applied instead of O(window) per call."""
+        config = self.config
+        head = _head(config.system_message, tuple(config.developer_messages))
+        return [*head, *self.base, *self.projection.messages()]
+
+    def conversation(self) -> list[Message]:
+        """`conversation(base, window_events)`, from the projection."""
+        return [*self.base, *self.projection.messages()]
+
+    def conversation_length(self) -> int:
+        """`conversation_length(base, window_events)`, in O(1)."""
+        return len(self.base) + self.projection.length
+
+
+@lru_cache(maxsize=256)
+def _head(system_message: str | None, developer_messages: tuple[str, ...]) -> tuple[Message, ...]:
+    """The system and developer messages of a window; sessions of one app share them."""
+    head = [Message(role="system", content=system_message)] if system_message else []
+    head += (Message(role="developer", content=text) for text in developer_messages)
+    return tuple(head)
+
+
+_configs: weakref.WeakValueDictionary[str, SessionConfigData] = weakref.WeakValueDictionary()
+
+
+def _shared(config: SessionConfigData) -> SessionConfigData:
+    """An equal configuration already in memory, if any, else `config`.
+
+    Configurations are immutable and most sessions of one process share theirs (same model,
+    prompt and tools): interning them saves ~1.5 KB per idle session.
+    """
+    key = config.model_dump_json()
+    shared = _configs.get(key)
+    if shared is None:
+        _configs[key] = shared = config
+    return shared
 
 
 def replay(events: Iterable[Event]) -> Replay:

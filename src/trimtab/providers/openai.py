@@ -72,13 +72,18 @@ class OpenAIProvider:
 
 
 def _body(request: ModelRequest, model: str) -> dict[str, Any]:
-    """The request's fields, but for `stream` and `stream_options`."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [_message(m) for m in request.messages],
-    }
+    """The arguments of `completions.create` for the request, but `stream`, `stream_options`.
+
+    Messages and tools travel in `extra_body`, which the client merges into the JSON body as
+    is: given as `messages=` and `tools=`, they would go through the client's typed transform,
+    which walks every message and costs ~0.6 ms for a two-message request and ~0.16 ms more
+    per message (30 ms per turn at 200 messages), while these are plain JSON already.
+    """
+    payload: dict[str, Any] = {"messages": [_message(m) for m in request.messages]}
     if request.tools:  # some servers reject an empty list
-        body["tools"] = [_tool(tool) for tool in request.tools]
+        payload["tools"] = [_tool(tool) for tool in request.tools]
+    # `messages=[]` satisfies the client's required arguments; `extra_body` replaces it.
+    body: dict[str, Any] = {"model": model, "messages": [], "extra_body": payload}
     if request.max_tokens is not None:
         # `max_tokens`, not `max_completion_tokens`: the compatible servers know only this one.
         body["max_tokens"] = request.max_tokens
