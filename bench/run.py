@@ -1,0 +1,231 @@
+"""The benchmarks' one entry point: trimtab and its peers against one fake model server.
+
+    python bench/run.py [--runs 200] [--warmup 20] [--smoke] [--only NAMES]
+                        [--write docs/performance.md] [--json results.json]
+
+NAMES (comma-separated, default all): trimtab (in process: turns above the floor, pure
+overhead, memory, import time), agents, pydantic-ai, langgraph (the peers, each above its own
+floor), server (`trimtab serve` driven by the official Copilot client), copilot (the Copilot
+CLI driven by the same client), store (SQLite append rate, open and clear_context costs).
+
+Every measurement runs in a subprocess of its own (see `common.py` for the scenario). The
+peers are installed into a virtual environment under the cache directory
+($TRIMTAB_BENCH_CACHE, default ~/.cache/trimtab-bench), never into this one; the Copilot CLI
+comes from npm into the same cache.
+
+`--smoke` (CI) runs trimtab's in-process pure-overhead, memory, import, append and context
+benchmarks with few runs: no network, no peers, well under 30 s. Timings never fail a run;
+a worker that crashes, or whose correctness check fails, does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import report
+
+BENCH = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("TRIMTAB_BENCH_CACHE", "~/.cache/trimtab-bench")).expanduser()
+PEERS = {
+    "agents": "agents_sdk.py",
+    "pydantic-ai": "pydantic_ai_agent.py",
+    "langgraph": "langgraph_agent.py",
+}
+PEER_PACKAGES = ["openai-agents", "pydantic-ai", "langgraph", "langchain-openai"]
+NAMES = ["trimtab", *PEERS, "server", "copilot", "store"]
+SMOKE_RUNS = 20
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def worker(command: list[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run one benchmark process; its last stdout line is its JSON result."""
+    label = " ".join(Path(part).name if "/" in part else part for part in command[1:4])
+    print(f"  running {label} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=BENCH)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise WorkerError(f"{label} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    print(f"  ... {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def trimtab_part(part: str, *extra: str) -> dict[str, Any]:
+    return worker([sys.executable, str(BENCH / "trimtab_inproc.py"), "--part", part, *extra])
+
+
+class FakeModel:
+    """`fake_model.py` in a process of its own, so that it never competes with the measured
+    process for the GIL (it does for the two cores, as any local model server would)."""
+
+    def __enter__(self) -> str:
+        self.process = subprocess.Popen(
+            [sys.executable, str(BENCH / "fake_model.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.startswith("PORT "):
+            self.process.kill()
+            raise WorkerError(f"the fake model server did not start: {line!r}")
+        return f"http://127.0.0.1:{int(line.split()[1])}/v1"
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()  # it serves until its stdin closes
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def peers_python() -> Path:
+    """The peers' virtual environment's interpreter, created and filled on first use."""
+    venv = CACHE / "peers-venv"
+    python = venv / "bin" / "python"
+    marker = venv / "installed.txt"
+    if not marker.exists() or marker.read_text().split() != PEER_PACKAGES:
+        print(f"  installing {', '.join(PEER_PACKAGES)} into {venv}", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PEER_PACKAGES], check=True)
+        marker.write_text(" ".join(PEER_PACKAGES))
+    return python
+
+
+def copilot_cli() -> str:
+    """The Copilot CLI, installed from npm into the cache on first use."""
+    prefix = CACHE / "copilot-cli"
+    cli = prefix / "node_modules" / ".bin" / "copilot"
+    if not cli.exists():
+        if shutil.which("npm") is None:
+            raise WorkerError("npm is not installed")
+        print(f"  installing @github/copilot into {prefix}", file=sys.stderr)
+        prefix.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--prefix", str(prefix), "@github/copilot"],
+            check=True,
+            capture_output=True,
+        )
+    return str(cli)
+
+
+def _version(command: list[str]) -> str:
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def smoke(results: dict[str, Any]) -> None:
+    results["scripted"] = trimtab_part("scripted", "--runs", str(SMOKE_RUNS), "--warmup", "5")
+    results["memory"] = trimtab_part("memory", "--sessions", "100")
+    results["import"] = trimtab_part("import")
+    results["append"] = trimtab_part("append", "--smoke")
+    results["context"] = trimtab_part("context", "--smoke")
+
+
+def full(results: dict[str, Any], names: set[str], runs: str, warmup: str) -> None:
+    errors = results["errors"]
+    with FakeModel() as base_url:
+        results["fake_model"] = base_url
+        timing = ["--base-url", base_url, "--runs", runs, "--warmup", warmup]
+        if "trimtab" in names:
+            results["turns"] = trimtab_part("turns", *timing)
+            results["scripted"] = trimtab_part("scripted", "--runs", runs, "--warmup", warmup)
+            results["memory"] = trimtab_part("memory", "--sessions", "1000")
+            results["rss"] = trimtab_part("rss", "--sessions", "10000")
+            results["import"] = trimtab_part("import")
+        wanted = [name for name in PEERS if name in names]
+        if wanted:
+            try:
+                python = str(peers_python())
+            except (subprocess.CalledProcessError, OSError) as exc:
+                errors["peers"] = f"could not install the peers: {exc}"
+                wanted = []
+            for name in wanted:
+                try:
+                    script = str(BENCH / "peers" / PEERS[name])
+                    results.setdefault("peers", {})[name] = worker([python, script, *timing])
+                except WorkerError as exc:
+                    errors[name] = str(exc)
+        server = [sys.executable, str(BENCH / "server_mode.py"), *timing[:4], "--warmup", "10"]
+        if "server" in names:
+            for transport in (["stdio"], ["tcp"], ["tcp", "--nodelay"]):
+                key = "trimtab " + " ".join(transport)
+                try:
+                    results.setdefault("server", {})[key] = worker(
+                        [*server, "--target", "trimtab", "--transport", *transport]
+                    )
+                except WorkerError as exc:
+                    errors[key] = str(exc)
+        if "copilot" in names:
+            try:
+                cli = copilot_cli()
+                results["copilot_version"] = _version([cli, "--version"])
+                results.setdefault("server", {})["copilot stdio"] = worker(
+                    [*server, "--target", "copilot", "--cli", cli]
+                )
+            except (WorkerError, subprocess.CalledProcessError, OSError) as exc:
+                errors["copilot"] = str(exc)
+    if "store" in names:
+        results["append"] = trimtab_part("append")
+        results["context"] = trimtab_part("context")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=200, help="timed runs per turn kind")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed runs first")
+    parser.add_argument("--smoke", action="store_true", help="CI: trimtab only, few runs")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(NAMES)}")
+    parser.add_argument("--write", type=Path, help="update the tables in this markdown file")
+    parser.add_argument("--json", type=Path, help="also save the raw results here")
+    args = parser.parse_args()
+    names = set(NAMES) if not args.only else {n.strip() for n in args.only.split(",")}
+    if unknown := names - set(NAMES):
+        parser.error(f"unknown names {sorted(unknown)}; choose from {NAMES}")
+    results: dict[str, Any] = {
+        "command": "python bench/run.py " + " ".join(sys.argv[1:]),
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{os.cpu_count()} cores, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}",
+        "runs": SMOKE_RUNS if args.smoke else args.runs,
+        "smoke": args.smoke,
+        "errors": {},
+    }
+    try:
+        if args.smoke:
+            smoke(results)
+        else:
+            full(results, names, str(args.runs), str(args.warmup))
+    except WorkerError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(report.render(results))
+    if args.write:
+        report.write(args.write, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
