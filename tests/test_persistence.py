@@ -260,3 +260,86 @@ async def test_p3_kill_9_mid_tool_then_resume_in_another_process(tmp_path: Path)
         assert complete.data.outcome == "cancelled"
         reply = await session.send_and_wait("are you there?")
         assert reply is not None and reply.data.content == "after the crash"
+
+
+async def crashed_log(tmp_path: Path, step: Any, tool: Any, wait_for: str) -> tuple[Path, str]:
+    """Run a session until `wait_for` is logged, then keep its log as a crash would leave it."""
+    async with Client(store="memory") as first:
+        session = await open_session(first, ScriptedModel([step]), tool)
+        rec = Recorder(session)
+        await session.send("go")
+        await rec.wait_for(wait_for)
+        crashed = await session.get_events()
+        await session.disconnect()
+    db = tmp_path / "crash.db"
+    await copy_log(crashed, db, session.session_id)
+    return db, session.session_id
+
+
+async def hang(params: Any) -> str:
+    await asyncio.Event().wait()
+    return "never"
+
+
+async def test_p3_continue_pending_work_reruns_the_call_and_finishes_the_run(
+    tmp_path: Path,
+) -> None:
+    from trimtab import define_tool
+
+    db, session_id = await crashed_log(
+        tmp_path,
+        tool_call("probe", {"n": 1}),
+        define_tool("probe", handler=hang),
+        "tool.execution_start",
+    )
+    ran: list[Any] = []
+
+    def probe(params: Any) -> str:
+        ran.append(params)
+        return "probed"
+
+    model = ScriptedModel(["finished after the crash"])
+    async with Client(store=db) as second:
+        resumed = await second.resume_session(
+            session_id,
+            continue_pending_work=True,
+            provider=model,
+            tools=[define_tool("probe", handler=probe)],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        rec = Recorder(resumed)
+        await rec.wait_for("session.idle")
+        assert ran == [{"n": 1}]
+        assert rec.types.count("session.idle") == 1
+        log = await resumed.get_events()
+        types = [e.type for e in log]
+        assert types.count("tool.execution_start") == types.count("tool.execution_complete") == 1
+        assert types.count("assistant.turn_start") == types.count("assistant.turn_end") == 2
+        assert next(e for e in log if e.type == "tool.execution_complete").data.outcome == "success"
+        assert roles(model, 0)[-2:] == [("assistant", ""), ("tool", "probed")]
+        assert log[-1].type == "assistant.turn_end" and rec.of("assistant.message")[
+            0
+        ].data.content == ("finished after the crash")
+
+
+async def test_p3_crash_mid_model_call_continues_only_when_asked(tmp_path: Path) -> None:
+    async def never(request: Any) -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    db, session_id = await crashed_log(tmp_path, never, echo_tool(), "assistant.turn_start")
+    async with Client(store=db) as second:
+        quiet = await second.resume_session(session_id, provider=ScriptedModel())
+        opened = await quiet.get_events()
+        await asyncio.sleep(0.1)
+        assert await quiet.get_events() == opened  # nothing runs on its own
+        assert opened[-1].type == "session.resume"
+        await quiet.disconnect()
+        model = ScriptedModel(["answered at last"])
+        resumed = await second.resume_session(
+            session_id, continue_pending_work=True, provider=model
+        )
+        rec = Recorder(resumed)
+        await rec.wait_for("session.idle")
+        assert roles(model, 0) == [("system", "SYSTEM"), ("user", "go")]
+        assert rec.of("assistant.message")[0].data.originating_message_id is not None

@@ -189,11 +189,19 @@ class Client:
         )
         return session
 
-    async def resume_session(self, session_id: str, **options: Unpack[SessionOptions]) -> Session:
+    async def resume_session(
+        self,
+        session_id: str,
+        *,
+        continue_pending_work: bool = False,
+        **options: Unpack[SessionOptions],
+    ) -> Session:
         """Open an existing session by replaying its log (spec P1).
 
         Tools and the permission handler are not persisted as code: pass them again. When
-        another runtime holds the session's lease the session is remote (spec R1).
+        another runtime holds the session's lease the session is remote (spec R1). A tool
+        call a crash left unfinished is completed as `cancelled`; with
+        `continue_pending_work=True` it runs again and the interrupted run goes on (spec P3).
         """
         if (open_session := self._sessions.get(session_id)) is not None:
             return open_session
@@ -211,7 +219,7 @@ class Client:
                 config=config if config != replayed.config else None,
             )
             await session.emit(SessionResumeEvent(data=data))
-            await session._recover()
+            await session._recover(continue_pending=continue_pending_work)
         return session
 
     async def list_sessions(self) -> list[SessionRecord]:

@@ -57,6 +57,7 @@ from trimtab.providers import ModelRequest, ModelResponse, TextDelta, ToolCall
 
 __all__ = [
     "INTERRUPTED",
+    "Interrupted",
     "LoopHost",
     "LoopState",
     "RunResult",
@@ -124,19 +125,40 @@ class LoopHost(CompactionHost, Protocol):
     def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """What a crash left of a run, for `continue_pending_work` to finish (spec P3)."""
+
+    turn_id: str
+    calls: tuple[ToolCall, ...] = ()
+    """Calls started and never completed: they run again."""
+
+
 async def run(
-    host: LoopHost, prompt: str, message_id: str, *, source: str = "user", append_user: bool = True
+    host: LoopHost,
+    prompt: str,
+    message_id: str,
+    *,
+    source: str = "user",
+    append_user: bool = True,
+    interrupted: Interrupted | None = None,
 ) -> RunResult:
-    """Run one `send` to its single `session.idle` (spec E1), including any seeded run (C8)."""
+    """Run one `send` to its single `session.idle` (spec E1), including any seeded run (C8).
+
+    With `interrupted`, the run continues a crashed one instead: its unfinished calls run
+    again, its open turn is closed, and the loop goes on from there.
+    """
     result = RunResult()
     host.state.staged = host.state.seed = None
     host.state.discovered = _NO_TOOLS
     try:
         if append_user:
             await host.emit(user_message(prompt, message_id, source))
-        while (step := await _turn(host, message_id, result)) != "end":
+        step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
+        while step != "end":
             if isinstance(step, _Seed):
                 await host.emit(user_message(step.prompt, new_id(), "context_cleared"))
+            step = await _turn(host, message_id, result)
         if result.error is not None:
             await host.emit(result.error)
     except asyncio.CancelledError:
@@ -150,6 +172,17 @@ async def run(
         host.state.staged = None
     await host.emit(SessionIdleEvent(data=SessionIdleData(aborted=result.aborted or None)))
     return result
+
+
+async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
+    """Re-run the calls a crash interrupted (their start events are logged already)."""
+    outcomes: list[CallOutcome] = []
+    try:
+        if interrupted.calls:
+            outcomes = await _run_batch(host, interrupted.calls, interrupted.turn_id, started=True)
+    finally:
+        await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=interrupted.turn_id)))
+    return _next_step(host, interrupted.calls, outcomes) if outcomes else "continue"
 
 
 def user_message(content: str, message_id: str, source: str) -> UserMessageEvent:
@@ -288,23 +321,23 @@ def _error_event(
     )
 
 
-async def _run_batch(host: LoopHost, calls: Sequence[ToolCall], turn_id: str) -> list[CallOutcome]:
+async def _run_batch(
+    host: LoopHost, calls: Sequence[ToolCall], turn_id: str, *, started: bool = False
+) -> list[CallOutcome]:
     """Run every call of one response concurrently and wait for all of them (spec T3)."""
     async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_execute(host, call, turn_id)) for call in calls]
+        tasks = [group.create_task(_execute(host, call, turn_id, started)) for call in calls]
     return [task.result() for task in tasks]
 
 
-async def _execute(host: LoopHost, call: ToolCall, turn_id: str) -> CallOutcome:
+async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) -> CallOutcome:
     """One call from `tool.execution_start` to its single `tool.execution_complete` (O1)."""
     arguments = parse_arguments(call.arguments)
-    await host.emit(
-        ToolExecutionStartEvent(
-            data=ToolExecutionStartData(
-                tool_call_id=call.id, tool_name=call.name, arguments=arguments, turn_id=turn_id
-            )
+    if not started:
+        start = ToolExecutionStartData(
+            tool_call_id=call.id, tool_name=call.name, arguments=arguments, turn_id=turn_id
         )
-    )
+        await host.emit(ToolExecutionStartEvent(data=start))
     try:
         outcome = await _decide(host, call, arguments)
     except asyncio.CancelledError:

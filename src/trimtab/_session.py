@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ class _Pending:
     appended: bool
     source: str = "user"
     waiter: asyncio.Future[RunResult] | None = None
+    interrupted: _loop.Interrupted | None = None
+    """Set when this run continues one a crash interrupted (`continue_pending_work`)."""
 
 
 @dataclass(slots=True)
@@ -365,6 +368,7 @@ class Session:
                     item.message_id,
                     source=item.source,
                     append_user=not item.appended,
+                    interrupted=item.interrupted,
                 )
                 self._current = asyncio.get_running_loop().create_task(run)
                 try:
@@ -472,9 +476,23 @@ class Session:
 
     # --- resume --------------------------------------------------------------------------
 
-    async def _recover(self) -> None:
-        """Finish what a crash left: cancel unfinished calls (P3), deliver a pending seed (C10)."""
-        for call_id, name in list(self._replay.unfinished_calls.items()):
+    async def _recover(self, *, continue_pending: bool = False) -> None:
+        """Finish what a crash left: cancel unfinished calls, or with `continue_pending` run
+        them again and continue the interrupted run (P3); deliver a pending seed (C10)."""
+        replay = self._replay
+        if continue_pending and replay.open_turn is not None:
+            calls = tuple(
+                ToolCall(
+                    id=d.tool_call_id, name=d.tool_name, arguments=_arguments_text(d.arguments)
+                )
+                for d in replay.unfinished_calls.values()
+            )
+            interrupted = _loop.Interrupted(replay.open_turn, calls)
+            message_id = replay.last_message_id or new_id()
+            self._queue.append(_Pending("", message_id, appended=True, interrupted=interrupted))
+            self._start_worker()
+            return
+        for call_id, start in list(replay.unfinished_calls.items()):
             await self.emit(
                 ToolExecutionCompleteEvent(
                     data=ToolExecutionCompleteData(
@@ -482,7 +500,7 @@ class Session:
                         success=False,
                         outcome="cancelled",
                         error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
-                        tool_name=name,
+                        tool_name=start.tool_name,
                     )
                 )
             )
@@ -494,3 +512,7 @@ class Session:
                 )
             )
             self._start_worker()
+
+
+def _arguments_text(arguments: object) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)

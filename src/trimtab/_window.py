@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from trimtab.events import (
     AbortEvent,
     AssistantMessageEvent,
+    AssistantTurnEndEvent,
     AssistantTurnStartEvent,
     AssistantUsageEvent,
     Event,
@@ -35,6 +36,7 @@ from trimtab.events import (
     SessionTruncatedEvent,
     ToolDefinition,
     ToolExecutionCompleteEvent,
+    ToolExecutionStartData,
     ToolExecutionStartEvent,
     ToolRequest,
     UserMessageEvent,
@@ -290,8 +292,12 @@ class Replay:
     """Input and output tokens summed over every `assistant.usage`; None before the first.
 
     Two ints rather than a `Usage` model: ~300 bytes less in every idle session."""
-    unfinished_calls: dict[str, str] = field(default_factory=dict)
-    """Tool calls started but never completed (a crash mid-call): call id -> tool name."""
+    unfinished_calls: dict[str, ToolExecutionStartData] = field(default_factory=dict)
+    """Tool calls started but never completed (a crash mid-call), by call id."""
+    open_turn: str | None = None
+    """The id of a turn started and not ended (a crash mid-turn)."""
+    last_message_id: str | None = None
+    """The message id of the latest user message: what a continued run answers."""
     pending_seed: str | None = None
     """A committed clear's prompt that no seeded run has answered yet (spec C10)."""
     seed_recorded: bool = False
@@ -323,14 +329,18 @@ class Replay:
                 )
             case AssistantTurnStartEvent():
                 self.turns += 1
+                self.open_turn = event.data.turn_id
+            case AssistantTurnEndEvent():
+                self.open_turn = None
             case ToolExecutionStartEvent():
-                self.unfinished_calls[event.data.tool_call_id] = event.data.tool_name
+                self.unfinished_calls[event.data.tool_call_id] = event.data
             case ToolExecutionCompleteEvent():
                 self.unfinished_calls.pop(event.data.tool_call_id, None)
                 self._add_to_window(event)
             case UserMessageEvent():
                 self._add_to_window(event)
                 self.seed_recorded = event.data.source == "context_cleared"
+                self.last_message_id = event.data.message_id
             case AssistantMessageEvent():
                 self._add_to_window(event)
                 self.pending_seed = None

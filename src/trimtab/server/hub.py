@@ -21,7 +21,7 @@ from trimtab.events import Event
 from trimtab.server.bridge import Bridge
 from trimtab.server.hooks import Hooks
 from trimtab.server.rpc import Connection, RpcError
-from trimtab.server.wire import SessionOptionsParams
+from trimtab.server.wire import ResumeParams, SessionOptionsParams
 
 __all__ = ["SESSION_NOT_FOUND", "SessionHub", "SharedSession"]
 
@@ -154,7 +154,10 @@ class SessionHub:
             options["tools"] = [bridge.tool(t.definition()) for t in params.tools or ()]
             options["on_permission_request"] = bridge.ask_permission
             if resume:
-                session = await self.client.resume_session(session_id, **options)
+                pending = isinstance(params, ResumeParams) and params.continue_pending_work
+                session = await self.client.resume_session(
+                    session_id, continue_pending_work=pending, **options
+                )
             else:
                 session = await self.client.create_session(session_id=session_id, **options)
             # Registered before any further await, so that a connection closing meanwhile

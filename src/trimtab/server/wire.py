@@ -155,6 +155,9 @@ class CreateParams(SessionOptionsParams):
 class ResumeParams(SessionOptionsParams):
     """`session.resume`: reopen a stored session (tools and handlers come again)."""
 
+    continue_pending_work: bool = False
+    """Re-run the tool calls a crash interrupted and continue that run (spec P3)."""
+
 
 _PROVIDER_KEYS = {
     key
