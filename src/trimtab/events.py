@@ -100,8 +100,14 @@ def now() -> datetime:
 class WireModel(BaseModel):
     """Base of every wire-visible model: frozen, camelCase aliases, snake_case names."""
 
+    # defer_build: the schemas are built on first use, not at import, which keeps
+    # `import trimtab` and a server's start-up fast.
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="ignore"
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        extra="ignore",
+        defer_build=True,
     )
 
 
@@ -540,5 +546,5 @@ Event: TypeAlias = Annotated[
 EventType: TypeAlias = str
 """An event's `type` string, for `Session.on(type, handler)`."""
 
-EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)
+EventAdapter: TypeAdapter[Event] = TypeAdapter(Event, config=ConfigDict(defer_build=True))
 """Validates and serialises any event (log rows, wire payloads)."""
