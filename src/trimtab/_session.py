@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -15,6 +14,7 @@ from trimtab._errors import ClearContextError, LeaseLostError, SessionError, Tri
 from trimtab._history import ClearContextResult, History
 from trimtab._loop import LoopState, RunResult
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import Tool, ToolInvocation, valid_text
 from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
 from trimtab._window import ContextWindow, Replay, context_window
@@ -42,7 +42,6 @@ T = TypeVar("T")
 
 log = logging.getLogger("trimtab")
 
-EventHandler = Callable[[Event], object]
 
 _NOTHING_DEFERRED: frozenset[str] = frozenset()
 
@@ -112,7 +111,7 @@ class Session:
         self._permission_handler = permission_handler
         self._on_close = on_close
         self._on_fork = on_fork
-        self._handlers: list[tuple[EventType | None, EventHandler]] = []
+        self._subscribers = Subscribers()
         # A list, not a deque: an empty deque takes ~600 bytes in every idle session, and a
         # queue holds a message or two.
         self._queue: list[_Pending | _Operation] = []
@@ -224,17 +223,8 @@ class Session:
                 )
             await self._store.append(self.session_id, (event,), lease=self._lease)
             replay.apply(event)
-        self._deliver(event)
+        self._subscribers.deliver(event)
         return event
-
-    def _deliver(self, event: Event) -> None:
-        for wanted, handler in tuple(self._handlers):
-            if wanted is None or wanted == event.type:
-                try:
-                    handler(event)
-                except Exception:
-                    # A subscriber's bug must not break the run or starve other subscribers.
-                    log.exception("event handler %r failed on %s", handler, event.type)
 
     # --- public API ----------------------------------------------------------------------
 
@@ -249,21 +239,7 @@ class Session:
 
         Handlers are called synchronously, in log order, right after each event is stored.
         """
-        if isinstance(first, str):
-            if handler is None:
-                raise TypeError("on(event_type, handler) needs a handler")
-            entry: tuple[EventType | None, EventHandler] = (first, handler)
-        else:
-            entry = (None, first)
-        if not callable(entry[1]) or inspect.iscoroutinefunction(entry[1]):
-            raise TypeError("an event handler must be a plain (non-async) callable")
-        self._handlers.append(entry)
-
-        def unsubscribe() -> None:
-            if entry in self._handlers:
-                self._handlers.remove(entry)
-
-        return unsubscribe
+        return self._subscribers.add(first, handler)
 
     async def send(self, prompt: str) -> str:
         """Queue `prompt` for the agent and return its message id at once.

@@ -30,6 +30,7 @@ from trimtab import (
 )
 from trimtab._errors import ClearContextErrorCode
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import CallOutcome
 from trimtab.events import (
     AssistantMessageEvent,
@@ -47,7 +48,6 @@ __all__ = ["RemoteHistory", "RemoteSession"]
 
 log = logging.getLogger("trimtab.remote")
 
-EventHandler = Callable[[Event], object]
 
 _CLEAR_CODES: frozenset[str] = frozenset(
     {"no_tool_call_in_flight", "empty_prompt", "clear_pending", "remote_session"}
@@ -141,7 +141,7 @@ class RemoteSession:
         self._tools = dict(tools)
         self._permission_handler = permission_handler
         self._on_close = on_close
-        self._handlers: list[tuple[EventType | None, EventHandler]] = []
+        self._subscribers = Subscribers()
         self._work: dict[str, asyncio.Task[None]] = {}
         self._closed = False
 
@@ -158,21 +158,7 @@ class RemoteSession:
         self, first: EventType | EventHandler, handler: EventHandler | None = None, /
     ) -> Callable[[], None]:
         """Subscribe to events (all, or one type); returns a function that unsubscribes."""
-        if isinstance(first, str):
-            if handler is None:
-                raise TypeError("on(event_type, handler) needs a handler")
-            entry: tuple[EventType | None, EventHandler] = (first, handler)
-        else:
-            entry = (None, first)
-        if not callable(entry[1]) or inspect.iscoroutinefunction(entry[1]):
-            raise TypeError("an event handler must be a plain (non-async) callable")
-        self._handlers.append(entry)
-
-        def unsubscribe() -> None:
-            if entry in self._handlers:
-                self._handlers.remove(entry)
-
-        return unsubscribe
+        return self._subscribers.add(first, handler)
 
     async def send(self, prompt: str) -> str:
         """Queue `prompt` and return its message id at once, as `Session.send`."""
@@ -250,12 +236,7 @@ class RemoteSession:
                 task.cancel()  # answered elsewhere, or aborted
         elif isinstance(event, PermissionRequestedEvent):
             self._start(event.data.request_id, self._decide(event))
-        for wanted, handler in tuple(self._handlers):
-            if wanted is None or wanted == event.type:
-                try:
-                    handler(event)
-                except Exception:
-                    log.exception("event handler %r failed on %s", handler, event.type)
+        self._subscribers.deliver(event)
 
     def _start(self, request_id: str, work: Any) -> None:
         if self._closed or request_id in self._work:

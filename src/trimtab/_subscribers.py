@@ -1,0 +1,54 @@
+"""`Subscribers`: the `on()` handlers of a session, local or remote, and their delivery."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+
+from trimtab.events import Event, EventType
+
+__all__ = ["EventHandler", "Subscribers"]
+
+log = logging.getLogger("trimtab")
+
+EventHandler = Callable[[Event], object]
+
+
+class Subscribers:
+    """Handlers of every event, or of one event type, called in delivery order."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[EventType | None, EventHandler]] = []
+
+    def add(
+        self, first: EventType | EventHandler, handler: EventHandler | None
+    ) -> Callable[[], None]:
+        """Register `handler` (or `first`, for all events); returns the function that removes it."""
+        if isinstance(first, str):
+            if handler is None:
+                raise TypeError("on(event_type, handler) needs a handler")
+            entry: tuple[EventType | None, EventHandler] = (first, handler)
+        else:
+            entry = (None, first)
+        if not callable(entry[1]) or inspect.iscoroutinefunction(entry[1]):
+            raise TypeError("an event handler must be a plain (non-async) callable")
+        self._entries.append(entry)
+
+        def unsubscribe() -> None:
+            if entry in self._entries:
+                self._entries.remove(entry)
+
+        return unsubscribe
+
+    def deliver(self, event: Event) -> None:
+        """Call every handler that wants `event`; a failing handler is logged and skipped."""
+        for wanted, handler in tuple(self._entries):
+            if wanted is None or wanted == event.type:
+                try:
+                    handler(event)
+                except Exception:
+                    # A subscriber's bug must not break the run or starve other subscribers.
+                    log.exception("event handler %r failed on %s", handler, event.type)
