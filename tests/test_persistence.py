@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import Recorder, clear_tool, echo_tool, open_session, roles
 from trimtab import Client, PermissionHandler, SessionNotFoundError
 from trimtab.events import Event
-from trimtab.store import SqliteStore
+from trimtab.store import MemoryStore, SqliteStore
 from trimtab.testing import ScriptedModel, tool_call
 
 SEED = "Reply with exactly FRESH_CONTEXT."
@@ -343,3 +343,52 @@ async def test_p3_crash_mid_model_call_continues_only_when_asked(tmp_path: Path)
         await rec.wait_for("session.idle")
         assert roles(model, 0) == [("system", "SYSTEM"), ("user", "go")]
         assert rec.of("assistant.message")[0].data.originating_message_id is not None
+
+
+class CountingStore(MemoryStore):
+    """A memory store that remembers where each read started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int] = []
+
+    async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
+        self.reads.append(after)
+        return await super().read(session_id, after=after)
+
+
+async def test_p1_opening_after_a_disconnect_starts_from_the_snapshot() -> None:
+    store = CountingStore()
+    async with Client(store=store) as client:
+        model = ScriptedModel(["one", tool_call("clear_context", {"prompt": SEED}), "FRESH", "two"])
+        session = await open_session(client, model, clear_tool())
+        await session.send_and_wait("first")
+        await session.send_and_wait("clear")
+        window, usage, epoch = session.window(), session.usage, session.context_epoch
+        count = len(await session.get_events())
+        await session.disconnect()
+        store.reads.clear()
+        resumed = await client.resume_session(
+            session.session_id,
+            provider=model,
+            tools=[clear_tool()],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        assert store.reads == [count - 1]  # only the snapshot's last event, to check it
+        assert (resumed.window(), resumed.usage, resumed.context_epoch) == (window, usage, epoch)
+        await resumed.send_and_wait("after")
+        assert roles(model, 3)[-3:] == [("user", SEED), ("assistant", "FRESH"), ("user", "after")]
+
+
+async def test_p1_a_snapshot_that_does_not_fit_the_log_is_ignored() -> None:
+    store = CountingStore()
+    async with Client(store=store) as client:
+        session = await open_session(client, ScriptedModel(["one"]))
+        await session.send_and_wait("first")
+        window = session.window()
+        await session.disconnect()
+        saved = await store.load_snapshot(session.session_id)
+        assert saved is not None
+        await store.save_snapshot(session.session_id, saved[0], "not json")
+        resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+        assert resumed.window() == window and 0 in store.reads

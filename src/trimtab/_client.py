@@ -19,7 +19,7 @@ from trimtab._permissions import PermissionHandlerFn
 from trimtab._session import Session
 from trimtab._tools import Tool
 from trimtab._toolsearch import TOOL_SEARCH
-from trimtab._window import Replay, replay
+from trimtab._window import Replay, ReplaySnapshot, replay
 from trimtab.events import (
     Event,
     InfiniteSessions,
@@ -207,7 +207,7 @@ class Client:
             return open_session
         opts = _checked(options)
         store = await self._open_store()
-        replayed = replay(await store.read(session_id))
+        replayed = await _open_replay(store, session_id)
         provider, public = self._provider(opts.get("provider"), replayed.config.provider)
         config = _config(replayed.config.model_copy(update={"provider": public}), opts)
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
@@ -340,6 +340,27 @@ class Client:
             except Exception:
                 # Upkeep must survive a transient store error; the next tick retries.
                 log.exception("lease upkeep failed")
+
+
+async def _open_replay(store: Store, session_id: str) -> Replay:
+    """The session's state: from its snapshot and the events after it when the snapshot fits
+    the log, else by replaying the whole log (spec P1)."""
+    saved = await store.load_snapshot(session_id)
+    if saved is not None:
+        count, data = saved
+        try:
+            snapshot = ReplaySnapshot.model_validate_json(data)
+        except ValidationError:
+            snapshot = None  # written by another version: the log is the truth
+        if snapshot is not None and snapshot.event_count == count > 0:
+            # The snapshot's last event must be the log's event at that position.
+            tail = await store.read(session_id, after=count - 1)
+            if tail and tail[0].id == snapshot.last_id:
+                replayed = Replay.restore(snapshot)
+                for event in tail[1:]:
+                    replayed.apply(event)
+                return replayed
+    return replay(await store.read(session_id))
 
 
 def _checked(options: Mapping[str, Any]) -> SessionOptions:

@@ -296,6 +296,11 @@ class Session:
         if self._worker is not None:
             await asyncio.wait([self._worker])
         if self._lease is not None:
+            # Between runs the state is small: keep it, so the next open need not replay.
+            snapshot = self._replay.snapshot()
+            await self._store.save_snapshot(
+                self.session_id, snapshot.event_count, snapshot.model_dump_json()
+            )
             await self._store.release_lease(self._lease)
             self._lease = None
         if self._on_close is not None:

@@ -47,6 +47,7 @@ __all__ = [
     "ContextMessage",
     "ContextWindow",
     "Replay",
+    "ReplaySnapshot",
     "build_window",
     "conversation",
     "context_window",
@@ -271,6 +272,26 @@ class _Projection:
         return [*self._final, *self._turn_messages(), *self._after]
 
 
+class ReplaySnapshot(BaseModel):
+    """A `Replay` between runs, as a store keeps it (`Store.save_snapshot`), so that opening a
+    session costs O(window + events since), not O(log)."""
+
+    event_count: int
+    last_id: str | None
+    config: SessionConfigData
+    epoch: int
+    turns: int
+    conversation: list[Message]
+    length: int
+    """`conversation_length`, which counts a bit more than the rendered messages (C5)."""
+    tokens: tuple[int, int] | None
+    unfinished_calls: list[ToolExecutionStartData]
+    open_turn: str | None
+    last_message_id: str | None
+    pending_seed: str | None
+    seed_recorded: bool
+
+
 @dataclass
 class Replay:
     """What a session needs in memory, rebuilt from its log (resume is replay, spec P1)."""
@@ -348,6 +369,45 @@ class Replay:
                 self.pending_seed = None  # the seeded run happened; it just did not end well
             case _:
                 pass
+
+    def snapshot(self) -> ReplaySnapshot:
+        """This replay as data; its conversation becomes the base of the one restored."""
+        return ReplaySnapshot(
+            event_count=self.event_count,
+            last_id=self.last_id,
+            config=self.config,
+            epoch=self.epoch,
+            turns=self.turns,
+            conversation=self.conversation(),
+            length=self.conversation_length(),
+            tokens=self._tokens,
+            unfinished_calls=list(self.unfinished_calls.values()),
+            open_turn=self.open_turn,
+            last_message_id=self.last_message_id,
+            pending_seed=self.pending_seed,
+            seed_recorded=self.seed_recorded,
+        )
+
+    @classmethod
+    def restore(cls, snapshot: ReplaySnapshot) -> Replay:
+        """The replay a snapshot describes; apply the events after it to bring it up to date."""
+        replayed = cls(
+            config=_shared(snapshot.config),
+            event_count=snapshot.event_count,
+            last_id=snapshot.last_id,
+            epoch=snapshot.epoch,
+            turns=snapshot.turns,
+            base=tuple(snapshot.conversation),
+            keep_events=False,
+            _tokens=snapshot.tokens,
+            unfinished_calls={c.tool_call_id: c for c in snapshot.unfinished_calls},
+            open_turn=snapshot.open_turn,
+            last_message_id=snapshot.last_message_id,
+            pending_seed=snapshot.pending_seed,
+            seed_recorded=snapshot.seed_recorded,
+        )
+        replayed.projection.length = snapshot.length - len(snapshot.conversation)
+        return replayed
 
     @property
     def usage(self) -> Usage:

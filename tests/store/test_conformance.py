@@ -607,3 +607,18 @@ async def test_subscription_ends_when_the_store_closes(store: Store) -> None:
         assert contents(await reader) == ["a"]
     with pytest.raises(RuntimeError, match="closed"):
         await anext(subscribable(store).subscribe("s"))
+
+
+async def test_snapshots_are_kept_per_session_and_go_with_it(store: Store) -> None:
+    await store.create("s")
+    assert await store.load_snapshot("s") is None
+    await store.save_snapshot("s", 3, '{"a": 1}')
+    await store.save_snapshot("s", 5, '{"b": "\\u00e9"}')
+    assert await store.load_snapshot("s") == (5, '{"b": "\\u00e9"}')
+    with pytest.raises(SessionNotFoundError):
+        await store.save_snapshot("nope", 1, "{}")
+    with pytest.raises(SessionNotFoundError):
+        await store.load_snapshot("nope")
+    await store.delete("s")
+    await store.create("s")
+    assert await store.load_snapshot("s") is None

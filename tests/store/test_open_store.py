@@ -89,3 +89,19 @@ def test_bad_trimtab_store_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
 def test_bad_specs_are_clear_errors(spec: object) -> None:
     with pytest.raises(ValueError, match="store"):
         open_store(spec)  # type: ignore[arg-type]
+
+
+async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    store = SqliteStore(path)
+    await store.create("s")
+    await store.close()
+    db = sqlite3.connect(path)
+    db.executescript("DROP TABLE snapshots; PRAGMA user_version = 1;")
+    db.close()
+    store = SqliteStore(path)
+    await store.save_snapshot("s", 0, "{}")
+    assert await store.load_snapshot("s") == (0, "{}")
+    await store.close()

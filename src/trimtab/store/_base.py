@@ -95,6 +95,16 @@ class Store(Protocol):
         """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""
         ...
 
+    async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
+        """Keep `data`, a session's state after its first `event_count` events (replacing any
+        earlier snapshot). A snapshot is derived from the log, never a second truth: it only
+        lets a session open without replaying the whole log."""
+        ...
+
+    async def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        """The latest `(event_count, data)` saved for the session, if any."""
+        ...
+
     async def close(self) -> None:
         """Release resources; the store is unusable afterwards."""
         ...

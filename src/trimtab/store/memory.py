@@ -37,6 +37,7 @@ class _Session:
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires_at: float = 0.0
+    snapshot: tuple[int, str] | None = None
 
     def live_owner(self, now: float) -> str | None:
         """The lease holder, unless the lease was released or has expired."""
@@ -194,6 +195,14 @@ class MemoryStore:
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
         self._session(session_id).inputs.append((prompt, message_id))
+
+    async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
+        """Keep the session's latest snapshot."""
+        self._session(session_id).snapshot = (event_count, data)
+
+    async def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        """The latest snapshot, if any."""
+        return self._session(session_id).snapshot
 
     async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
         """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""

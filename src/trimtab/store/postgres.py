@@ -106,6 +106,14 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX session_inputs_by_session ON session_inputs (session_id, id);
     """,
+    # 2: derived state, so that a session opens without replaying its whole log.
+    """
+    CREATE TABLE session_snapshots (
+        session_id   text COLLATE "C" PRIMARY KEY REFERENCES sessions ON DELETE CASCADE,
+        event_count  bigint NOT NULL,
+        data         json NOT NULL
+    );
+    """,
 )
 
 # The fenced append (scale-out.md 4.3). With no lease (`token` NULL) it is unfenced. It stores
@@ -495,6 +503,32 @@ class PostgresStore:
                 )
             except errors.ForeignKeyViolation:
                 raise SessionNotFoundError(session_id) from None
+
+    async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
+        """Keep the session's latest snapshot."""
+        async with self._connection() as conn:
+            try:
+                await conn.execute(
+                    "INSERT INTO session_snapshots (session_id, event_count, data)"
+                    " VALUES (%(s)s, %(n)s, %(d)s) ON CONFLICT (session_id)"
+                    " DO UPDATE SET event_count = EXCLUDED.event_count, data = EXCLUDED.data",
+                    {"s": session_id, "n": event_count, "d": data},
+                )
+            except errors.ForeignKeyViolation:
+                raise SessionNotFoundError(session_id) from None
+
+    async def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        """The latest snapshot, if any."""
+        async with self._connection() as conn:
+            cursor = await conn.execute(
+                "SELECT s.session_id, p.event_count, p.data::text FROM sessions s"
+                " LEFT JOIN session_snapshots p USING (session_id) WHERE s.session_id = %(s)s",
+                {"s": session_id},
+            )
+            row = await cursor.fetchone()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        return None if row[1] is None else (int(row[1]), str(row[2]))
 
     async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
         """Remove and return the queued `(prompt, message_id)` pairs, oldest first.

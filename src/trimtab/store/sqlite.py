@@ -36,7 +36,7 @@ from trimtab.store._base import (
 
 __all__ = ["SqliteStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Stored in `PRAGMA user_version`; bump it with a migration step when the schema changes."""
 
 BUSY_TIMEOUT = 5.0
@@ -82,7 +82,17 @@ _SCHEMA_V1 = (
     )
     """,
     "CREATE INDEX inputs_by_session ON inputs (session_id, id)",
-    f"PRAGMA user_version = {SCHEMA_VERSION}",
+)
+
+_SCHEMA_V2 = (
+    # Derived state, so that a session opens without replaying its whole log.
+    """
+    CREATE TABLE snapshots (
+        session_id   TEXT PRIMARY KEY REFERENCES sessions (session_id) ON DELETE CASCADE,
+        event_count  INTEGER NOT NULL,
+        data         TEXT NOT NULL
+    )
+    """,
 )
 
 # The lease owner is reported only while the lease is live; `?` is the current time.
@@ -319,6 +329,24 @@ class SqliteStore:
                 (session_id, prompt, message_id),
             )
 
+    async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
+        """Keep the session's latest snapshot."""
+        with self._transaction() as db:
+            _require(db, session_id)
+            db.execute(
+                "INSERT OR REPLACE INTO snapshots (session_id, event_count, data) VALUES (?, ?, ?)",
+                (session_id, event_count, data),
+            )
+
+    async def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
+        """The latest snapshot, if any."""
+        with self._transaction("BEGIN") as db:
+            _require(db, session_id)
+            row = db.execute(
+                "SELECT event_count, data FROM snapshots WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        return None if row is None else (row[0], row[1])
+
     async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
         """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""
         with self._transaction() as db:
@@ -377,9 +405,11 @@ def _migrate(db: sqlite3.Connection) -> None:
                 f"the database has schema version {version}, newer than this trimtab's"
                 f" {SCHEMA_VERSION}: upgrade trimtab"
             )
-        if version < 1:
-            for statement in _SCHEMA_V1:
-                db.execute(statement)
+        for number, statements in enumerate((_SCHEMA_V1, _SCHEMA_V2), start=1):
+            if version < number:
+                for statement in statements:
+                    db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 @contextmanager
