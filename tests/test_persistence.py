@@ -392,3 +392,22 @@ async def test_p1_a_snapshot_that_does_not_fit_the_log_is_ignored() -> None:
         await store.save_snapshot(session.session_id, saved[0], "not json")
         resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
         assert resumed.window() == window and 0 in store.reads
+
+
+async def test_r1_a_remote_session_delivers_the_owners_events_live(tmp_path: Path) -> None:
+    db = tmp_path / "shared.db"
+    async with Client(store=db) as owner, Client(store=db) as other:
+        session = await open_session(owner, ScriptedModel(["from the owner"]))
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+        seen = Recorder(remote)
+        await session.send_and_wait("hello")
+        await seen.wait_for("assistant.turn_end")
+        assert [e.type for e in seen.events] == [
+            "user.message",
+            "assistant.turn_start",
+            "assistant.message",
+            "assistant.usage",
+            "assistant.turn_end",
+        ]
+        assert remote.window() == session.window()
+        await remote.disconnect()

@@ -220,6 +220,8 @@ class Client:
             )
             await session.emit(SessionResumeEvent(data=data))
             await session._recover(continue_pending=continue_pending_work)
+        else:
+            session._follow()
         return session
 
     async def list_sessions(self) -> list[SessionRecord]:

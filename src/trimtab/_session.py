@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from trimtab import _loop
-from trimtab._errors import ClearContextError, LeaseLostError, SessionError, TrimtabError
+from trimtab._errors import (
+    ClearContextError,
+    LeaseLostError,
+    SessionError,
+    SessionNotFoundError,
+    TrimtabError,
+)
 from trimtab._history import ClearContextResult, History
 from trimtab._loop import LoopState, RunResult
 from trimtab._permissions import PermissionHandlerFn
@@ -117,6 +123,7 @@ class Session:
         self._queue: list[_Pending | _Operation] = []
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunResult] | None = None
+        self._follower: asyncio.Task[None] | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -288,6 +295,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        await self._unfollow()
         for item in self._queue:
             if item.waiter is not None and not item.waiter.done():
                 item.waiter.cancel()
@@ -444,9 +452,36 @@ class Session:
     def _lease_lost(self) -> None:
         """Another runtime may own the session now: stop writing (the next append would fail)."""
         self._lease = None
+        self._follow()
+
+    def _follow(self) -> None:
+        """While remote, deliver the owner's events to this session's subscribers as they are
+        stored, so that a host attached here sees a run executing elsewhere (spec R1)."""
+        if self._follower is None and not self._closed:
+            self._follower = asyncio.get_running_loop().create_task(
+                self._follow_log(), name=f"trimtab-follow-{self.session_id}"
+            )
+
+    async def _follow_log(self) -> None:
+        events = self._store.subscribe(self.session_id, after=self._replay.event_count)
+        try:
+            async for event in events:
+                self._replay.apply(event)
+                self._subscribers.deliver(event)
+        except SessionNotFoundError:
+            pass  # deleted: nothing more will come
+        finally:
+            await events.aclose()
+
+    async def _unfollow(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.wait([self._follower])
+            self._follower = None
 
     async def _adopt(self, lease: Lease) -> None:
         """Take the session over from a runtime whose lease expired: catch up, then recover."""
+        await self._unfollow()
         for event in await self._store.read(self.session_id, after=self._replay.event_count):
             self._replay.apply(event)
         self._lease = lease

@@ -8,11 +8,10 @@ and uses long TTLs wherever a lease must still be live.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import UTC
 from pathlib import Path
-from typing import Protocol, cast
 
 import pytest
 
@@ -60,17 +59,6 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         backend = PostgresStore(dsn)
     yield backend
     await backend.close()
-
-
-class Subscribable(Store, Protocol):
-    """A store with `subscribe`: every backend has it, the `Store` protocol not yet."""
-
-    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]: ...
-
-
-def subscribable(store: Store) -> Subscribable:
-    assert callable(getattr(store, "subscribe", None))
-    return cast(Subscribable, store)
 
 
 async def take(events: AsyncIterator[Event], count: int) -> list[Event]:
@@ -539,7 +527,7 @@ async def test_subscribe_catches_up_after_the_cursor_then_follows_appends(store:
     await store.create("s")
     await store.append("s", [user("a"), user("b")], lease=None)
 
-    async with aclosing(subscribable(store).subscribe("s", after=1)) as events:
+    async with aclosing(store.subscribe("s", after=1)) as events:
         assert contents(await take(events, 1)) == ["b"]
         later = asyncio.create_task(take(events, 3))
         await asyncio.sleep(0.05)
@@ -553,7 +541,7 @@ async def test_subscribe_from_beyond_the_end_waits_for_later_events(store: Store
     await store.create("s")
     await store.append("s", [user("a")], lease=None)
 
-    async with aclosing(subscribable(store).subscribe("s", after=2)) as events:
+    async with aclosing(store.subscribe("s", after=2)) as events:
         later = asyncio.create_task(take(events, 1))
         await store.append("s", [user("b")], lease=None)
         await store.append("s", [user("c")], lease=None)
@@ -563,7 +551,7 @@ async def test_subscribe_from_beyond_the_end_waits_for_later_events(store: Store
 
 async def test_subscribers_see_every_event_once_in_order(store: Store) -> None:
     await store.create("s")
-    source = subscribable(store)
+    source = store
 
     async with (
         aclosing(source.subscribe("s")) as first,
@@ -578,7 +566,7 @@ async def test_subscribers_see_every_event_once_in_order(store: Store) -> None:
 
 
 async def test_subscribe_to_an_unknown_session_raises(store: Store) -> None:
-    async with aclosing(subscribable(store).subscribe("nope")) as events:
+    async with aclosing(store.subscribe("nope")) as events:
         with pytest.raises(SessionNotFoundError):
             await anext(events)
 
@@ -586,7 +574,7 @@ async def test_subscribe_to_an_unknown_session_raises(store: Store) -> None:
 async def test_subscription_fails_when_its_session_is_deleted(store: Store) -> None:
     await make(store, "s")
 
-    async with aclosing(subscribable(store).subscribe("s")) as events:
+    async with aclosing(store.subscribe("s")) as events:
         reader = asyncio.create_task(drain(events))
         await asyncio.sleep(0.05)
         await store.delete("s")
@@ -599,14 +587,14 @@ async def test_subscription_ends_when_the_store_closes(store: Store) -> None:
     await store.create("s")
     await store.append("s", [user("a")], lease=None)
 
-    async with aclosing(subscribable(store).subscribe("s")) as events:
+    async with aclosing(store.subscribe("s")) as events:
         reader = asyncio.create_task(drain(events))
         await asyncio.sleep(0.05)
         await store.close()
 
         assert contents(await reader) == ["a"]
     with pytest.raises(RuntimeError, match="closed"):
-        await anext(subscribable(store).subscribe("s"))
+        await anext(store.subscribe("s"))
 
 
 async def test_snapshots_are_kept_per_session_and_go_with_it(store: Store) -> None:

@@ -5,7 +5,7 @@ Every backend implements `Store` with the same semantics, checked by one conform
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
@@ -61,6 +61,14 @@ class Store(Protocol):
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
+        ...
+
+    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        """The events after `after`, then each new one as it is stored, by any process.
+
+        Never ends on its own: it ends when the store is closed, and raises
+        `SessionNotFoundError` for an unknown (or deleted) session.
+        """
         ...
 
     async def get(self, session_id: str) -> SessionRecord:
