@@ -1,9 +1,17 @@
-"""Shared fixtures: a Client on each real store, and helpers to read what a session did."""
+"""Shared fixtures: a Client on each real store, the PostgreSQL test database, and helpers to
+read what a session did.
+
+The PostgreSQL cases get one fresh schema per test from `TRIMTAB_TEST_PG_DSN`, which
+`.ci/start-postgres.sh` sets. Without it they skip, except in CI (`CI` set), where a missing
+server is a failure: the suite must never pass there without having run against PostgreSQL.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +30,62 @@ class EchoArgs(BaseModel):
     text: str
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+PG_DSN_VARIABLE = "TRIMTAB_TEST_PG_DSN"
+
+
+def in_ci() -> bool:
+    """Whether the tests run in CI, where nothing may be skipped for want of a server."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def require_env(name: str) -> str:
+    """The variable's value; skips the test without it, or fails it in CI."""
+    value = os.environ.get(name)
+    if not value:
+        message = f"{name} is not set (source .ci/start-postgres.sh to start a server)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return value
+
+
+def require_psycopg() -> None:
+    """Skip without the `trimtab[postgres]` extra, except in CI (the import then fails)."""
+    if not in_ci():
+        pytest.importorskip("psycopg", reason="needs the trimtab[postgres] extra")
+
+
+@pytest.fixture
+def pg_dsn() -> Iterator[str]:
+    """A DSN whose `search_path` is a new, empty schema, dropped after the test.
+
+    Synchronous, so that async fixtures can get it with `request.getfixturevalue`.
+    """
+    server = require_env(PG_DSN_VARIABLE)
+    require_psycopg()
+    import psycopg
+
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        if server.startswith(("postgresql://", "postgres://")):  # stay a URL, for open_store
+            yield f"{server}{'&' if '?' in server else '?'}options=-csearch_path%3D{schema}"
+        else:
+            yield psycopg.conninfo.make_conninfo(server, options=f"-csearch_path={schema}")
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def client(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Client]:
     """A runtime on each real store backend."""
-    store = "memory" if request.param == "memory" else tmp_path / "trimtab.db"
+    store: str | Path
+    if request.param == "postgres":
+        store = request.getfixturevalue("pg_dsn")
+    else:
+        store = "memory" if request.param == "memory" else tmp_path / "trimtab.db"
     async with Client(store=store) as runtime:
         yield runtime
 

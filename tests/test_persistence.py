@@ -235,8 +235,13 @@ CHILD = textwrap.dedent(
 )
 
 
-async def test_p3_kill_9_mid_tool_then_resume_in_another_process(tmp_path: Path) -> None:
-    db = tmp_path / "killed.db"
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_p3_kill_9_mid_tool_then_resume_in_another_process(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    db: str | Path = tmp_path / "killed.db"
+    if backend == "postgres":
+        db = request.getfixturevalue("pg_dsn")
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CHILD, str(db), stdout=asyncio.subprocess.PIPE
     )

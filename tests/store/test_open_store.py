@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_psycopg
 from trimtab import Client
 from trimtab.store import MemoryStore, SqliteStore, open_store
 from trimtab.testing import ScriptedModel
-
-from .conftest import require_psycopg
 
 
 async def test_default_is_sqlite_under_trimtab_home(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import require_env, require_psycopg
+from tests.conftest import require_env, require_psycopg
 
 require_psycopg()
 
