@@ -5,7 +5,9 @@ Every backend implements `Store` with the same semantics, checked by one conform
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+import asyncio
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
@@ -13,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import Event, UserMessageEvent
 
-__all__ = ["Lease", "SessionRecord", "Store"]
+__all__ = ["Lease", "Rings", "SessionRecord", "Store"]
 
 
 class Lease(BaseModel):
@@ -166,3 +168,38 @@ def holds_lease(
 def to_datetime(timestamp: float) -> datetime:
     """A stored unix timestamp as an aware UTC datetime."""
     return datetime.fromtimestamp(timestamp, UTC)
+
+
+class Rings:
+    """The wake-up bells of a store's subscriptions: one `asyncio.Event` per subscriber,
+    rung when its session may have new events. Thread-safe to ring (SQLite's appends may come
+    from another thread); each event is set on the loop that waits for it."""
+
+    __slots__ = ("_rings",)
+
+    def __init__(self) -> None:
+        self._rings: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    @contextmanager
+    def registered(self, session_id: str) -> Iterator[asyncio.Event]:
+        """An event set whenever `session_id` may have changed, until the block exits."""
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        self._rings.setdefault(session_id, set()).add(entry)
+        try:
+            yield entry[1]
+        finally:
+            rings = self._rings.get(session_id, set())
+            rings.discard(entry)
+            if not rings:
+                self._rings.pop(session_id, None)
+
+    def ring(self, session_id: str) -> None:
+        """Wake the subscribers of one session."""
+        for loop, event in list(self._rings.get(session_id, ())):
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
+
+    def ring_all(self) -> None:
+        """Wake every subscriber (the store closed, or its notifications were interrupted)."""
+        for session_id in list(self._rings):
+            self.ring(session_id)

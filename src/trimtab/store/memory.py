@@ -6,17 +6,16 @@ test passing against it says something about the durable backends too.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError
 from trimtab.events import Event
 from trimtab.store._base import (
     Lease,
+    Rings,
     SessionRecord,
     check_persistable,
     holds_lease,
@@ -50,7 +49,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
         self._closed = False
-        self._rings: dict[str, set[asyncio.Event]] = {}
+        self._rings = Rings()
         """What `subscribe` waits on, per session: set when the session changed."""
 
     def _check_open(self) -> None:
@@ -93,7 +92,7 @@ class MemoryStore:
             session.updated_at = now
             if session.summary is None:
                 session.summary = summarize(events)
-            self._ring(session_id)
+            self._rings.ring(session_id)
         return len(session.events)
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
@@ -108,7 +107,7 @@ class MemoryStore:
         """
         self._check_open()
         cursor = max(after, 0)
-        with self._registered(session_id) as ring:
+        with self._rings.registered(session_id) as ring:
             while not self._closed:
                 ring.clear()
                 events = await self.read(session_id, after=cursor)
@@ -116,23 +115,6 @@ class MemoryStore:
                     yield event
                 cursor += len(events)
                 await ring.wait()
-
-    @contextmanager
-    def _registered(self, session_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `session_id` changes, until the block exits."""
-        ring = asyncio.Event()
-        self._rings.setdefault(session_id, set()).add(ring)
-        try:
-            yield ring
-        finally:
-            rings = self._rings.get(session_id, set())
-            rings.discard(ring)
-            if not rings:
-                self._rings.pop(session_id, None)
-
-    def _ring(self, session_id: str) -> None:
-        for ring in self._rings.get(session_id, ()):
-            ring.set()
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
@@ -150,7 +132,7 @@ class MemoryStore:
     async def delete(self, session_id: str) -> bool:
         """Remove a session, its log and its queued inputs; False if there was none."""
         self._check_open()
-        self._ring(session_id)  # its subscribers fail as for an unknown session
+        self._rings.ring(session_id)  # its subscribers fail as for an unknown session
         return self._sessions.pop(session_id, None) is not None
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
@@ -215,8 +197,7 @@ class MemoryStore:
         """Drop every session and end subscriptions; the store is unusable afterwards."""
         self._sessions.clear()
         self._closed = True
-        for session_id in list(self._rings):
-            self._ring(session_id)
+        self._rings.ring_all()
 
     @staticmethod
     def _record(session_id: str, session: _Session, now: float) -> SessionRecord:

@@ -30,8 +30,8 @@ import asyncio
 import json
 import logging
 import select
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
@@ -41,7 +41,14 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError
 from trimtab.events import Event, EventAdapter
-from trimtab.store._base import Lease, SessionRecord, check_persistable, holds_lease, summarize
+from trimtab.store._base import (
+    Lease,
+    Rings,
+    SessionRecord,
+    check_persistable,
+    holds_lease,
+    summarize,
+)
 
 __all__ = ["PostgresStore"]
 
@@ -375,7 +382,7 @@ class PostgresStore:
             raise RuntimeError("the store is closed")
         doorbell = self._doorbell or self._start_doorbell()
         cursor = max(after, 0)
-        with doorbell.registered(session_id) as ring:
+        with doorbell.rings.registered(session_id) as ring:
             while not self._closed:
                 ring.clear()  # before the read: a ring during the read means read again
                 try:
@@ -700,28 +707,10 @@ class _Doorbell:
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
-        self._rings: dict[str, set[asyncio.Event]] = {}
+        self.rings = Rings()
         self._task = asyncio.get_running_loop().create_task(
             self._listen(), name="trimtab-postgres-listener"
         )
-
-    @contextmanager
-    def registered(self, session_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `session_id` may have new events, until the block exits."""
-        ring = asyncio.Event()
-        self._rings.setdefault(session_id, set()).add(ring)
-        try:
-            yield ring
-        finally:
-            rings = self._rings.get(session_id, set())
-            rings.discard(ring)
-            if not rings:
-                self._rings.pop(session_id, None)
-
-    def ring_all(self) -> None:
-        for rings in self._rings.values():
-            for ring in rings:
-                ring.set()
 
     async def _listen(self) -> None:
         delay = 0.1
@@ -731,11 +720,9 @@ class _Doorbell:
                 async with conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     delay = 0.1
-                    self.ring_all()
+                    self.rings.ring_all()
                     async for notify in conn.notifies():
-                        session_id = notify.payload.rpartition(":")[0]
-                        for ring in self._rings.get(session_id, ()):
-                            ring.set()
+                        self.rings.ring(notify.payload.rpartition(":")[0])
             except psycopg.Error as error:
                 log.warning("trimtab listener: %s; reconnecting in %.1f s", error, delay)
             await asyncio.sleep(delay)
@@ -745,4 +732,4 @@ class _Doorbell:
         """Stop listening and wake every subscriber (they see the store closed and end)."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        self.ring_all()
+        self.rings.ring_all()

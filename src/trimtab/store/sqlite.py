@@ -27,6 +27,7 @@ from trimtab._errors import LeaseLostError, SessionNotFoundError
 from trimtab.events import Event, EventAdapter
 from trimtab.store._base import (
     Lease,
+    Rings,
     SessionRecord,
     check_persistable,
     holds_lease,
@@ -119,7 +120,7 @@ class SqliteStore:
         self._lock = threading.Lock()
         # What `subscribe` waits on, per session, with the loop each subscriber runs on:
         # an append may come from another thread.
-        self._rings: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._rings = Rings()
 
     @contextmanager
     def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
@@ -165,7 +166,7 @@ class SqliteStore:
                     (last_seq, time.time(), summarize(events), session_id),
                 )
         if rows:
-            self._ring(session_id)
+            self._rings.ring(session_id)
         return last_seq
 
     @staticmethod
@@ -208,7 +209,7 @@ class SqliteStore:
         if self._db is None:
             raise RuntimeError("the store is closed")
         cursor = max(after, 0)
-        with self._registered(session_id) as ring:
+        with self._rings.registered(session_id) as ring:
             while self._db is not None:
                 ring.clear()
                 events = await self.read(session_id, after=cursor)
@@ -220,25 +221,6 @@ class SqliteStore:
                         await ring.wait()
                 except TimeoutError:
                     pass
-
-    @contextmanager
-    def _registered(self, session_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever this store changes `session_id`, until the block exits."""
-        entry = (asyncio.get_running_loop(), asyncio.Event())
-        self._rings.setdefault(session_id, set()).add(entry)
-        try:
-            yield entry[1]
-        finally:
-            rings = self._rings.get(session_id, set())
-            rings.discard(entry)
-            if not rings:
-                self._rings.pop(session_id, None)
-
-    def _ring(self, session_id: str) -> None:
-        for loop, ring in list(self._rings.get(session_id, ())):
-            # asyncio.Event is not thread-safe: set it on its own loop's thread.
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(ring.set)
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
@@ -265,7 +247,7 @@ class SqliteStore:
         with self._transaction() as db:
             # The foreign keys cascade to `events` and `inputs`.
             deleted = db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-        self._ring(session_id)  # its subscribers fail as for an unknown session
+        self._rings.ring(session_id)  # its subscribers fail as for an unknown session
         return deleted.rowcount > 0
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
@@ -367,8 +349,7 @@ class SqliteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-        for session_id in list(self._rings):
-            self._ring(session_id)
+        self._rings.ring_all()
 
 
 def _connect(path: Path) -> sqlite3.Connection:
