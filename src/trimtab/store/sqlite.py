@@ -361,7 +361,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
     try:
         # WAL: readers never block the writer, and a commit is one atomic append to the log.
-        db.execute("PRAGMA journal_mode = WAL")
+        _set_wal(db)
         # NORMAL skips the fsync per commit. In WAL mode that is still durable against a
         # process crash or kill -9 (the committed frames are in the OS page cache), which is
         # the contract (spec P2); only a power loss or OS crash may drop the last commits,
@@ -374,6 +374,20 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _set_wal(db: sqlite3.Connection) -> None:
+    """Switch to WAL. Two processes opening a new file at once can make the switch fail with
+    "database is locked" without SQLite's busy handler being called, so retry it here."""
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _migrate(db: sqlite3.Connection) -> None:
