@@ -10,9 +10,8 @@ import asyncio
 import os
 import pwd
 import subprocess
-import sys
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, aclosing, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,11 @@ require_psycopg()
 
 import psycopg  # noqa: E402
 
-import trimtab.store  # noqa: E402
+from tests.store.processes import child, go, next_line  # noqa: E402
 from trimtab._errors import LeaseLostError  # noqa: E402
 from trimtab.events import Event, EventAdapter, UserMessageData, UserMessageEvent  # noqa: E402
 from trimtab.store import Lease, open_store, postgres  # noqa: E402
 from trimtab.store.postgres import CHANNEL, SUBSCRIBE_POLL, PostgresStore  # noqa: E402
-
-SRC = Path(trimtab.store.__file__).resolve().parents[2]
-"""The directory holding the `trimtab` package under test, for the workers' PYTHONPATH."""
 
 # A worker process on session "s": connects, prints "ready", waits for "go" on stdin (so that
 # workers started together really overlap), then either appends `count` events `batch` per
@@ -94,47 +90,11 @@ async def column(dsn: str, query: str) -> list[object]:
         return [row[0] for row in await (await conn.execute(query.encode())).fetchall()]
 
 
-@asynccontextmanager
-async def worker(tmp_path: Path, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+def worker(tmp_path: Path, *args: str) -> AbstractAsyncContextManager[asyncio.subprocess.Process]:
     """A worker process (see `WORKER`), ready and waiting for "go"; killed on exit."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    try:
-        assert await next_line(proc) == "ready"
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def next_line(proc: asyncio.subprocess.Process) -> str:
-    """The worker's next stdout line; fails with its stderr if it died instead."""
-    assert proc.stdout is not None and proc.stderr is not None
-    async with asyncio.timeout(15):
-        line = await proc.stdout.readline()
-    if not line:
-        raise AssertionError(f"worker died: {(await proc.stderr.read()).decode()}")
-    return line.decode().strip()
-
-
-def go(*procs: asyncio.subprocess.Process) -> None:
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
+    return child(script, *args)
 
 
 async def poll_lease(store: PostgresStore, owner: str, *, within: float) -> Lease:

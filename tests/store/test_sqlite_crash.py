@@ -6,12 +6,10 @@ import asyncio
 import os
 import signal
 import sqlite3
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, closing
+from contextlib import AbstractAsyncContextManager, closing
 from pathlib import Path
 
-import trimtab.store
+from tests.store.processes import child, go, next_line
 from trimtab.events import Event, UserMessageData, UserMessageEvent
 from trimtab.store import SqliteStore
 
@@ -42,57 +40,13 @@ asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sy
 """
 
 
-SRC = Path(trimtab.store.__file__).resolve().parents[2]
-"""The directory holding the `trimtab` package under test, for the writers' PYTHONPATH."""
-
-
-@asynccontextmanager
-async def writer(
+def writer(
     tmp_path: Path, db: Path, name: str, *, count: int, batch: int
-) -> AsyncIterator[asyncio.subprocess.Process]:
+) -> AbstractAsyncContextManager[asyncio.subprocess.Process]:
     """A writer process appending to session "s" of `db`, ready and waiting for "go"."""
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
-        str(db),
-        "s",
-        name,
-        str(count),
-        str(batch),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    try:
-        assert await next_line(proc) == "ready"
-        yield proc
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-async def next_line(proc: asyncio.subprocess.Process) -> str:
-    """The writer's next stdout line; fails with its stderr if it died instead."""
-    assert proc.stdout is not None and proc.stderr is not None
-    async with asyncio.timeout(10):
-        line = await proc.stdout.readline()
-    if not line:
-        raise AssertionError(f"writer died: {(await proc.stderr.read()).decode()}")
-    return line.decode().strip()
-
-
-def go(*procs: asyncio.subprocess.Process) -> None:
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
+    return child(script, str(db), "s", name, str(count), str(batch))
 
 
 def acknowledged(output: bytes) -> list[int]:
