@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -150,3 +151,16 @@ async def open_session(
 def roles(model: ScriptedModel, index: int) -> list[tuple[str, str]]:
     """The (role, content) pairs of the model's request number `index`."""
     return [(m.role, m.content) for m in model.requests[index].messages]
+
+
+def restart_command() -> list[str]:
+    """`pg_ctl restart` of the test cluster, as the OS user that owns it."""
+    pg_ctl = require_env("TRIMTAB_TEST_PG_CTL")
+    data = require_env("TRIMTAB_TEST_PG_DATA")
+    log = os.environ.get("TRIMTAB_TEST_PG_LOG", os.devnull)
+    # -l: without it the server would write to (and hold open) our pipes.
+    command = [pg_ctl, "restart", "-D", data, "-l", log, "-m", "fast", "-w", "-t", "20"]
+    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name
+    if os.geteuid() == 0 and owner != "root":
+        command = ["runuser", "-u", owner, "--", *command]
+    return command

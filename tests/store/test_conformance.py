@@ -597,6 +597,54 @@ async def test_subscription_ends_when_the_store_closes(store: Store) -> None:
         await anext(store.subscribe("s"))
 
 
+def delta(text: str) -> AssistantMessageDeltaEvent:
+    return AssistantMessageDeltaEvent(
+        data=AssistantMessageDeltaData(message_id="m", delta_content=text)
+    )
+
+
+def labels(events: list[Event]) -> list[str]:
+    """Each message's text; a delta's as `~text`."""
+    return [
+        f"~{e.data.delta_content}"
+        if isinstance(e, AssistantMessageDeltaEvent)
+        else contents([e])[0]
+        for e in events
+    ]
+
+
+async def test_published_ephemeral_events_come_in_their_place_and_are_not_stored(
+    store: Store,
+) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+
+    async with aclosing(store.subscribe("s")) as events:
+        assert labels(await take(events, 1)) == ["a"]
+        reader = asyncio.create_task(take(events, 5))
+        await store.append("s", [user("b")], lease=None)
+        await store.publish("s", delta("1"), after=2)
+        await store.publish("s", delta("2"), after=2)
+        await store.append("s", [assistant("c")], lease=None)
+        await store.publish("s", delta("3"), after=3)
+
+        # Whenever the subscriber reads the log, a delta never overtakes an event stored
+        # before it was published, nor lets one stored after it go first.
+        assert labels(await reader) == ["b", "~1", "~2", "c", "~3"]
+    assert contents(await store.read("s")) == ["a", "b", "c"]
+
+
+async def test_publishing_without_subscribers_is_harmless(store: Store) -> None:
+    await store.create("s")
+
+    await store.publish("s", delta("lost"), after=0)
+
+    async with aclosing(store.subscribe("s")) as events:
+        reader = asyncio.create_task(take(events, 1))
+        await store.append("s", [user("a")], lease=None)
+        assert labels(await reader) == ["a"]
+
+
 async def test_snapshots_are_kept_per_session_and_go_with_it(store: Store) -> None:
     await store.create("s")
     assert await store.load_snapshot("s") is None

@@ -7,8 +7,6 @@ Every test runs in a fresh schema (`pg_dsn`, see conftest.py).
 from __future__ import annotations
 
 import asyncio
-import os
-import pwd
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_env, require_psycopg
+from tests.conftest import require_psycopg, restart_command
 
 require_psycopg()
 
@@ -24,7 +22,15 @@ import psycopg  # noqa: E402
 
 from tests.store.processes import child, go, next_line  # noqa: E402
 from trimtab._errors import LeaseLostError  # noqa: E402
-from trimtab.events import Event, EventAdapter, UserMessageData, UserMessageEvent  # noqa: E402
+from trimtab.events import (  # noqa: E402
+    AssistantMessageDeltaData,
+    AssistantMessageDeltaEvent,
+    Event,
+    EventAdapter,
+    SessionIdleEvent,
+    UserMessageData,
+    UserMessageEvent,
+)
 from trimtab.store import Lease, open_store, postgres  # noqa: E402
 from trimtab.store.postgres import CHANNEL, SUBSCRIBE_POLL, PostgresStore  # noqa: E402
 
@@ -243,6 +249,41 @@ async def test_subscriber_on_another_store_catches_up_then_hears_the_doorbell(
                 assert contents(live) == [f"live {n}"]
 
 
+async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_place(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 2) as (writer, reader):
+        await writer.create("s")
+        async with aclosing(reader.subscribe("s")) as events:
+            later = asyncio.create_task(take(events, 3, within=5))
+            await asyncio.sleep(0.2)  # the listener is up
+            await writer.append("s", [user("a")], lease=None)
+            idle = SessionIdleEvent()
+            await writer.publish("s", idle, after=1)
+            await writer.append("s", [user("b")], lease=None)
+
+            got = await later
+        assert [e.type for e in got] == ["user.message", "session.idle", "user.message"]
+        assert got[1] == idle
+        assert len(await reader.read("s")) == 2
+
+
+async def test_an_ephemeral_event_too_large_for_notify_is_dropped_not_raised(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        huge = AssistantMessageDeltaEvent(
+            data=AssistantMessageDeltaData(message_id="m", delta_content="x" * 9000)
+        )
+        async with aclosing(store.subscribe("s")) as events:
+            later = asyncio.create_task(take(events, 1, within=5))
+            await asyncio.sleep(0.2)
+            await store.publish("s", huge, after=0)
+            await store.append("s", [user("a")], lease=None)
+            assert [e.type for e in await later] == ["user.message"]
+
+
 async def test_doorbell_payload_is_the_session_and_its_last_seq_never_the_event(
     pg_dsn: str,
 ) -> None:
@@ -411,19 +452,6 @@ async def test_open_store_takes_the_dsn_from_trimtab_store(
 
 
 # --- a server restart ---------------------------------------------------------------------
-
-
-def restart_command() -> list[str]:
-    """`pg_ctl restart` of the test cluster, as the OS user that owns it."""
-    pg_ctl = require_env("TRIMTAB_TEST_PG_CTL")
-    data = require_env("TRIMTAB_TEST_PG_DATA")
-    log = os.environ.get("TRIMTAB_TEST_PG_LOG", os.devnull)
-    # -l: without it the server would write to (and hold open) our pipes.
-    command = [pg_ctl, "restart", "-D", data, "-l", log, "-m", "fast", "-w", "-t", "20"]
-    owner = pwd.getpwuid(os.stat(data).st_uid).pw_name
-    if os.geteuid() == 0 and owner != "root":
-        command = ["runuser", "-u", owner, "--", *command]
-    return command
 
 
 async def test_store_recovers_after_a_server_restart_and_loses_nothing_acknowledged(

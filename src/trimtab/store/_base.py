@@ -6,7 +6,7 @@ Every backend implements `Store` with the same semantics, checked by one conform
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import Event, UserMessageEvent
 
-__all__ = ["Lease", "Rings", "SessionRecord", "Store"]
+__all__ = ["Lease", "Rings", "SessionRecord", "Store", "follow"]
 
 
 class Lease(BaseModel):
@@ -61,12 +61,23 @@ class Store(Protocol):
         """
         ...
 
+    async def publish(self, session_id: str, event: Event, *, after: int) -> None:
+        """Hand an ephemeral event (a delta, an idle) to the session's live subscribers, in its
+        place after the session's first `after` events. Never stored: a subscriber that is not
+        listening misses it. Best effort: a delivery failure is logged, not raised.
+
+        Memory and SQLite reach the subscribers of this process; PostgreSQL those of every
+        runtime sharing the database.
+        """
+        ...
+
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
         ...
 
     def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
-        """The events after `after`, then each new one as it is stored, by any process.
+        """The events after `after`, then each new one as it is stored, by any process,
+        with the published ephemeral events in their places.
 
         Never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
@@ -170,36 +181,117 @@ def to_datetime(timestamp: float) -> datetime:
     return datetime.fromtimestamp(timestamp, UTC)
 
 
-class Rings:
-    """The wake-up bells of a store's subscriptions: one `asyncio.Event` per subscriber,
-    rung when its session may have new events. Thread-safe to ring (SQLite's appends may come
-    from another thread); each event is set on the loop that waits for it."""
+class _Feed:
+    """One subscription's wake-up bell and what woke it, in the order it happened."""
 
-    __slots__ = ("_rings",)
+    __slots__ = ("bell", "loop", "marks")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.bell = asyncio.Event()
+        self.marks: list[tuple[int | None, Event | None]] = []
+        """`(seq, None)`: events up to `seq` are stored (None: maybe any); `(after, event)`:
+        the ephemeral `event`, published after the session's first `after` events."""
+
+    def push(self, mark: tuple[int | None, Event | None]) -> None:
+        self.marks.append(mark)
+        self.bell.set()
+
+
+class Rings:
+    """The wake-up bells of a store's subscriptions, one per subscriber, rung when its
+    session may have new events or an ephemeral event was published. Thread-safe to ring
+    (SQLite's appends may come from another thread); each bell is set on the loop that waits
+    for it."""
+
+    __slots__ = ("_feeds",)
 
     def __init__(self) -> None:
-        self._rings: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._feeds: dict[str, set[_Feed]] = {}
 
     @contextmanager
-    def registered(self, session_id: str) -> Iterator[asyncio.Event]:
-        """An event set whenever `session_id` may have changed, until the block exits."""
-        entry = (asyncio.get_running_loop(), asyncio.Event())
-        self._rings.setdefault(session_id, set()).add(entry)
+    def registered(self, session_id: str) -> Iterator[_Feed]:
+        """A feed rung whenever `session_id` may have changed, until the block exits."""
+        feed = _Feed(asyncio.get_running_loop())
+        self._feeds.setdefault(session_id, set()).add(feed)
         try:
-            yield entry[1]
+            yield feed
         finally:
-            rings = self._rings.get(session_id, set())
-            rings.discard(entry)
-            if not rings:
-                self._rings.pop(session_id, None)
+            feeds = self._feeds.get(session_id, set())
+            feeds.discard(feed)
+            if not feeds:
+                self._feeds.pop(session_id, None)
 
-    def ring(self, session_id: str) -> None:
-        """Wake the subscribers of one session."""
-        for loop, event in list(self._rings.get(session_id, ())):
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(event.set)
+    def listening(self, session_id: str) -> bool:
+        """Whether any subscriber follows the session here."""
+        return session_id in self._feeds
+
+    def ring(self, session_id: str, seq: int | None = None) -> None:
+        """Wake the subscribers of one session: its events up to `seq` are stored (None: it
+        may have changed in any way)."""
+        self._push(session_id, (seq, None))
+
+    def post(self, session_id: str, after: int, event: Event) -> None:
+        """Hand an ephemeral event to the session's subscribers, to come after its first
+        `after` persisted events."""
+        self._push(session_id, (after, event))
 
     def ring_all(self) -> None:
         """Wake every subscriber (the store closed, or its notifications were interrupted)."""
-        for session_id in list(self._rings):
+        for session_id in list(self._feeds):
             self.ring(session_id)
+
+    def _push(self, session_id: str, mark: tuple[int | None, Event | None]) -> None:
+        for feed in list(self._feeds.get(session_id, ())):
+            if not feed.loop.is_closed():
+                feed.loop.call_soon_threadsafe(feed.push, mark)
+
+
+async def follow(
+    feed: _Feed,
+    read: Callable[[int], Awaitable[list[Event]]],
+    after: int,
+    *,
+    closed: Callable[[], bool],
+    poll: float | None,
+) -> AsyncGenerator[Event, None]:
+    """A subscription's events: the log after `after`, then stored and ephemeral events as
+    `feed` announces them, each ephemeral one in its place among the stored ones.
+
+    `read(n)` returns the stored events after the first `n`. Without any announcement for
+    `poll` seconds the log is read anyway (other processes' appends may not ring here).
+    """
+    cursor = max(after, 0)
+    ahead: list[Event] = []  # read from the log, held back behind an ephemeral event
+
+    async def through(seq: int | None) -> list[Event]:
+        nonlocal cursor
+        if seq is None or seq > cursor + len(ahead):
+            ahead.extend(await read(cursor + len(ahead)))
+        count = len(ahead) if seq is None else max(0, min(len(ahead), seq - cursor))
+        taken = ahead[:count]
+        del ahead[:count]
+        cursor += count
+        return taken
+
+    marks: list[tuple[int | None, Event | None]] = [(None, None)]  # catch up first
+    while not closed():
+        for seq, ephemeral in marks:
+            try:
+                stored = await through(seq)
+            except RuntimeError:
+                if closed():
+                    return
+                raise
+            for event in stored:
+                yield event
+            if ephemeral is not None:
+                yield ephemeral
+        feed.bell.clear()
+        if not feed.marks:
+            try:
+                async with asyncio.timeout(poll):
+                    await feed.bell.wait()
+            except TimeoutError:
+                pass
+        marks, feed.marks = feed.marks or [(None, None)], []

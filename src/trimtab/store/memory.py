@@ -18,6 +18,7 @@ from trimtab.store._base import (
     Rings,
     SessionRecord,
     check_persistable,
+    follow,
     holds_lease,
     summarize,
     to_datetime,
@@ -92,29 +93,35 @@ class MemoryStore:
             session.updated_at = now
             if session.summary is None:
                 session.summary = summarize(events)
-            self._rings.ring(session_id)
+            self._rings.ring(session_id, len(session.events))
         return len(session.events)
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
         return self._session(session_id).events[max(after, 0) :]
 
+    async def publish(self, session_id: str, event: Event, *, after: int) -> None:
+        """Hand an ephemeral event to the session's subscribers (see `Store`)."""
+        self._rings.post(session_id, after, event)
+
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
-        """The events after `after` as they are stored: the log first, then live ones.
+        """The events after `after` as they are stored: the log first, then live ones, with
+        the published ephemeral events in their places.
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
         """
         self._check_open()
-        cursor = max(after, 0)
-        with self._rings.registered(session_id) as ring:
-            while not self._closed:
-                ring.clear()
-                events = await self.read(session_id, after=cursor)
-                for event in events:
-                    yield event
-                cursor += len(events)
-                await ring.wait()
+        with self._rings.registered(session_id) as feed:
+            events = follow(
+                feed,
+                lambda n: self.read(session_id, after=n),
+                after,
+                closed=lambda: self._closed,
+                poll=None,
+            )
+            async for event in events:
+                yield event
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""

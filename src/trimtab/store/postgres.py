@@ -10,6 +10,9 @@ how they hold across hosts (docs: scale-out.md, section 4):
 - Fan-out: every append does `pg_notify('trimtab_events', '<session_id>:<last seq>')`. The
   notification is only a doorbell; subscribers read the events from the table by sequence, so
   a lost notification (a dropped listener connection) delays delivery but loses nothing.
+- Ephemeral events (deltas, idle) are never stored: `publish` sends them whole with
+  `pg_notify('trimtab_live', ...)`, and each runtime's listener hands them to its subscribers,
+  placed after the stored events they followed.
 - Inputs queued for a session's lease holder wait in `session_inputs`; `claim_next` lets a
   pool of workers pick sessions with pending input (`FOR UPDATE SKIP LOCKED`).
 
@@ -37,7 +40,7 @@ from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import errors
-from psycopg_pool import AsyncConnectionPool, PoolClosed
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError
 from trimtab.events import Event, EventAdapter
@@ -46,6 +49,7 @@ from trimtab.store._base import (
     Rings,
     SessionRecord,
     check_persistable,
+    follow,
     holds_lease,
     summarize,
 )
@@ -56,6 +60,12 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "trimtab_events"
 """The doorbell channel. Payload: `<session_id>:<last seq>` (0 when the session was deleted)."""
+
+LIVE_CHANNEL = "trimtab_live"
+"""The ephemeral events' channel. Payload: `["<session_id>", <after>]`, a newline, the event."""
+
+_NOTIFY_LIMIT = 8000
+"""PostgreSQL's limit on a NOTIFY payload, in bytes."""
 
 SUBSCRIBE_POLL = 5.0
 """Seconds a subscriber waits for the doorbell before it reads the table anyway.
@@ -370,8 +380,26 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         return [EventAdapter.validate_json(payload) for (payload,) in rows if payload is not None]
 
+    async def publish(self, session_id: str, event: Event, *, after: int) -> None:
+        """Hand an ephemeral event to the session's subscribers in every runtime sharing the
+        database (see `Store`), through `NOTIFY` on the live channel.
+
+        NOTIFY payloads are limited to 8000 bytes: a larger event (a long delta) is not sent;
+        the stored message that follows it carries its text anyway.
+        """
+        payload = f"{json.dumps([session_id, after])}\n{EventAdapter.dump_json(event).decode()}"
+        if len(payload.encode()) >= _NOTIFY_LIMIT:
+            log.debug("ephemeral %s of %r too large to publish", event.type, session_id)
+            return
+        try:
+            async with self._connection() as conn:
+                await conn.execute("SELECT pg_notify(%s, %s)", (LIVE_CHANNEL, payload))
+        except (psycopg.Error, PoolTimeout) as error:
+            log.warning("trimtab could not publish %s of %r: %s", event.type, session_id, error)
+
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
-        """The events after `after` as they are stored: the log first, then live ones.
+        """The events after `after` as they are stored: the log first, then live ones, with
+        the published ephemeral events in their places.
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session. Notifications from any
@@ -381,25 +409,22 @@ class PostgresStore:
         if self._closed:
             raise RuntimeError("the store is closed")
         doorbell = self._doorbell or self._start_doorbell()
-        cursor = max(after, 0)
-        with doorbell.rings.registered(session_id) as ring:
-            while not self._closed:
-                ring.clear()  # before the read: a ring during the read means read again
-                try:
-                    events = await self.read(session_id, after=cursor)
-                except RuntimeError:
-                    if self._closed:
-                        return
-                    raise
-                except psycopg.OperationalError as error:
-                    # The server is away (a restart, a failover): keep the cursor and read
-                    # again once the listener is back (it rings) or at the next poll.
-                    log.warning("trimtab subscription to %r: %s; retrying", session_id, error)
-                    events = []
-                for event in events:
-                    yield event
-                cursor += len(events)
-                await _wait(ring, SUBSCRIBE_POLL)
+
+        async def read(after: int) -> list[Event]:
+            try:
+                return await self.read(session_id, after=after)
+            except psycopg.OperationalError as error:
+                # The server is away (a restart, a failover): keep the cursor and read
+                # again once the listener is back (it rings) or at the next poll.
+                log.warning("trimtab subscription to %r: %s; retrying", session_id, error)
+                return []
+
+        with doorbell.rings.registered(session_id) as feed:
+            # Ephemeral events published before the listener is up would be missed.
+            await doorbell.listening(CONNECT_TIMEOUT)
+            events = follow(feed, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
+            async for event in events:
+                yield event
 
     def _start_doorbell(self) -> _Doorbell:
         self._doorbell = _Doorbell(self._dsn)
@@ -666,15 +691,6 @@ def _utc(moment: datetime) -> datetime:
     return moment.astimezone(UTC)
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> None:
-    """Wait for `event`, at most `timeout` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            await event.wait()
-    except TimeoutError:
-        pass
-
-
 class _KeyedLock:
     """One FIFO lock per key, dropped when unused: concurrent appends to one session from
     this store are stored in call order, as with the other backends."""
@@ -708,6 +724,7 @@ class _Doorbell:
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
         self.rings = Rings()
+        self._ready = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
             self._listen(), name="trimtab-postgres-listener"
         )
@@ -718,15 +735,37 @@ class _Doorbell:
             try:
                 conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
                 async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}")
+                    await conn.execute(f"LISTEN {CHANNEL}; LISTEN {LIVE_CHANNEL}")
                     delay = 0.1
+                    self._ready.set()
                     self.rings.ring_all()
                     async for notify in conn.notifies():
-                        self.rings.ring(notify.payload.rpartition(":")[0])
+                        self._dispatch(notify.channel, notify.payload)
             except psycopg.Error as error:
                 log.warning("trimtab listener: %s; reconnecting in %.1f s", error, delay)
+            self._ready.clear()
             await asyncio.sleep(delay)
             delay = min(delay * 2, SUBSCRIBE_POLL)
+
+    async def listening(self, timeout: float) -> None:
+        """Wait until the connection listens, at most `timeout` seconds (then go on: the
+        subscribers poll meanwhile)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+        except TimeoutError:
+            pass
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        if channel == CHANNEL:
+            session_id, _, seq = payload.rpartition(":")
+            # 0: the session was deleted, which its subscribers learn by reading.
+            self.rings.ring(session_id, int(seq) or None)
+            return
+        head, _, body = payload.partition("\n")
+        session_id, after = json.loads(head)
+        if self.rings.listening(session_id):  # parsed only when someone here wants it
+            self.rings.post(session_id, after, EventAdapter.validate_json(body))
 
     async def close(self) -> None:
         """Stop listening and wake every subscriber (they see the store closed and end)."""

@@ -13,7 +13,6 @@ written without its commit) is ignored by SQLite's recovery when the file is nex
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 import threading
@@ -30,6 +29,7 @@ from trimtab.store._base import (
     Rings,
     SessionRecord,
     check_persistable,
+    follow,
     holds_lease,
     summarize,
     to_datetime,
@@ -166,7 +166,7 @@ class SqliteStore:
                     (last_seq, time.time(), summarize(events), session_id),
                 )
         if rows:
-            self._rings.ring(session_id)
+            self._rings.ring(session_id, last_seq)
         return last_seq
 
     @staticmethod
@@ -199,8 +199,14 @@ class SqliteStore:
             ).fetchall()
         return [EventAdapter.validate_json(body) for (body,) in bodies]
 
+    async def publish(self, session_id: str, event: Event, *, after: int) -> None:
+        """Hand an ephemeral event to the session's subscribers in this process (see `Store`):
+        other processes sharing the file see the stored events only."""
+        self._rings.post(session_id, after, event)
+
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
-        """The events after `after` as they are stored: the log first, then live ones.
+        """The events after `after` as they are stored: the log first, then live ones, with
+        this process's published ephemeral events in their places.
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session. Appends through this
@@ -208,19 +214,16 @@ class SqliteStore:
         """
         if self._db is None:
             raise RuntimeError("the store is closed")
-        cursor = max(after, 0)
-        with self._rings.registered(session_id) as ring:
-            while self._db is not None:
-                ring.clear()
-                events = await self.read(session_id, after=cursor)
-                for event in events:
-                    yield event
-                cursor += len(events)
-                try:
-                    async with asyncio.timeout(SUBSCRIBE_POLL):
-                        await ring.wait()
-                except TimeoutError:
-                    pass
+        with self._rings.registered(session_id) as feed:
+            events = follow(
+                feed,
+                lambda n: self.read(session_id, after=n),
+                after,
+                closed=lambda: self._db is None,
+                poll=SUBSCRIBE_POLL,
+            )
+            async for event in events:
+                yield event
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
