@@ -5,15 +5,22 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Recorder, clear_tool, echo_tool, open_session, roles
-from trimtab import Client, PermissionHandler, SessionNotFoundError
+from trimtab import (
+    Client,
+    PermissionHandler,
+    ProviderError,
+    SessionError,
+    SessionNotFoundError,
+)
 from trimtab.events import Event
-from trimtab.store import MemoryStore, SqliteStore
+from trimtab.store import MemoryStore, SqliteStore, Store
 from trimtab.testing import ScriptedModel, tool_call
 
 SEED = "Reply with exactly FRESH_CONTEXT."
@@ -267,13 +274,17 @@ async def test_p3_kill_9_mid_tool_then_resume_in_another_process(
         assert reply is not None and reply.data.content == "after the crash"
 
 
-async def crashed_log(tmp_path: Path, step: Any, tool: Any, wait_for: str) -> tuple[Path, str]:
-    """Run a session until `wait_for` is logged, then keep its log as a crash would leave it."""
+async def crashed_log(
+    tmp_path: Path, step: Any, tools: Any, wait_for: str, *, count: int = 1
+) -> tuple[Path, str]:
+    """Run a session until `count` `wait_for` events are logged, then keep its log as a crash
+    would leave it."""
     async with Client(store="memory") as first:
-        session = await open_session(first, ScriptedModel([step]), tool)
+        tools = tools if isinstance(tools, list) else [tools]
+        session = await open_session(first, ScriptedModel([step]), *tools)
         rec = Recorder(session)
         await session.send("go")
-        await rec.wait_for(wait_for)
+        await rec.wait_for(wait_for, count)
         crashed = await session.get_events()
         await session.disconnect()
     db = tmp_path / "crash.db"
@@ -325,6 +336,47 @@ async def test_p3_continue_pending_work_reruns_the_call_and_finishes_the_run(
         assert log[-1].type == "assistant.turn_end" and rec.of("assistant.message")[
             0
         ].data.content == ("finished after the crash")
+
+
+async def test_p3_an_idempotent_tool_reruns_on_resume_and_the_others_are_cancelled(
+    tmp_path: Path,
+) -> None:
+    from trimtab import define_tool
+
+    db, session_id = await crashed_log(
+        tmp_path,
+        [tool_call("probe", {"n": 1}), tool_call("send_mail", {"to": "x"})],
+        [define_tool("probe", handler=hang), define_tool("send_mail", handler=hang)],
+        "tool.execution_start",
+        count=2,
+    )
+    ran: list[Any] = []
+
+    def probe(params: Any) -> str:
+        ran.append(params)
+        return "probed"
+
+    model = ScriptedModel(["went on"])
+    async with Client(store=db) as second:
+        resumed = await second.resume_session(
+            session_id,
+            provider=model,
+            tools=[
+                define_tool("probe", handler=probe, idempotent=True),
+                define_tool("send_mail", handler=lambda params: "sent twice!"),
+            ],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        rec = Recorder(resumed)
+        await rec.wait_for("session.idle")
+        assert ran == [{"n": 1}]
+        outcomes = {
+            e.data.tool_name: e.data.outcome
+            for e in await resumed.get_events()
+            if e.type == "tool.execution_complete"
+        }
+        assert outcomes == {"send_mail": "cancelled", "probe": "success"}
+        assert rec.of("assistant.message")[0].data.content == "went on"
 
 
 async def test_p3_crash_mid_model_call_continues_only_when_asked(tmp_path: Path) -> None:
@@ -416,3 +468,51 @@ async def test_r1_a_remote_session_delivers_the_owners_events_live(tmp_path: Pat
         ]
         assert remote.window() == session.window()
         await remote.disconnect()
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def shared_store(request: pytest.FixtureRequest) -> Callable[[], Store | str]:
+    """What two runtimes share whose live events cross between them: one in-process store
+    object, or one PostgreSQL database (each runtime with a store of its own)."""
+    if request.param == "memory":
+        memory = MemoryStore()
+        return lambda: memory
+    dsn: str = request.getfixturevalue("pg_dsn")
+    return lambda: dsn
+
+
+async def test_r1_send_and_wait_on_a_remote_session_returns_the_owners_reply(
+    shared_store: Callable[[], Store | str],
+) -> None:
+    async with (
+        Client(store=shared_store(), poll_interval=0.02) as owner,
+        Client(store=shared_store(), poll_interval=0.02) as other,
+    ):
+        session = await open_session(owner, ScriptedModel(["one"]))
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+        seen = Recorder(remote)
+        assert remote.is_remote
+
+        reply = await remote.send_and_wait("hello from elsewhere", timeout=10)
+
+        assert reply is not None and reply.data.content == "one"
+        # The owner's live events reach the follower too, in their places.
+        assert seen.types[-2:] == ["assistant.turn_end", "session.idle"]
+        assert "session.usage_info" in seen.types
+        assert not any(e.ephemeral for e in await remote.get_events())
+        assert remote.window() == session.window()
+
+
+async def test_r1_a_failed_remote_run_raises_session_error_on_the_follower(
+    shared_store: Callable[[], Store | str],
+) -> None:
+    async with (
+        Client(store=shared_store(), poll_interval=0.02) as owner,
+        Client(store=shared_store(), poll_interval=0.02) as other,
+    ):
+        failing = ScriptedModel([ProviderError("rate_limit", "slow down", status_code=429)])
+        session = await open_session(owner, failing)
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+
+        with pytest.raises(SessionError, match="slow down"):
+            await remote.send_and_wait("hello", timeout=10)

@@ -20,6 +20,7 @@ from trimtab._errors import (
 from trimtab._history import ClearContextResult, History
 from trimtab._loop import LoopState, RunResult
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._runs import RunLedger
 from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import Tool, ToolInvocation, valid_text
 from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
@@ -30,6 +31,9 @@ from trimtab.events import (
     EventType,
     ModelLimits,
     SessionConfigData,
+    SessionErrorData,
+    SessionErrorEvent,
+    SessionIdleEvent,
     SessionResumeData,
     SessionResumeEvent,
     ToolDefinition,
@@ -230,6 +234,9 @@ class Session:
                 )
             await self._store.append(self.session_id, (event,), lease=self._lease)
             replay.apply(event)
+        elif self._lease is not None:
+            # Hosts following this session from other runtimes see its live events too.
+            await self._store.publish(self.session_id, event, after=replay.event_count)
         self._subscribers.deliver(event)
         return event
 
@@ -264,12 +271,11 @@ class Session:
         Returns the run's last `assistant.message` (after a clear, the seeded run's), or None
         if there was none (an abort before the model answered). Raises `SessionError` if the
         run ended in `session.error`, and `TimeoutError` after `timeout` seconds (the run
-        goes on).
+        goes on). On a remote session the run executes in its owner, and its end is read
+        from the events this runtime follows.
         """
         if self.is_remote:
-            raise TrimtabError(
-                "send_and_wait needs the session's lease; use send() on a remote session"
-            )
+            return await self._send_and_follow(prompt, timeout)
         waiter: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         await self._submit(prompt, waiter)
         result = await asyncio.wait_for(asyncio.shield(waiter), timeout)
@@ -278,6 +284,21 @@ class Session:
             raise SessionError(data.error_type, data.message, status_code=data.status_code)
         return result.last_message
 
+    async def _send_and_follow(
+        self, prompt: str, timeout: float | None
+    ) -> AssistantMessageEvent | None:
+        ledger = RunLedger()
+        unsubscribe = self.on(ledger.observe)  # before the send: no event may slip by
+        try:
+            message_id = (await self._submit(prompt, None)).message_id
+            run = await asyncio.wait_for(ledger.wait(message_id), timeout)
+        finally:
+            unsubscribe()
+        if run.error is not None:
+            data = run.error.data
+            raise SessionError(data.error_type, data.message, status_code=data.status_code)
+        return run.last_message
+
     async def abort(self) -> None:
         """Stop the current run: running handlers are cancelled, the run ends with `abort` and
         `session.idle`. Messages queued behind it still run."""
@@ -285,6 +306,16 @@ class Session:
         if current is not None and not current.done():
             current.cancel()
             await asyncio.wait([current])
+
+    @property
+    def busy(self) -> bool:
+        """A run or window operation is in progress or queued."""
+        return self._worker is not None
+
+    async def wait_idle(self) -> None:
+        """Return once no run or operation is in progress or queued."""
+        while (worker := self._worker) is not None:
+            await asyncio.wait([worker])
 
     async def get_events(self) -> list[Event]:
         """The persisted log, oldest first."""
@@ -365,9 +396,9 @@ class Session:
                 except asyncio.CancelledError:
                     result = RunResult(aborted=True)
                 except Exception as exc:
-                    # The store failed or the lease was lost: no idle can be logged, but no
-                    # waiter may hang either.
-                    self._failed(exc, item.waiter)
+                    # The store failed or the lease was lost: nothing more can be logged,
+                    # but no waiter may hang, here or in a host following the session.
+                    self._failed(exc, item.message_id, item.waiter)
                     continue
                 finally:
                     self._current = None
@@ -386,12 +417,25 @@ class Session:
         if not operation.waiter.done():
             operation.waiter.set_result(result)
 
-    def _failed(self, exc: Exception, waiter: asyncio.Future[RunResult] | None) -> None:
+    def _failed(
+        self, exc: Exception, message_id: str, waiter: asyncio.Future[RunResult] | None
+    ) -> None:
         if isinstance(exc, LeaseLostError):
             self._lease = None
         log.exception("run of session %s failed", self.session_id)
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
+        # Delivered, not stored (the store is what failed): the run still ends in a typed
+        # error and one idle for whoever watches (spec E1).
+        error_type = "lease_lost" if isinstance(exc, LeaseLostError) else "store"
+        data = SessionErrorData(
+            error_type=error_type,
+            message=f"{type(exc).__name__}: {exc}",
+            retryable=True,
+            originating_message_id=message_id,
+        )
+        self._subscribers.deliver(SessionErrorEvent(data=data, ephemeral=True))
+        self._subscribers.deliver(SessionIdleEvent())
 
     async def _exclusive(self, apply: Callable[[], Awaitable[T]]) -> T:
         """Run a window operation between runs, never during one (queued behind them)."""
@@ -466,7 +510,8 @@ class Session:
         events = self._store.subscribe(self.session_id, after=self._replay.event_count)
         try:
             async for event in events:
-                self._replay.apply(event)
+                if not event.ephemeral:
+                    self._replay.apply(event)
                 self._subscribers.deliver(event)
         except SessionNotFoundError:
             pass  # deleted: nothing more will come
@@ -488,38 +533,46 @@ class Session:
         await self.emit(
             SessionResumeEvent(data=SessionResumeData(event_count=self._replay.event_count))
         )
-        await self._recover()
+        # Hosts here were following a run the crashed owner left: it goes on, from here.
+        await self._recover(continue_run=True)
 
     # --- resume --------------------------------------------------------------------------
 
-    async def _recover(self, *, continue_pending: bool = False) -> None:
-        """Finish what a crash left: cancel unfinished calls, or with `continue_pending` run
-        them again and continue the interrupted run (P3); deliver a pending seed (C10)."""
+    async def _recover(self, *, continue_pending: bool = False, continue_run: bool = False) -> None:
+        """Finish what a crash left (P3): unfinished calls of idempotent tools (all of them
+        with `continue_pending`) run again, the others end `cancelled`; a run interrupted
+        mid-turn goes on when a call runs again or when asked (`continue_pending`,
+        `continue_run`). Then a pending seed is delivered (C10)."""
         replay = self._replay
-        if continue_pending and replay.open_turn is not None:
-            calls = tuple(
-                ToolCall(
-                    id=d.tool_call_id, name=d.tool_name, arguments=_arguments_text(d.arguments)
+        unfinished = list(replay.unfinished_calls.items())
+        again = [
+            (call_id, start)
+            for call_id, start in unfinished
+            if continue_pending or _is_idempotent(self._tools.get(start.tool_name))
+        ]
+        for call_id, start in unfinished:
+            if (call_id, start) not in again:
+                await self.emit(
+                    ToolExecutionCompleteEvent(
+                        data=ToolExecutionCompleteData(
+                            tool_call_id=call_id,
+                            success=False,
+                            outcome="cancelled",
+                            error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
+                            tool_name=start.tool_name,
+                        )
+                    )
                 )
-                for d in replay.unfinished_calls.values()
+        if replay.open_turn is not None and (continue_pending or continue_run or again):
+            calls = tuple(
+                ToolCall(id=call_id, name=d.tool_name, arguments=_arguments_text(d.arguments))
+                for call_id, d in again
             )
             interrupted = _loop.Interrupted(replay.open_turn, calls)
             message_id = replay.last_message_id or new_id()
             self._queue.append(_Pending("", message_id, appended=True, interrupted=interrupted))
             self._start_worker()
             return
-        for call_id, start in list(replay.unfinished_calls.items()):
-            await self.emit(
-                ToolExecutionCompleteEvent(
-                    data=ToolExecutionCompleteData(
-                        tool_call_id=call_id,
-                        success=False,
-                        outcome="cancelled",
-                        error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
-                        tool_name=start.tool_name,
-                    )
-                )
-            )
         seed = self._replay.pending_seed
         if seed is not None:
             self._queue.append(
@@ -528,6 +581,10 @@ class Session:
                 )
             )
             self._start_worker()
+
+
+def _is_idempotent(tool: Tool | None) -> bool:
+    return tool is not None and tool.definition.idempotent
 
 
 def _arguments_text(arguments: object) -> str:

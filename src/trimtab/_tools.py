@@ -218,6 +218,7 @@ def define_tool(
     overrides_built_in_tool: bool = False,
     metadata: dict[str, Any] | None = None,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> Tool: ...
 @overload
 def define_tool(
@@ -232,6 +233,7 @@ def define_tool(
     overrides_built_in_tool: bool = False,
     metadata: dict[str, Any] | None = None,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> Callable[[ToolHandler], Tool]: ...
 def define_tool(
     name: str | ToolHandler | None = None,
@@ -246,6 +248,7 @@ def define_tool(
     overrides_built_in_tool: bool = False,
     metadata: dict[str, Any] | None = None,
     timeout: float | None = None,
+    idempotent: bool = False,
 ) -> Tool | Callable[[ToolHandler], Tool]:
     """Define a tool, directly or as a decorator.
 
@@ -260,6 +263,8 @@ def define_tool(
     The argument schema comes from `params_type`, else from the Pydantic model annotating
     the handler's first parameter; a handler without one receives the arguments as a dict.
     A handler taking two positional parameters also receives the `ToolInvocation`.
+    `idempotent=True` lets a call a crash interrupted run again when the session is resumed
+    or taken over (at least once); otherwise it ends `cancelled` (at most once).
     """
     if callable(name):
         return define_tool(handler=name)
@@ -286,6 +291,7 @@ def define_tool(
             overrides_built_in_tool=overrides_built_in_tool,
             metadata=metadata,
             timeout=timeout,
+            idempotent=idempotent,
         )
         return Tool(definition, fn, model)
 

@@ -149,6 +149,9 @@ class ToolDefinition(WireModel):
     metadata: dict[str, Any] | None = None
     timeout: float | None = None
     """Seconds the handler may run before its call ends in `timeout`."""
+    idempotent: bool = False
+    """Safe to run twice: a call a crash interrupted runs again on resume or takeover,
+    instead of ending `cancelled` (its `tool_call_id` is the idempotency key)."""
 
 
 class ModelLimits(WireModel):

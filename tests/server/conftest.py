@@ -71,9 +71,15 @@ def request_messages(model: ReplayServer, index: int) -> list[tuple[str, str | N
 class ServerProcess:
     """`python -m trimtab.server` listening on 127.0.0.1: a real subprocess."""
 
-    def __init__(self, store: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        store: Path | str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+    ) -> None:
         self.store = store
-        self.log = store.with_suffix(f".{time.monotonic_ns()}.log")
+        self.log = log or Path(store).with_suffix(f".{time.monotonic_ns()}.log")
         started = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trimtab.server", "--store", str(store), *args],
@@ -93,6 +99,7 @@ class ServerProcess:
         match = re.fullmatch(r"listening on port (\d+)\n", line)
         if match is None:
             self.process.kill()
+            self.process.wait()
             raise RuntimeError(f"server did not start: {line!r}\n{self.log.read_text()}")
         return int(match.group(1))
 

@@ -39,6 +39,7 @@ async def serve(
     store: Store | str | os.PathLike[str] | None = None,
     token: str | None = None,
     provider: dict[str, Any] | None = None,
+    lease_ttl: float = 30.0,
     on_ready: Callable[[int], None] | None = None,
 ) -> None:
     """Serve the Copilot protocol: over TCP until cancelled, or over stdio until stdin closes.
@@ -51,6 +52,8 @@ async def serve(
         store: Where session logs live, as for `trimtab.Client`.
         token: The connection token clients must send in `connect`.
         provider: The provider of sessions created without a BYOK `provider`.
+        lease_ttl: Seconds a session's lease outlives this server if it dies without letting
+            go: another server sharing the store takes the session over after that.
         on_ready: Called with the port once listening (TCP); by default the server prints
             `listening on port N` to stdout, the line the official clients wait for.
 
@@ -62,7 +65,12 @@ async def serve(
             f"refusing to listen on {host!r} without a connection token: "
             "anyone who can reach it could drive your sessions (pass a token, or use 127.0.0.1)"
         )
-    async with Client(store=store, provider=provider) as client:
+    # Checks for queued input and expired leases at least every second, faster for short
+    # leases, so that a takeover follows soon after the lease expires.
+    poll = min(1.0, lease_ttl / 10)
+    async with Client(
+        store=store, provider=provider, lease_ttl=lease_ttl, poll_interval=poll
+    ) as client:
         hub = SessionHub(client)
         try:
             if stdio:

@@ -46,6 +46,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--provider", type=json.loads, help="JSON provider config for sessions that bring none"
     )
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a crashed server's sessions stay locked before another takes them over",
+    )
     parser.add_argument("--log-level", default="warning", choices=sorted(_LOG_LEVELS))
     # Flags the official clients pass to a runtime they spawn; meaningless here.
     for flag in ("--headless", "--no-auto-update", "--no-auto-login", "--remote"):
@@ -79,6 +86,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.se
         "store": args.store,
         "token": token,
         "provider": args.provider,
+        "lease_ttl": args.lease_ttl,
     }
     try:
         asyncio.run(_run(options))

@@ -96,7 +96,9 @@ class CopilotConnection:
         try:
             await self._conn.run(self.dispatch)
         finally:
-            await self._hub.release_all(self._conn)
+            # A dropped connection may come back (here or on another server): runs it
+            # started finish first, so that a reconnecting client finds them complete.
+            await self._hub.release_all(self._conn, linger=True)
 
     async def dispatch(self, method: str, params: Params) -> Any:
         """Run one method; every runtime failure becomes a JSON-RPC error."""
@@ -177,8 +179,7 @@ class CopilotConnection:
 
     async def _send_and_wait(self, params: dict[str, Any]) -> dict[str, Any]:
         shared, prompt = await self._prompt(params)
-        if shared.session.is_remote:
-            raise TrimtabError("send_and_wait needs the session's lease; use session.send")
+        # On a remote session the owner runs it; the ledger follows its events from here.
         message_id = await shared.session.send(prompt)
         run = await shared.bridge.ledger.wait(message_id)
         idle = run.idle.id if run.idle is not None else None

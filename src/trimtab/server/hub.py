@@ -46,6 +46,8 @@ class SharedSession:
     """The tools each attached connection declared (and so can run)."""
     _buffer: list[Event] | None = field(default_factory=list)
     _unsubscribe: Callable[[], None] | None = None
+    lingering: asyncio.Task[None] | None = None
+    """Closes the session once its runs end, after its last connection went away."""
 
     def __post_init__(self) -> None:
         self._unsubscribe = self.session.on(self._on_event)
@@ -174,8 +176,12 @@ class SessionHub:
                 return record.event_count
         raise SessionNotFoundError(session_id)
 
-    async def release(self, peer: Connection, session_id: str) -> None:
-        """Detach `peer`; the last one out disconnects the session (its log stays)."""
+    async def release(self, peer: Connection, session_id: str, *, linger: bool = False) -> None:
+        """Detach `peer`; the last one out disconnects the session (its log stays).
+
+        With `linger`, a session with a run in progress stays open until its queued runs
+        have ended, unless a connection attaches to it again meanwhile.
+        """
         async with self._locks.hold(session_id):
             shared = self._open.get(session_id)
             if shared is None or peer not in shared.peers:
@@ -183,12 +189,23 @@ class SessionHub:
             if shared.bridge.hooks.target is peer:
                 await shared.bridge.hooks.session_end("user_exit")
             if shared.release(peer):
+                if linger and shared.session.busy:
+                    shared.lingering = asyncio.get_running_loop().create_task(
+                        self._close_when_idle(shared)
+                    )
+                else:
+                    await self._close(shared)
+
+    async def _close_when_idle(self, shared: SharedSession) -> None:
+        await shared.session.wait_idle()
+        async with self._locks.hold(shared.session_id):
+            if self._open.get(shared.session_id) is shared and not shared.peers:
                 await self._close(shared)
 
-    async def release_all(self, peer: Connection) -> None:
+    async def release_all(self, peer: Connection, *, linger: bool = False) -> None:
         """Detach `peer` from every session (its connection closed)."""
         for shared in self.attached(peer):
-            await self.release(peer, shared.session_id)
+            await self.release(peer, shared.session_id, linger=linger)
 
     async def delete(self, session_id: str) -> None:
         """Disconnect the session if it is open, then delete its log."""
