@@ -10,10 +10,15 @@ chain (nothing acknowledged lost, nothing doubled), and each run ending in exact
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import re
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any
 
 import pytest
@@ -293,3 +298,26 @@ async def test_postgres_restarted_mid_run_the_run_ends_cleanly_and_loses_nothing
     assert contents(log, "user.message") == ["Say hi", "Say hi"]
     assert reply is not None and reply.data.content == "Hi!"
     assert seen.types.count("session.idle") == 2
+
+
+async def test_the_scale_out_example_runs_as_the_readme_says(pg_dsn: str) -> None:
+    turns = conversation(
+        user("Say hello."),
+        assistant("Hello!"),
+        user("Say hello again."),
+        assistant("Hello again!"),
+        user("And once more."),
+        assistant("Once more!"),
+    )
+    async with ReplayServer([turns]) as model:
+        env = {**os.environ, "TRIMTAB_EXAMPLE_PROVIDER": json.dumps(provider(model))}
+        example = Path(__file__).parents[2] / "examples" / "02_scale_out.py"
+        done = await asyncio.create_subprocess_exec(
+            sys.executable, str(example), pg_dsn, env=env, stdout=PIPE, stderr=PIPE
+        )
+        out, err = await asyncio.wait_for(done.communicate(), 60)
+
+    assert done.returncode == 0, err.decode()
+    lines = out.decode().splitlines()
+    assert lines[:2] == ["A: Hello!", "B (run in A): Hello again!"]
+    assert re.fullmatch(r"B \(run in B, [\d.]+ s after A died\): Once more!", lines[2])
