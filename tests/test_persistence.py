@@ -18,6 +18,7 @@ from trimtab import (
     ProviderError,
     SessionError,
     SessionNotFoundError,
+    StoreUnavailableError,
 )
 from trimtab.events import Event
 from trimtab.store import MemoryStore, SqliteStore, Store
@@ -516,3 +517,32 @@ async def test_r1_a_failed_remote_run_raises_session_error_on_the_follower(
 
         with pytest.raises(SessionError, match="slow down"):
             await remote.send_and_wait("hello", timeout=10)
+
+
+class CutAfterCommit(MemoryStore):
+    """A store whose connection drops once, right after an append committed: the caller
+    cannot know the outcome (what a database restart does to an in-flight commit)."""
+
+    def __init__(self, cut_at: str) -> None:
+        super().__init__()
+        self.cut_at = cut_at
+
+    async def append(self, session_id: str, events: Any, *, lease: Any) -> int:
+        count = await super().append(session_id, events, lease=lease)
+        if events and events[0].type == self.cut_at:
+            self.cut_at = ""
+            raise StoreUnavailableError("the connection dropped during the commit")
+        return count
+
+
+async def test_an_append_of_unknown_outcome_is_retried_and_stored_once() -> None:
+    store = CutAfterCommit("assistant.message")
+    async with Client(store=store) as client:
+        session = await open_session(client, ScriptedModel(["stored once"]))
+
+        reply = await session.send_and_wait("hi")
+
+        assert reply is not None and reply.data.content == "stored once"
+        types = [e.type for e in await session.get_events()]
+        assert types.count("assistant.message") == 1
+        assert store.cut_at == ""  # the cut happened

@@ -7,6 +7,7 @@ from trimtab._errors import (
     ProviderError,
     SessionError,
     SessionNotFoundError,
+    StoreUnavailableError,
     ToolError,
     TrimtabError,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "SessionError",
     "SessionNotFoundError",
     "SessionOptions",
+    "StoreUnavailableError",
     "Tool",
     "ToolError",
     "ToolInvocation",

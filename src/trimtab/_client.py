@@ -337,8 +337,7 @@ class Client:
                         if lease is not None:
                             await session._adopt(lease)
                     if not session.is_remote:
-                        for prompt, message_id in await store.take_inputs(session.session_id):
-                            await session._submit(prompt, None, message_id)
+                        await session._take_inputs(await store.pending_inputs(session.session_id))
             except Exception:
                 # Upkeep must survive a transient store error; the next tick retries.
                 log.exception("lease upkeep failed")

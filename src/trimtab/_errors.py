@@ -12,6 +12,7 @@ __all__ = [
     "ProviderErrorType",
     "SessionError",
     "SessionNotFoundError",
+    "StoreUnavailableError",
     "ToolError",
     "TrimtabError",
 ]
@@ -93,3 +94,9 @@ class SessionNotFoundError(TrimtabError, KeyError):
 
 class LeaseLostError(TrimtabError):
     """This runtime no longer holds the lease of the session it tried to write (spec R1)."""
+
+
+class StoreUnavailableError(TrimtabError):
+    """The store could not be reached (a database restart, a failover). Whether the write
+    went through is unknown; appending the same events again is safe (appends are idempotent
+    by event id)."""

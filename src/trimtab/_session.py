@@ -15,6 +15,7 @@ from trimtab._errors import (
     LeaseLostError,
     SessionError,
     SessionNotFoundError,
+    StoreUnavailableError,
     TrimtabError,
 )
 from trimtab._history import ClearContextResult, History
@@ -54,6 +55,10 @@ log = logging.getLogger("trimtab")
 
 
 _NOTHING_DEFERRED: frozenset[str] = frozenset()
+
+_STORE_RETRY_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
+"""Seconds between tries of an append while the store is unavailable (~8 s in all): a
+database restart; past that the run ends in a `store` error (and the lease may be gone)."""
 
 
 class _Rpc:
@@ -128,6 +133,8 @@ class Session:
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunResult] | None = None
         self._follower: asyncio.Task[None] | None = None
+        self._inbox: set[str] | None = None
+        """Message ids of inputs queued from the store whose user message is not stored yet."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -232,13 +239,27 @@ class Session:
                 raise LeaseLostError(
                     f"session {self.session_id} is remote: this runtime cannot write it"
                 )
-            await self._store.append(self.session_id, (event,), lease=self._lease)
+            await self._append(event)
             replay.apply(event)
         elif self._lease is not None:
             # Hosts following this session from other runtimes see its live events too.
             await self._store.publish(self.session_id, event, after=replay.event_count)
         self._subscribers.deliver(event)
         return event
+
+    async def _append(self, event: Event) -> None:
+        """Store one event, riding out a short store outage (a database restart): appends are
+        idempotent by event id, so a try whose outcome was unknown is simply repeated."""
+        assert self._lease is not None
+        for delay in (*_STORE_RETRY_DELAYS, None):
+            try:
+                await self._store.append(self.session_id, (event,), lease=self._lease)
+                return
+            except StoreUnavailableError:
+                if delay is None:
+                    raise
+                log.warning("store unavailable for session %s; retrying", self.session_id)
+                await asyncio.sleep(delay)
 
     # --- public API ----------------------------------------------------------------------
 
@@ -367,6 +388,21 @@ class Session:
         self._queue.append(pending)
         self._start_worker()
         return pending
+
+    async def _take_inputs(self, pending: list[tuple[str, str]]) -> None:
+        """Queue the inputs other runtimes sent (spec R1) that are not queued here yet.
+
+        An input stays pending in the store until its user message is stored, so that a
+        crash cannot lose it; until then it must not be queued twice.
+        """
+        if self._inbox:
+            self._inbox.intersection_update(message_id for _, message_id in pending)
+        for prompt, message_id in pending:
+            if self._inbox is None:
+                self._inbox = set()
+            if message_id not in self._inbox:
+                self._inbox.add(message_id)
+                await self._submit(prompt, None, message_id)
 
     def _start_worker(self) -> None:
         if self._worker is None and self._queue:

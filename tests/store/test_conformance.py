@@ -239,7 +239,7 @@ UNKNOWN_SESSION_CALLS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "get": lambda s: s.get("nope"),
     "acquire_lease": lambda s: s.acquire_lease("nope", "w", LONG_TTL),
     "enqueue_input": lambda s: s.enqueue_input("nope", "hi", "m1"),
-    "take_inputs": lambda s: s.take_inputs("nope"),
+    "pending_inputs": lambda s: s.pending_inputs("nope"),
 }
 
 
@@ -295,7 +295,7 @@ async def test_delete_removes_the_session_its_log_and_its_inputs(store: Store) -
     assert [r.session_id for r in await store.list_sessions()] == ["keep"]
     await store.create("s")
     assert await store.read("s") == []
-    assert await store.take_inputs("s") == []
+    assert await store.pending_inputs("s") == []
     assert contents(await store.read("keep")) == ["k"]
 
 
@@ -493,22 +493,39 @@ async def test_get_reports_only_a_live_lease_owner(store: Store) -> None:
 # --- input queue (spec R1: a send to a remote session is queued for the owner) -----------
 
 
-async def test_r1_inputs_are_taken_once_in_fifo_order(store: Store) -> None:
+def message(content: str, message_id: str) -> UserMessageEvent:
+    return UserMessageEvent(
+        data=UserMessageData(content=content, message_id=message_id, source="user")
+    )
+
+
+async def test_r1_inputs_stay_pending_in_fifo_order_until_their_message_is_stored(
+    store: Store,
+) -> None:
     await make(store, "s", "t")
     for n in range(3):
         await store.enqueue_input("s", f"prompt {n}", f"m{n}")
     await store.enqueue_input("t", "elsewhere", "mt")
 
-    assert await store.take_inputs("s") == [
-        ("prompt 0", "m0"),
-        ("prompt 1", "m1"),
-        ("prompt 2", "m2"),
-    ]
-    assert await store.take_inputs("s") == []
+    pending = [("prompt 0", "m0"), ("prompt 1", "m1"), ("prompt 2", "m2")]
+    assert await store.pending_inputs("s") == pending
+    assert await store.pending_inputs("s") == pending  # reading takes nothing
 
+    await store.append("s", [message("prompt 0", "m0"), assistant("a")], lease=None)
+    await store.append("s", [message("prompt 2", "m2")], lease=None)
+    assert await store.pending_inputs("s") == [("prompt 1", "m1")]
     await store.enqueue_input("s", "later", "m3")
-    assert await store.take_inputs("s") == [("later", "m3")]
-    assert await store.take_inputs("t") == [("elsewhere", "mt")]
+    assert await store.pending_inputs("s") == [("prompt 1", "m1"), ("later", "m3")]
+    assert await store.pending_inputs("t") == [("elsewhere", "mt")]
+
+
+async def test_r1_queuing_the_same_message_again_is_a_no_op(store: Store) -> None:
+    await store.create("s")
+
+    await store.enqueue_input("s", "once", "m1")
+    await store.enqueue_input("s", "once", "m1")  # a retried send
+
+    assert await store.pending_inputs("s") == [("once", "m1")]
 
 
 async def test_inputs_keep_their_text_unchanged(store: Store) -> None:
@@ -517,7 +534,33 @@ async def test_inputs_keep_their_text_unchanged(store: Store) -> None:
 
     await store.enqueue_input("s", prompt, "m1")
 
-    assert await store.take_inputs("s") == [(prompt, "m1")]
+    assert await store.pending_inputs("s") == [(prompt, "m1")]
+
+
+async def test_r1_claim_next_takes_a_free_session_with_pending_input(store: Store) -> None:
+    await make(store, "idle", "waiting", "held", "done")
+    await store.enqueue_input("waiting", "hi", "m1")
+    await store.enqueue_input("held", "hi", "m2")
+    await store.enqueue_input("done", "hi", "m3")
+    await store.append("done", [message("hi", "m3")], lease=None)
+    assert await store.acquire_lease("held", "other", LONG_TTL) is not None
+
+    lease = await store.claim_next("worker", LONG_TTL)
+
+    assert lease is not None and (lease.session_id, lease.owner) == ("waiting", "worker")
+    assert (await store.get("waiting")).lease_owner == "worker"
+    assert await store.claim_next("another worker", LONG_TTL) is None
+
+
+async def test_a_retried_append_is_not_stored_again(store: Store) -> None:
+    await store.create("s")
+    batch: list[Event] = [user("a"), assistant("b")]
+
+    assert await store.append("s", batch, lease=None) == 2
+    assert await store.append("s", batch, lease=None) == 2  # the outcome was unknown: retry
+
+    assert contents(await store.read("s")) == ["a", "b"]
+    assert await store.append("s", [user("c")], lease=None) == 3
 
 
 # --- subscriptions (catch up from the log, then live) -------------------------------------

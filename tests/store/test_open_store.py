@@ -98,9 +98,16 @@ async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
     await store.create("s")
     await store.close()
     db = sqlite3.connect(path)
-    db.executescript("DROP TABLE snapshots; PRAGMA user_version = 1;")
+    # Back to version 1: no snapshots (2), no idempotent appends nor claimed inputs (3).
+    db.executescript(
+        "DROP TABLE snapshots; DROP INDEX events_by_id; DROP INDEX inputs_by_message;"
+        " ALTER TABLE inputs DROP COLUMN claimed_seq; PRAGMA user_version = 1;"
+    )
     db.close()
     store = SqliteStore(path)
     await store.save_snapshot("s", 0, "{}")
     assert await store.load_snapshot("s") == (0, "{}")
+    await store.enqueue_input("s", "hi", "m1")
+    await store.enqueue_input("s", "hi", "m1")
+    assert await store.pending_inputs("s") == [("hi", "m1")]
     await store.close()

@@ -21,7 +21,7 @@ require_psycopg()
 import psycopg  # noqa: E402
 
 from tests.store.processes import child, go, next_line  # noqa: E402
-from trimtab._errors import LeaseLostError  # noqa: E402
+from trimtab._errors import LeaseLostError, StoreUnavailableError  # noqa: E402
 from trimtab.events import (  # noqa: E402
     AssistantMessageDeltaData,
     AssistantMessageDeltaEvent,
@@ -73,6 +73,12 @@ asyncio.run(main(*sys.argv[1:]))
 
 def user(content: str) -> UserMessageEvent:
     return UserMessageEvent(data=UserMessageData(content=content, source="user"))
+
+
+def message(content: str, message_id: str) -> UserMessageEvent:
+    return UserMessageEvent(
+        data=UserMessageData(content=content, message_id=message_id, source="user")
+    )
 
 
 def contents(events: list[Event]) -> list[str]:
@@ -350,38 +356,19 @@ async def test_workers_claim_each_session_with_pending_input_once(pg_dsn: str) -
             done = []
             while (lease := await store.claim_next(owner, 30)) is not None:
                 assert lease.owner == owner
-                done.append((lease.session_id, await store.take_inputs(lease.session_id)))
+                inputs = await store.pending_inputs(lease.session_id)
+                delivered = [message(prompt, message_id) for prompt, message_id in inputs]
+                await store.append(lease.session_id, delivered, lease=lease)
+                done.append((lease.session_id, inputs))
                 await store.release_lease(lease)
             return done
 
         results = await asyncio.gather(*(work(f"w{n}") for n in range(4)))
 
-    # A claim can find the inputs already taken (it read a stale snapshot); never twice.
+    # Each session's inputs were delivered by exactly one worker.
     delivered = sorted((sid, inputs) for done in results for sid, inputs in done if inputs)
     assert delivered == [(sid, [("first", f"{sid}-1"), ("second", f"{sid}-2")]) for sid in pending]
     assert sum(1 for done in results if done) > 1, "one worker did everything"
-
-
-async def test_retried_append_with_a_stored_idempotency_key_stores_nothing(
-    pg_dsn: str,
-) -> None:
-    async with stores(pg_dsn, 1) as (store,):
-        await store.create("s")
-        await store.create("t")
-
-        assert await store.append("s", [user("hi")], lease=None, idem_keys=["msg-1"]) == 1
-        assert await store.append("s", [user("hi")], lease=None, idem_keys=["msg-1"]) == 1
-        batch = [user("result"), user("note")]
-        assert await store.append("s", batch, lease=None, idem_keys=["call-1", None]) == 3
-        assert await store.append("s", batch, lease=None, idem_keys=["call-1", None]) == 3
-        assert await store.append("s", [user("free")], lease=None, idem_keys=[None]) == 4
-        assert await store.append("t", [user("hi")], lease=None, idem_keys=["msg-1"]) == 1
-
-        assert contents(await store.read("s")) == ["hi", "result", "note", "free"]
-        with pytest.raises(ValueError, match="2 idempotency keys for 1 events"):
-            await store.append("s", [user("x")], lease=None, idem_keys=["a", "b"])
-        with pytest.raises(ValueError, match="repeat"):
-            await store.append("s", [user("x"), user("y")], lease=None, idem_keys=["a", "a"])
 
 
 async def test_a_retry_still_needs_the_lease(pg_dsn: str) -> None:
@@ -389,33 +376,48 @@ async def test_a_retry_still_needs_the_lease(pg_dsn: str) -> None:
         await store.create("s")
         lease = await store.acquire_lease("s", "w", 60)
         assert lease is not None
-        await store.append("s", [user("hi")], lease=lease, idem_keys=["msg-1"])
+        batch = [user("hi")]
+        await store.append("s", batch, lease=lease)
         await store.release_lease(lease)
 
         with pytest.raises(LeaseLostError):
-            await store.append("s", [user("hi")], lease=lease, idem_keys=["msg-1"])
+            await store.append("s", batch, lease=lease)
 
 
-async def test_concurrent_appends_of_one_key_from_two_stores_store_it_once(
+async def test_concurrent_appends_of_one_batch_from_two_stores_store_it_once(
     pg_dsn: str,
 ) -> None:
     async with stores(pg_dsn, 2) as (a, b):
         await a.create("s")
         for n in range(20):
-            batch, keys = [user(f"msg {n}")], [f"k{n}"]
-            await asyncio.gather(
-                a.append("s", batch, lease=None, idem_keys=keys),
-                b.append("s", batch, lease=None, idem_keys=keys),
+            batch = [user(f"msg {n}")]
+            counts = await asyncio.gather(
+                a.append("s", batch, lease=None), b.append("s", batch, lease=None)
             )
+            assert list(counts) == [n + 1, n + 1]
 
         assert contents(await a.read("s")) == [f"msg {n}" for n in range(20)]
+
+
+async def test_an_append_cut_by_a_server_restart_is_unavailable_not_lost(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        await store.append("s", [user("before")], lease=None)
+        await asyncio.to_thread(subprocess.run, restart_command(), check=True, capture_output=True)
+        batch = [user("after")]
+        try:
+            await store.append("s", batch, lease=None)
+        except StoreUnavailableError:
+            await store.append("s", batch, lease=None)  # the retry the error invites
+
+        assert contents(await store.read("s")) == ["before", "after"]
 
 
 async def test_schema_is_created_once_by_concurrent_first_calls(pg_dsn: str) -> None:
     async with stores(pg_dsn, 4) as opened:
         await asyncio.gather(*(store.list_sessions() for store in opened))
 
-    assert await column(pg_dsn, "SELECT version FROM trimtab_schema ORDER BY version") == [1, 2]
+    assert await column(pg_dsn, "SELECT version FROM trimtab_schema ORDER BY version") == [1, 2, 3]
 
 
 async def test_a_newer_schema_is_refused(pg_dsn: str) -> None:

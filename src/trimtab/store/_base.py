@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import Event, UserMessageEvent
 
-__all__ = ["Lease", "Rings", "SessionRecord", "Store", "follow"]
+__all__ = ["Lease", "Rings", "SessionRecord", "Store", "claimed_input", "follow"]
 
 
 class Lease(BaseModel):
@@ -57,7 +57,11 @@ class Store(Protocol):
 
         With a lease, the append is fenced: it raises `LeaseLostError` unless the lease is
         still the session's current, unexpired one. Raises `SessionNotFoundError` for an
-        unknown session.
+        unknown session, and `StoreUnavailableError` when the outcome is unknown.
+
+        Idempotent by event id: a batch whose first event is already in the log is the retry
+        of an append that went through, and is not stored again. A `user.message` whose
+        `message_id` is a queued input's claims that input in the same transaction.
         """
         ...
 
@@ -108,12 +112,26 @@ class Store(Protocol):
         """Give the lease up (no-op if it was already lost)."""
         ...
 
-    async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
-        """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
+    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
+        """Take the lease of a session with pending input and no live lease, if there is one;
+        concurrent claimers never get the same session."""
         ...
 
-    async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
-        """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""
+    async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
+        """Queue a message for the lease holder to deliver (a `send` on a remote session).
+
+        Idempotent by `message_id`: queuing the same message again (a retried send) is a
+        no-op.
+        """
+        ...
+
+    async def pending_inputs(self, session_id: str) -> list[tuple[str, str]]:
+        """The queued `(prompt, message_id)` pairs not yet claimed, oldest first.
+
+        Reading them takes nothing: an input stays pending until the `user.message` it becomes
+        is appended, so the input of a holder that crashed before appending it is delivered by
+        the next holder.
+        """
         ...
 
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
@@ -148,6 +166,11 @@ def summarize(events: Sequence[Event]) -> str | None:
                 text = text[: SUMMARY_LENGTH - 1].rstrip() + "…"
             return text
     return None
+
+
+def claimed_input(event: Event) -> str | None:
+    """The message id of the queued input that `event` delivers, if it is a user message."""
+    return event.data.message_id if isinstance(event, UserMessageEvent) else None
 
 
 def check_persistable(events: Sequence[Event]) -> None:

@@ -7,7 +7,6 @@ test passing against it says something about the durable backends too.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ from trimtab.store._base import (
     Rings,
     SessionRecord,
     check_persistable,
+    claimed_input,
     follow,
     holds_lease,
     summarize,
@@ -32,7 +32,8 @@ class _Session:
     created_at: float
     updated_at: float
     events: list[Event] = field(default_factory=list)
-    inputs: deque[tuple[str, str]] = field(default_factory=deque)
+    inputs: dict[str, str] = field(default_factory=dict)
+    """Pending inputs: message id -> prompt, oldest first."""
     summary: str | None = None
     lease_owner: str | None = None
     lease_token: int = 0
@@ -88,11 +89,16 @@ class MemoryStore:
             raise LeaseLostError(
                 f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
             )
-        if events:
+        # An append here never has an unknown outcome, so a retry can only repeat the latest
+        # batch: the log's tail is all there is to compare.
+        if events and not _stored(events, session.events):
             session.events.extend(events)
             session.updated_at = now
             if session.summary is None:
                 session.summary = summarize(events)
+            for event in events:
+                if (message_id := claimed_input(event)) is not None:
+                    session.inputs.pop(message_id, None)
             self._rings.ring(session_id, len(session.events))
         return len(session.events)
 
@@ -181,9 +187,22 @@ class MemoryStore:
             session.lease_owner = None
             session.lease_expires_at = 0.0
 
+    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
+        """Take the lease of a session with pending input and no live lease, if any."""
+        self._check_open()
+        now = time.time()
+        waiting = [
+            (session.updated_at, session_id)
+            for session_id, session in self._sessions.items()
+            if session.inputs and session.live_owner(now) is None
+        ]
+        if not waiting:
+            return None
+        return await self.acquire_lease(min(waiting)[1], owner, ttl)
+
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
-        """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
-        self._session(session_id).inputs.append((prompt, message_id))
+        """Queue a message for the lease holder to deliver (see `Store`)."""
+        self._session(session_id).inputs.setdefault(message_id, prompt)
 
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         """Keep the session's latest snapshot."""
@@ -193,12 +212,11 @@ class MemoryStore:
         """The latest snapshot, if any."""
         return self._session(session_id).snapshot
 
-    async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
-        """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""
-        inputs = self._session(session_id).inputs
-        taken = list(inputs)
-        inputs.clear()
-        return taken
+    async def pending_inputs(self, session_id: str) -> list[tuple[str, str]]:
+        """The queued `(prompt, message_id)` pairs not yet claimed, oldest first."""
+        return [
+            (prompt, message_id) for message_id, prompt in self._session(session_id).inputs.items()
+        ]
 
     async def close(self) -> None:
         """Drop every session and end subscriptions; the store is unusable afterwards."""
@@ -216,3 +234,8 @@ class MemoryStore:
             lease_owner=session.live_owner(now),
             summary=session.summary,
         )
+
+
+def _stored(batch: Sequence[Event], log: list[Event]) -> bool:
+    """Whether `batch` is already the tail of `log` (a retried append)."""
+    return len(log) >= len(batch) and log[len(log) - len(batch)].id == batch[0].id

@@ -24,7 +24,7 @@ Connections come from a `psycopg_pool.AsyncConnectionPool` in autocommit mode, o
 use. A connection is checked when taken from the pool, so after a server restart the next call
 reconnects instead of failing on a dead socket. A call that fails while the server goes away
 raises `psycopg.OperationalError`; whether its write committed is then unknown, as with any
-database client (an append with `idem_keys` can simply be retried).
+database client (an append can simply be retried: it is idempotent by event id).
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ import psycopg
 from psycopg import errors
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from trimtab._errors import LeaseLostError, SessionNotFoundError
+from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
 from trimtab.events import Event, EventAdapter
 from trimtab.store._base import (
     Lease,
     Rings,
     SessionRecord,
     check_persistable,
+    claimed_input,
     follow,
     holds_lease,
     summarize,
@@ -131,11 +132,21 @@ _MIGRATIONS: tuple[str, ...] = (
         data         json NOT NULL
     );
     """,
+    # 3: appends idempotent by event id; inputs stay until the message they become is stored.
+    """
+    CREATE UNIQUE INDEX session_events_by_id ON session_events (session_id, id);
+    ALTER TABLE session_events DROP COLUMN idem_key;
+    ALTER TABLE session_inputs ADD COLUMN claimed_seq bigint;
+    CREATE UNIQUE INDEX session_inputs_by_message ON session_inputs (session_id, message_id);
+    CREATE INDEX session_inputs_pending ON session_inputs (session_id, id)
+        WHERE claimed_seq IS NULL;
+    """,
 )
 
 # The fenced append (scale-out.md 4.3). With no lease (`token` NULL) it is unfenced. It stores
 # nothing, and returns no row, when the session is unknown, the lease is not the session's
-# current live one, or one of the batch's idempotency keys is already in the log.
+# current live one, or the batch's first event is already in the log (the batch is a retry).
+# A user message claims the queued input it delivers, in the same statement.
 _APPEND = """
     WITH session AS (
         UPDATE sessions
@@ -150,16 +161,22 @@ _APPEND = """
                    AND lease_expires_at > now()))
           AND NOT EXISTS (
               SELECT FROM session_events
-              WHERE session_id = %(session_id)s AND idem_key = ANY (%(idem_keys)s::text[]))
+              WHERE session_id = %(session_id)s AND id = %(first_id)s)
         RETURNING last_seq
     ),
+    claimed AS (
+        UPDATE session_inputs i SET claimed_seq = session.last_seq - %(count)s + new.n
+        FROM session, unnest(%(message_ids)s::text[]) WITH ORDINALITY AS new (message_id, n)
+        WHERE i.session_id = %(session_id)s AND i.message_id = new.message_id
+          AND i.claimed_seq IS NULL
+    ),
     stored AS (
-        INSERT INTO session_events (session_id, seq, id, type, payload, idem_key, lease_token)
+        INSERT INTO session_events (session_id, seq, id, type, payload, lease_token)
         SELECT %(session_id)s, session.last_seq - %(count)s + new.n,
-               new.id, new.type, new.payload, new.idem_key, %(token)s
+               new.id, new.type, new.payload, %(token)s
         FROM session,
-             unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::json[],
-                    %(idem_keys)s::text[]) WITH ORDINALITY AS new (id, type, payload, idem_key, n)
+             unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::json[])
+                 WITH ORDINALITY AS new (id, type, payload, n)
     )
     SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq) FROM session
 """
@@ -169,7 +186,7 @@ _APPEND_STATE = """
     SELECT last_seq, lease_owner, lease_token,
            extract(epoch FROM lease_expires_at)::float8, extract(epoch FROM now())::float8,
            EXISTS (SELECT FROM session_events e
-                   WHERE e.session_id = s.session_id AND e.idem_key = ANY (%(idem_keys)s::text[]))
+                   WHERE e.session_id = s.session_id AND e.id = %(first_id)s)
     FROM sessions s
     WHERE session_id = %(session_id)s
 """
@@ -202,7 +219,8 @@ _ACQUIRE = """
 _CLAIM = """
     WITH candidate AS (
         SELECT s.session_id FROM sessions s
-        WHERE EXISTS (SELECT FROM session_inputs i WHERE i.session_id = s.session_id)
+        WHERE EXISTS (SELECT FROM session_inputs i
+                      WHERE i.session_id = s.session_id AND i.claimed_seq IS NULL)
           AND (s.lease_owner IS NULL OR s.lease_expires_at <= now())
         ORDER BY s.updated_at
         LIMIT 1
@@ -217,16 +235,13 @@ _CLAIM = """
     RETURNING s.session_id, s.lease_token
 """
 
-# No row: unknown session. One row of NULLs: nothing queued. Else the inputs, oldest first.
-_TAKE_INPUTS = """
-    WITH taken AS (
-        DELETE FROM session_inputs WHERE session_id = %(session_id)s
-        RETURNING id, body, message_id
-    )
-    SELECT taken.body::text, taken.message_id
-    FROM sessions LEFT JOIN taken ON true
-    WHERE sessions.session_id = %(session_id)s
-    ORDER BY taken.id
+# No row: unknown session. One row of NULLs: nothing pending. Else the inputs, oldest first.
+_PENDING_INPUTS = """
+    SELECT i.body::text, i.message_id
+    FROM sessions s
+    LEFT JOIN session_inputs i ON i.session_id = s.session_id AND i.claimed_seq IS NULL
+    WHERE s.session_id = %(session_id)s
+    ORDER BY i.id
 """
 
 # No row: unknown session. One row with a NULL payload: no events after the cursor.
@@ -306,55 +321,41 @@ class PostgresStore:
             except errors.UniqueViolation:
                 raise ValueError(f"session {session_id!r} already exists") from None
 
-    async def append(
-        self,
-        session_id: str,
-        events: Sequence[Event],
-        *,
-        lease: Lease | None,
-        idem_keys: Sequence[str | None] | None = None,
-    ) -> int:
+    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
         """Append persisted events in order, in one statement; returns the new event count.
 
         With a lease, the fencing check is part of the same statement, so a lease taken over
-        by another runtime can never let a stale write through.
-
-        Args:
-            session_id: The session.
-            events: The batch; all of it is stored, or none of it.
-            lease: Fence the append with this lease (`LeaseLostError` unless it is the
-                session's current, unexpired lease); None appends unfenced.
-            idem_keys: One idempotency key (or None) per event, e.g. the client's message id
-                or a tool call id. If one of them is already in the session's log, the batch
-                is taken as a retry of an append that went through: nothing is stored and
-                the current event count is returned.
+        by another runtime can never let a stale write through. A batch whose first event is
+        stored already is a retry and stores nothing (see `Store`).
         """
         check_persistable(events)
-        keys = _checked_keys(events, idem_keys)
         async with self._append_order.hold(session_id):
             if not events:
-                return await self._append_state(session_id, lease, keys, stored_nothing=False)
-            params = _append_params(session_id, events, lease, keys)
+                return await self._append_state(session_id, lease, None, stored_nothing=False)
+            params = _append_params(session_id, events, lease)
             try:
                 async with self._connection() as conn:
                     row = await (await conn.execute(_APPEND, params)).fetchone()
             except errors.UniqueViolation as error:
-                # Only a concurrent append of the same key (from another store) gets here.
-                if error.diag.constraint_name != "session_events_idem_key":
+                # Only a concurrent append of the same batch (from another store) gets here.
+                if error.diag.constraint_name != "session_events_by_id":
                     raise
                 row = None
+            except (psycopg.OperationalError, PoolTimeout) as error:
+                raise StoreUnavailableError(f"append to {session_id!r}: {error}") from error
             if row is None:
-                return await self._append_state(session_id, lease, keys, stored_nothing=True)
+                first_id = events[0].id
+                return await self._append_state(session_id, lease, first_id, stored_nothing=True)
             return int(row[0])
 
     async def _append_state(
-        self, session_id: str, lease: Lease | None, keys: list[str | None], *, stored_nothing: bool
+        self, session_id: str, lease: Lease | None, first_id: str | None, *, stored_nothing: bool
     ) -> int:
         """The event count after the fencing check, or the error an append that stored nothing
-        (`stored_nothing`) has to raise; an already stored idempotency key is no error."""
+        (`stored_nothing`) has to raise; a batch stored already is no error."""
         async with self._connection() as conn:
             cursor = await conn.execute(
-                _APPEND_STATE, {"session_id": session_id, "idem_keys": keys}
+                _APPEND_STATE, {"session_id": session_id, "first_id": first_id}
             )
             row = await cursor.fetchone()
         if row is None:
@@ -367,8 +368,8 @@ class PostgresStore:
                 f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
             )
         if stored_nothing and not duplicate:
-            # Neither lease nor key explains it: the session was missing when the append ran
-            # (it has been created again since).
+            # Neither lease nor retry explains it: the session was missing when the append
+            # ran (it has been created again since).
             raise SessionNotFoundError(session_id)
         return int(last_seq)
 
@@ -512,7 +513,7 @@ class PostgresStore:
 
         For a pool of workers sharing the database: concurrent claimers never get the same
         session (`FOR UPDATE SKIP LOCKED`), and the least recently updated session goes
-        first. The claimer then delivers the input with `take_inputs`.
+        first. The claimer then delivers the inputs (`pending_inputs`).
         """
         async with self._connection() as conn:
             cursor = await conn.execute(_CLAIM, {"owner": owner, "ttl": ttl})
@@ -525,12 +526,12 @@ class PostgresStore:
     # --- the input queue ------------------------------------------------------------------
 
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
-        """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
+        """Queue a message for the lease holder to deliver (see `Store`)."""
         async with self._connection() as conn:
             try:
                 await conn.execute(
                     "INSERT INTO session_inputs (session_id, message_id, body)"
-                    " VALUES (%s, %s, %s::json)",
+                    " VALUES (%s, %s, %s::json) ON CONFLICT DO NOTHING",
                     (session_id, message_id, json.dumps({"prompt": prompt})),
                 )
             except errors.ForeignKeyViolation:
@@ -562,13 +563,10 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         return None if row[1] is None else (int(row[1]), str(row[2]))
 
-    async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
-        """Remove and return the queued `(prompt, message_id)` pairs, oldest first.
-
-        Each input is taken once, even by concurrent callers on different hosts.
-        """
+    async def pending_inputs(self, session_id: str) -> list[tuple[str, str]]:
+        """The queued `(prompt, message_id)` pairs not yet claimed, oldest first."""
         async with self._connection() as conn:
-            cursor = await conn.execute(_TAKE_INPUTS, {"session_id": session_id})
+            cursor = await conn.execute(_PENDING_INPUTS, {"session_id": session_id})
             rows = await cursor.fetchall()
         if not rows:
             raise SessionNotFoundError(session_id)
@@ -635,24 +633,7 @@ async def _migrate(conn: _Connection) -> None:
             await conn.execute("INSERT INTO trimtab_schema (version) VALUES (%s)", (number,))
 
 
-def _checked_keys(
-    events: Sequence[Event], idem_keys: Sequence[str | None] | None
-) -> list[str | None]:
-    """One idempotency key or None per event; raises `ValueError` on a mismatch or repeat."""
-    if idem_keys is None:
-        return [None] * len(events)
-    keys = list(idem_keys)
-    if len(keys) != len(events):
-        raise ValueError(f"{len(keys)} idempotency keys for {len(events)} events")
-    given = [key for key in keys if key is not None]
-    if len(set(given)) != len(given):
-        raise ValueError("idempotency keys repeat within one batch")
-    return keys
-
-
-def _append_params(
-    session_id: str, events: Sequence[Event], lease: Lease | None, keys: list[str | None]
-) -> dict[str, Any]:
+def _append_params(session_id: str, events: Sequence[Event], lease: Lease | None) -> dict[str, Any]:
     """The parameters of `_APPEND`; events are serialised here, before any lock is taken."""
     return {
         "session_id": session_id,
@@ -664,7 +645,8 @@ def _append_params(
         "ids": [event.id for event in events],
         "types": [event.type for event in events],
         "payloads": [EventAdapter.dump_json(event).decode() for event in events],
-        "idem_keys": keys,
+        "first_id": events[0].id,
+        "message_ids": [claimed_input(event) for event in events],
         "channel": CHANNEL,
     }
 

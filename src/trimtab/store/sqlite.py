@@ -29,6 +29,7 @@ from trimtab.store._base import (
     Rings,
     SessionRecord,
     check_persistable,
+    claimed_input,
     follow,
     holds_lease,
     summarize,
@@ -37,7 +38,7 @@ from trimtab.store._base import (
 
 __all__ = ["SqliteStore"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Stored in `PRAGMA user_version`; bump it with a migration step when the schema changes."""
 
 BUSY_TIMEOUT = 5.0
@@ -96,6 +97,13 @@ _SCHEMA_V2 = (
     """,
 )
 
+_SCHEMA_V3 = (
+    # Appends are idempotent by event id; inputs stay until the message they become is stored.
+    "CREATE UNIQUE INDEX events_by_id ON events (session_id, id)",
+    "ALTER TABLE inputs ADD COLUMN claimed_seq INTEGER",
+    "CREATE UNIQUE INDEX inputs_by_message ON inputs (session_id, message_id)",
+)
+
 # The lease owner is reported only while the lease is live; `?` is the current time.
 _RECORD_COLUMNS = """
     session_id, created_at, updated_at, last_seq,
@@ -152,21 +160,29 @@ class SqliteStore:
         check_persistable(events)
         # Serialise before taking the write lock, to hold it as briefly as possible.
         rows = [(event.id, event.type, EventAdapter.dump_json(event).decode()) for event in events]
+        claims = [
+            (n, message_id) for n, e in enumerate(events, 1) if (message_id := claimed_input(e))
+        ]
         with self._transaction() as db:
             last_seq = self._fenced_last_seq(db, session_id, lease)
-            if rows:
-                db.executemany(
-                    "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
-                    [(session_id, last_seq + n, *row) for n, row in enumerate(rows, start=1)],
-                )
-                last_seq += len(rows)
-                db.execute(
-                    "UPDATE sessions SET last_seq = ?, updated_at = ?,"
-                    " summary = COALESCE(summary, ?) WHERE session_id = ?",
-                    (last_seq, time.time(), summarize(events), session_id),
-                )
-        if rows:
-            self._rings.ring(session_id, last_seq)
+            if not rows or _stored(db, session_id, rows[0][0]):
+                return last_seq
+            db.executemany(
+                "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
+                [(session_id, last_seq + n, *row) for n, row in enumerate(rows, start=1)],
+            )
+            db.executemany(
+                "UPDATE inputs SET claimed_seq = ?"
+                " WHERE session_id = ? AND message_id = ? AND claimed_seq IS NULL",
+                [(last_seq + n, session_id, message_id) for n, message_id in claims],
+            )
+            last_seq += len(rows)
+            db.execute(
+                "UPDATE sessions SET last_seq = ?, updated_at = ?,"
+                " summary = COALESCE(summary, ?) WHERE session_id = ?",
+                (last_seq, time.time(), summarize(events), session_id),
+            )
+        self._rings.ring(session_id, last_seq)
         return last_seq
 
     @staticmethod
@@ -305,12 +321,30 @@ class SqliteStore:
                 (lease.session_id, lease.owner, lease.token),
             )
 
+    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
+        """Take the lease of a session with pending input and no live lease, if any (the
+        write lock serialises concurrent claimers)."""
+        now = time.time()
+        with self._transaction() as db:
+            row = db.execute(
+                "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1,"
+                " lease_expires_at = ? WHERE session_id = ("
+                "  SELECT s.session_id FROM sessions s"
+                "  WHERE (s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
+                "    AND EXISTS (SELECT 1 FROM inputs i"
+                "                WHERE i.session_id = s.session_id AND i.claimed_seq IS NULL)"
+                "  ORDER BY s.updated_at LIMIT 1)"
+                " RETURNING session_id, lease_token",
+                (owner, now + ttl, now),
+            ).fetchone()
+        return None if row is None else Lease(session_id=row[0], owner=owner, token=row[1])
+
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
-        """Queue a message for the lease holder to deliver (a `send` on a remote session)."""
+        """Queue a message for the lease holder to deliver (see `Store`)."""
         with self._transaction() as db:
             _require(db, session_id)
             db.execute(
-                "INSERT INTO inputs (session_id, prompt, message_id) VALUES (?, ?, ?)",
+                "INSERT OR IGNORE INTO inputs (session_id, prompt, message_id) VALUES (?, ?, ?)",
                 (session_id, prompt, message_id),
             )
 
@@ -332,15 +366,15 @@ class SqliteStore:
             ).fetchone()
         return None if row is None else (row[0], row[1])
 
-    async def take_inputs(self, session_id: str) -> list[tuple[str, str]]:
-        """Remove and return the queued `(prompt, message_id)` pairs, oldest first."""
-        with self._transaction() as db:
+    async def pending_inputs(self, session_id: str) -> list[tuple[str, str]]:
+        """The queued `(prompt, message_id)` pairs not yet claimed, oldest first."""
+        with self._transaction("BEGIN") as db:
             _require(db, session_id)
             rows = db.execute(
-                "SELECT prompt, message_id FROM inputs WHERE session_id = ? ORDER BY id",
+                "SELECT prompt, message_id FROM inputs"
+                " WHERE session_id = ? AND claimed_seq IS NULL ORDER BY id",
                 (session_id,),
             ).fetchall()
-            db.execute("DELETE FROM inputs WHERE session_id = ?", (session_id,))
         return [(prompt, message_id) for prompt, message_id in rows]
 
     async def close(self) -> None:
@@ -403,7 +437,7 @@ def _migrate(db: sqlite3.Connection) -> None:
                 f"the database has schema version {version}, newer than this trimtab's"
                 f" {SCHEMA_VERSION}: upgrade trimtab"
             )
-        for number, statements in enumerate((_SCHEMA_V1, _SCHEMA_V2), start=1):
+        for number, statements in enumerate((_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3), start=1):
             if version < number:
                 for statement in statements:
                     db.execute(statement)
@@ -427,6 +461,14 @@ def _transaction(db: sqlite3.Connection, begin: str) -> Iterator[sqlite3.Connect
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+
+
+def _stored(db: sqlite3.Connection, session_id: str, event_id: str) -> bool:
+    """Whether the event is in the session's log already (the append is a retry)."""
+    found = db.execute(
+        "SELECT 1 FROM events WHERE session_id = ? AND id = ?", (session_id, event_id)
+    ).fetchone()
+    return found is not None
 
 
 def _require(db: sqlite3.Connection, session_id: str) -> None:
