@@ -2,14 +2,19 @@
 
 `write` replaces what lies between the `<!-- bench:begin -->` and `<!-- bench:end -->`
 markers of a markdown file, so the hand-written text around the tables survives a re-run.
+The scale-out table has markers of its own (`<!-- bench:scaleout:begin -->` ...), so that
+`run.py --only scaleout --write` refreshes it alone; each block is rewritten only by a run
+that measured something for it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+SCALEOUT_BEGIN, SCALEOUT_END = "<!-- bench:scaleout:begin -->", "<!-- bench:scaleout:end -->"
 KB, MB = 1024, 1024 * 1024
 
 QUOTED = {
@@ -25,6 +30,9 @@ PEER_LABELS = {
     "pydantic-ai": "Pydantic AI",
     "langgraph": "LangGraph",
 }
+
+
+Section = Callable[[dict[str, Any]], list[str]]
 
 
 def _ms(value: float) -> str:
@@ -44,28 +52,58 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def render(results: dict[str, Any]) -> str:
-    lines = [
+def _header(results: dict[str, Any]) -> list[str]:
+    return [
         f"Measured on {results['date']} with `{results['command']}`",
         f"({results['machine']}; median / p90 of {results['runs']} timed runs after warm-up,"
         " in ms unless marked).",
         "",
     ]
-    for section in (_budget, _in_process, _scripted, _server, _store, _errors):
+
+
+def _sections(results: dict[str, Any], sections: Sequence[Section]) -> list[str]:
+    lines: list[str] = []
+    for section in sections:
         part = section(results)
         if part:
             lines += [*part, ""]
+    return lines
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = _header(results) + _sections(results, (*MAIN[:-1], _scaleout, MAIN[-1]))
     return "\n".join(lines).rstrip() + "\n"
 
 
+def render_scaleout(results: dict[str, Any]) -> str:
+    """The scale-out block: its own header (its run may not be the main tables' run)."""
+    if not results.get("scaleout"):
+        return ""
+    lines = [
+        f"Measured on {results['date']} with `{results['command']}` ({results['machine']}).",
+        "",
+        *_scaleout(results),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _replace(text: str, begin: str, end: str, body: str) -> str:
+    if begin not in text or end not in text:
+        text = text.rstrip() + f"\n\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    return f"{head}{begin}\n{body}{end}{tail}"
+
+
 def write(path: Path, results: dict[str, Any]) -> None:
-    body = render(results)
     text = path.read_text() if path.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in text or END not in text:
-        text = text.rstrip() + f"\n\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    path.write_text(f"{head}{BEGIN}\n{body}{END}{tail}")
+    # The errors alone (e.g. a skipped scale-out) do not replace tables measured before.
+    if _sections(results, MAIN[:-1]):
+        body = "\n".join(_header(results) + _sections(results, MAIN)).rstrip() + "\n"
+        text = _replace(text, BEGIN, END, body)
+    if scaleout := render_scaleout(results):
+        text = _replace(text, SCALEOUT_BEGIN, SCALEOUT_END, scaleout)
+    path.write_text(text)
 
 
 # --- sections ---------------------------------------------------------------------------------
@@ -379,3 +417,112 @@ def _errors(results: dict[str, Any]) -> list[str]:
         "",
         *(f"- {name}: {text.splitlines()[0]}" for name, text in errors.items()),
     ]
+
+
+def _scaleout(results: dict[str, Any]) -> list[str]:
+    data = results.get("scaleout")
+    if not data:
+        return []
+    rows = data["rows"]
+    base = next((row for row in rows if row["processes"] == 1), rows[0])
+    table = []
+    for row in rows:
+        cpu, turn, delivery = row["cpu_cores"], row["turn_ms"], row["delivery_ms"]
+        per_turn = row["cpu_ms_per_turn"]
+        postgres = "?" if cpu.get("postgres") is None else f"{cpu['postgres']:.2f}"
+        table.append(
+            [
+                str(row["processes"]),
+                f"{row['turns_per_s']:.0f}",
+                f"{row['turns_per_s'] / base['turns_per_s']:.2f}×",
+                f"{turn['p50']:.0f} / {turn['p99']:.0f}",
+                f"{turn['p50'] / base['turn_ms']['p50']:.2f}×",
+                f"{delivery['p50']:.0f} / {delivery['p99']:.0f}",
+                " / ".join(
+                    f"{per_turn[name]:.2f}" if name in per_turn else "?"
+                    for name in ("driver", "servers", "postgres")
+                ),
+                f"{cpu['driver']:.2f}{' **(bottleneck)**' if row['driver_bound'] else ''} / "
+                f"{cpu['servers']:.2f} / {postgres} / {cpu['rest']:.2f}"
+                f" ({cpu['machine']:.2f} of {cpu['machine_capacity']:.0f})",
+                ", ".join(str(mb) for mb in row["servers_rss_mb"]),
+            ]
+        )
+    header = [
+        "`trimtab serve` processes",
+        "turns/s",
+        "vs 1 process",
+        "turn p50 / p99 (ms)",
+        "p50 vs 1 process",
+        "delivery p50 / p99 (ms)",
+        "CPU ms per turn: driver / servers / PostgreSQL",
+        "CPU cores: driver / servers / PostgreSQL / rest (machine busy)",
+        "server RSS (MB)",
+    ]
+    settings = data.get("postgres", {})
+    connections = {"per-session": "one connection per session", "per-server": "one per server"}
+    notes = [
+        "",
+        f"{data['sessions']} concurrent sessions, spread round-robin over N `trimtab serve`"
+        " processes that share one PostgreSQL database (a fresh one per N); each session runs"
+        f" {data['turns_per_session']} plain turns (`send_and_wait`, one after another) after"
+        f" {data['warmup_turns']} untimed warm-up turn(s), all sessions starting together. One"
+        " driver process (asyncio, trimtab's remote client,"
+        f" {connections.get(data['connections'], data['connections'])}), the fake model and"
+        f" PostgreSQL {settings.get('server_version', '?').split()[0]}"
+        f" (fsync={settings.get('fsync', '?')},"
+        f" synchronous_commit={settings.get('synchronous_commit', '?')}) run on the same machine.",
+        "",
+        "Throughput is over the whole timed phase. A turn is `send_and_wait` to its answer (the"
+        " run's `session.idle`); with every session busy its latency is mostly queueing"
+        " (sessions / throughput), not what one turn costs an idle server. Delivery is an"
+        " `assistant.message` event's arrival at the client's subscriber minus its `timestamp`"
+        " (stamped by the server when it made the event; same clock). CPU is from /proc over the"
+        " timed phase (PostgreSQL: the backends connected to the bench's database); *rest* is the"
+        " machine's busy time not accounted to those, the driver, the servers or the fake model:"
+        " PostgreSQL's background processes, the kernel and whatever else runs on the machine."
+        " CPU per turn does not depend on that other load; throughput does.",
+        "",
+        *_scaleout_verdict(rows),
+    ]
+    return ["### Scale-out (PostgreSQL)", "", *_table(header, table), *notes]
+
+
+def _scaleout_verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """What the numbers say about the bottleneck, computed, so that it stays true on re-runs."""
+    lines = []
+    bound = [str(row["processes"]) for row in rows if row["driver_bound"]]
+    if bound:
+        lines.append(
+            f"**The driver was the bottleneck at N = {', '.join(bound)}**: those rows measure"
+            " trimtab's client as much as the servers."
+        )
+    else:
+        driver = max(row["cpu_cores"]["driver"] for row in rows)
+        lines.append(f"The driver used at most {driver:.2f} of a core: not the bottleneck.")
+    single = next((row for row in rows if row["processes"] == 1), None)
+    if single and single["cpu_cores"]["servers"] >= 0.85:
+        lines.append(
+            f"At N = 1 the one server used {single['cpu_cores']['servers']:.2f} of a core: a"
+            " `trimtab serve` process is CPU-bound (one Python thread), so throughput can only"
+            " grow with N while there are idle cores for the extra processes."
+        )
+    widest = max(rows, key=lambda row: row["processes"])
+    per_turn = sum(widest["cpu_ms_per_turn"].values())
+    capacity = widest["cpu_cores"]["machine_capacity"]
+    lines.append(
+        f"At N = {widest['processes']} a turn cost {per_turn:.1f} ms of CPU (driver, servers and"
+        f" database backends together), so {capacity:.0f} cores cannot serve more than"
+        f" ~{capacity * 1000 / per_turn:.0f} turns/s, however many processes share them."
+    )
+    rest = max(row["cpu_cores"]["rest"] for row in rows)
+    if rest >= 0.25:
+        lines.append(
+            f"Other work took up to {rest:.2f} cores during the run (*rest*): compare CPU per turn"
+            " across rows rather than throughput."
+        )
+    return [" ".join(lines)]
+
+
+MAIN: tuple[Section, ...] = (_budget, _in_process, _scripted, _server, _store, _errors)
+"""The sections between `BEGIN` and `END`; `_errors` comes last."""

@@ -6,7 +6,9 @@
 NAMES (comma-separated, default all): trimtab (in process: turns above the floor, pure
 overhead, memory, import time), agents, pydantic-ai, langgraph (the peers, each above its own
 floor), server (`trimtab serve` driven by the official Copilot client), copilot (the Copilot
-CLI driven by the same client), store (SQLite append rate, open and clear_context costs).
+CLI driven by the same client), store (SQLite append rate, open and clear_context costs),
+scaleout (1, 2 and 4 `trimtab serve` processes sharing one PostgreSQL database, 200
+concurrent sessions; needs $TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, skipped without).
 
 Every measurement runs in a subprocess of its own (see `common.py` for the scenario). The
 peers are installed into a virtual environment under the cache directory
@@ -42,7 +44,8 @@ PEERS = {
     "langgraph": "langgraph_agent.py",
 }
 PEER_PACKAGES = ["openai-agents", "pydantic-ai", "langgraph", "langchain-openai"]
-NAMES = ["trimtab", *PEERS, "server", "copilot", "store"]
+NAMES = ["trimtab", *PEERS, "server", "copilot", "store", "scaleout"]
+PG_DSN_VARIABLES = ("TRIMTAB_BENCH_PG_DSN", "TRIMTAB_TEST_PG_DSN")
 SMOKE_RUNS = 20
 
 
@@ -186,6 +189,22 @@ def full(results: dict[str, Any], names: set[str], runs: str, warmup: str) -> No
     if "store" in names:
         results["append"] = trimtab_part("append")
         results["context"] = trimtab_part("context")
+    if "scaleout" in names:
+        scaleout(results)
+
+
+def scaleout(results: dict[str, Any]) -> None:
+    """`scaleout.py`, if a PostgreSQL DSN is set (it reads the same variables). It starts its
+    own fake model, so that it can count that process's CPU."""
+    if not any(os.environ.get(variable) for variable in PG_DSN_VARIABLES):
+        message = f"skipped: no PostgreSQL server (set {' or '.join(PG_DSN_VARIABLES)})"
+        print(f"  scaleout {message}", file=sys.stderr, flush=True)
+        results["errors"]["scaleout"] = message
+        return
+    try:
+        results["scaleout"] = worker([sys.executable, str(BENCH / "scaleout.py")])
+    except WorkerError as exc:
+        results["errors"]["scaleout"] = str(exc)
 
 
 def main() -> int:
