@@ -19,6 +19,8 @@ from trimtab import (
     SessionError,
     SessionNotFoundError,
     StoreUnavailableError,
+    Tool,
+    define_tool,
 )
 from trimtab.events import Event
 from trimtab.store import MemoryStore, SqliteStore, Store
@@ -104,8 +106,6 @@ async def test_p3_call_in_flight_at_a_crash_is_cancelled_on_resume(tmp_path: Pat
     async def hang(params: Any) -> str:
         await asyncio.Event().wait()
         return "never"
-
-    from trimtab import define_tool
 
     async with Client(store="memory") as first:
         session = await open_session(
@@ -298,10 +298,19 @@ async def hang(params: Any) -> str:
     return "never"
 
 
+def probe_tool(ran: list[Any], **options: Any) -> Tool:
+    """A `probe` tool that records the arguments of each call it runs."""
+
+    def probe(params: Any) -> str:
+        ran.append(params)
+        return "probed"
+
+    return define_tool("probe", handler=probe, **options)
+
+
 async def test_p3_continue_pending_work_reruns_the_call_and_finishes_the_run(
     tmp_path: Path,
 ) -> None:
-    from trimtab import define_tool
 
     db, session_id = await crashed_log(
         tmp_path,
@@ -310,18 +319,13 @@ async def test_p3_continue_pending_work_reruns_the_call_and_finishes_the_run(
         "tool.execution_start",
     )
     ran: list[Any] = []
-
-    def probe(params: Any) -> str:
-        ran.append(params)
-        return "probed"
-
     model = ScriptedModel(["finished after the crash"])
     async with Client(store=db) as second:
         resumed = await second.resume_session(
             session_id,
             continue_pending_work=True,
             provider=model,
-            tools=[define_tool("probe", handler=probe)],
+            tools=[probe_tool(ran)],
             on_permission_request=PermissionHandler.approve_all,
         )
         rec = Recorder(resumed)
@@ -342,7 +346,6 @@ async def test_p3_continue_pending_work_reruns_the_call_and_finishes_the_run(
 async def test_p3_an_idempotent_tool_reruns_on_resume_and_the_others_are_cancelled(
     tmp_path: Path,
 ) -> None:
-    from trimtab import define_tool
 
     db, session_id = await crashed_log(
         tmp_path,
@@ -352,18 +355,13 @@ async def test_p3_an_idempotent_tool_reruns_on_resume_and_the_others_are_cancell
         count=2,
     )
     ran: list[Any] = []
-
-    def probe(params: Any) -> str:
-        ran.append(params)
-        return "probed"
-
     model = ScriptedModel(["went on"])
     async with Client(store=db) as second:
         resumed = await second.resume_session(
             session_id,
             provider=model,
             tools=[
-                define_tool("probe", handler=probe, idempotent=True),
+                probe_tool(ran, idempotent=True),
                 define_tool("send_mail", handler=lambda params: "sent twice!"),
             ],
             on_permission_request=PermissionHandler.approve_all,
