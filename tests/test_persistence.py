@@ -544,3 +544,30 @@ async def test_an_append_of_unknown_outcome_is_retried_and_stored_once() -> None
         types = [e.type for e in await session.get_events()]
         assert types.count("assistant.message") == 1
         assert store.cut_at == ""  # the cut happened
+
+
+async def test_r1_remote_sends_queued_behind_a_long_run_are_delivered_once_in_order() -> None:
+    store = MemoryStore()
+
+    async def slow(request: Any) -> str:
+        await asyncio.sleep(0.2)  # many upkeep ticks (every 0.02 s) while the run goes on
+        return "answer"
+
+    async with (
+        Client(store=store, poll_interval=0.02) as owner,
+        Client(store=store, poll_interval=0.02) as other,
+    ):
+        session = await open_session(owner, ScriptedModel(then=lambda request: slow))
+        rec = Recorder(session)
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+        await session.send("local")
+        await remote.send("first")
+        await remote.send("second")
+        await rec.wait_for("session.idle", 3)
+        await asyncio.sleep(0.3)  # upkeep ticks on: nothing may be delivered again
+
+        log = await session.get_events()
+        users = [e.data.content for e in log if e.type == "user.message"]
+        assert users == ["local", "first", "second"]
+        assert rec.types.count("session.idle") == 3
+        assert await store.pending_inputs(session.session_id) == []

@@ -395,14 +395,12 @@ class Session:
         An input stays pending in the store until its user message is stored, so that a
         crash cannot lose it; until then it must not be queued twice.
         """
-        if self._inbox:
-            self._inbox.intersection_update(message_id for _, message_id in pending)
+        queued = {message_id for _, message_id in pending} & (self._inbox or set())
         for prompt, message_id in pending:
-            if self._inbox is None:
-                self._inbox = set()
-            if message_id not in self._inbox:
-                self._inbox.add(message_id)
+            if message_id not in queued:
+                queued.add(message_id)
                 await self._submit(prompt, None, message_id)
+        self._inbox = queued or None  # None, not an empty set, in every idle session
 
     def _start_worker(self) -> None:
         if self._worker is None and self._queue:
@@ -581,13 +579,13 @@ class Session:
         `continue_run`). Then a pending seed is delivered (C10)."""
         replay = self._replay
         unfinished = list(replay.unfinished_calls.items())
-        again = [
-            (call_id, start)
+        again = {
+            call_id: start
             for call_id, start in unfinished
             if continue_pending or _is_idempotent(self._tools.get(start.tool_name))
-        ]
+        }
         for call_id, start in unfinished:
-            if (call_id, start) not in again:
+            if call_id not in again:
                 await self.emit(
                     ToolExecutionCompleteEvent(
                         data=ToolExecutionCompleteData(
@@ -602,7 +600,7 @@ class Session:
         if replay.open_turn is not None and (continue_pending or continue_run or again):
             calls = tuple(
                 ToolCall(id=call_id, name=d.tool_name, arguments=_arguments_text(d.arguments))
-                for call_id, d in again
+                for call_id, d in again.items()
             )
             interrupted = _loop.Interrupted(replay.open_turn, calls)
             message_id = replay.last_message_id or new_id()
