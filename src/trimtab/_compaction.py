@@ -92,7 +92,7 @@ class CompactionHost(Protocol):
 class CompactResult(BaseModel):
     """What a compaction did."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     success: bool
     """False when there was nothing to compact (the window is already small)."""

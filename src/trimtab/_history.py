@@ -25,7 +25,7 @@ class ClearContextResult(BaseModel):
     """What an accepted `clear_context` reports. Awaitable, so that `await` works from async
     code while a sync tool handler can use the result directly."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     messages_cleared: int
     """Non-system, non-developer messages in the window when the clear was staged (C5)."""
@@ -38,7 +38,7 @@ class ClearContextResult(BaseModel):
 
 
 class TruncateResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     events_removed: int
     """Events from the named one to the end of the log, which the window no longer holds."""

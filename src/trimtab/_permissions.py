@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, TypeAlias, assert_never
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from trimtab._tools import ToolInvocation
 from trimtab.events import PermissionRequestData
@@ -30,6 +30,8 @@ PermissionHandlerFn: TypeAlias = Callable[[PermissionRequestData, ToolInvocation
 
 class PermissionDecision(BaseModel):
     """A host's answer, in the Copilot SDK's decision kinds."""
+
+    model_config = ConfigDict(defer_build=True)
 
     kind: Literal[
         "approve-once",

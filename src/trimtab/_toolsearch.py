@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from trimtab._tools import Tool, ToolResult, define_tool
 from trimtab.events import ToolDefinition, ToolSearch
@@ -23,6 +23,8 @@ TOOL_SEARCH = "tool_search"
 
 
 class SearchArgs(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     query: str
     """Words describing the capability needed, such as "send email" or "weather forecast"."""
 

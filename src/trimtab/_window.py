@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import (
     AbortEvent,
@@ -155,12 +155,16 @@ def _to_call(request: ToolRequest) -> ToolCall:
 class ContextMessage(BaseModel):
     """One message of the window and its estimated size."""
 
+    model_config = ConfigDict(defer_build=True)
+
     message: Message
     tokens: int
 
 
 class ContextWindow(BaseModel):
     """What the model will see next (`Session.get_context()`)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     messages: list[ContextMessage]
     tools_tokens: int
@@ -275,6 +279,8 @@ class _Projection:
 class ReplaySnapshot(BaseModel):
     """A `Replay` between runs, as a store keeps it (`Store.save_snapshot`), so that opening a
     session costs O(window + events since), not O(log)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     event_count: int
     last_id: str | None

@@ -28,7 +28,8 @@ __all__ = [
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    # Schemas built on first use, as for the event models: a faster start-up.
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 class ModelRequest(_Frozen):

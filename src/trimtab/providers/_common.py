@@ -105,7 +105,7 @@ async def _next_event(events: AsyncIterator[_Event], stall_timeout: float | None
 
 @contextmanager
 def provider_errors(
-    map_library_error: Callable[[Exception], ProviderError | None],
+    map_library_error: Callable[[Exception], ProviderError | None] | None = None,
 ) -> Iterator[None]:
     """Turn every failure inside the block into a `ProviderError`.
 
@@ -118,7 +118,8 @@ def provider_errors(
     except ProviderError:
         raise
     except Exception as exc:
-        error = map_library_error(exc) or transport_failure(exc, mid_stream=False)
+        mapped = map_library_error(exc) if map_library_error is not None else None
+        error = mapped or transport_failure(exc, mid_stream=False)
         if error is None and isinstance(exc, ValueError):
             error = ProviderError("bad_response", f"malformed response: {exc}")
         if error is None:

@@ -28,8 +28,13 @@ class ProviderConfig(BaseModel):
     the provider would talk to the default endpoint).
     """
 
+    # Schemas built on first use, as for the event models: a faster start-up.
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        defer_build=True,
     )
 
     type: Literal["openai", "azure", "anthropic", "local"]
@@ -45,7 +50,7 @@ class ProviderConfig(BaseModel):
     stall_timeout: float | None = None
     """Seconds a stream may go without a chunk before the call fails with `timeout`."""
     max_retries: int = 2
-    """Retries of failed requests (429, 5xx, connection errors) done by the client library."""
+    """Retries of failed requests (429, 5xx, connection errors), as the client libraries do them."""
     deployment: str | None = None
     """Azure: the deployment name."""
     api_version: str | None = None

@@ -1,24 +1,70 @@
-"""The `openai` client both OpenAI wire formats use (Chat Completions and Responses).
+"""The clients both OpenAI wire formats use: Chat Completions and Responses.
 
-It covers `type: "openai"` (OpenAI and every compatible server) and `type: "azure"` (Azure
-OpenAI, where the deployment names the model and an API version is required), and maps the
-library's exceptions to `ProviderError`s.
+They cover `type: "openai"` (OpenAI and every compatible server) and `type: "azure"` (Azure
+OpenAI, where the deployment names the model and an API version is required).
+
+Chat Completions goes over plain HTTP (`ChatClient`), as the `openai` client would send it and
+with its retries: importing `openai` alone takes ~15 MB and ~0.3 s (hundreds of typed models),
+which a long-lived server that only speaks Chat Completions would carry for nothing. Responses
+goes through the `openai` client itself (`OpenAIClient`, `map_openai_error`), imported on first
+use.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
+import random
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
-import openai
+import httpx2
 
 from trimtab._errors import ProviderError
 from trimtab.providers._common import connection_error, retry_after, status_error, stream_error
 from trimtab.providers._config import ProviderConfig
 
-__all__ = ["OpenAIClient", "map_openai_error"]
+if TYPE_CHECKING:
+    import openai
+
+__all__ = ["ChatClient", "OpenAIClient", "map_openai_error", "stream_events"]
 
 _PLACEHOLDER_KEY = "unused"
 """Sent to keyless local servers: the client library refuses to start without some key."""
+
+# The `openai` client's defaults.
+_BASE_URL = "https://api.openai.com/v1"
+_TIMEOUT = httpx2.Timeout(600, connect=5.0)
+_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+_MAX_RETRY_AFTER = 120.0
+"""The longest `retry-after` waited for; a server asking for more is not retried."""
+_DRAIN_TIMEOUT = 0.1
+
+
+def _api_key(config: ProviderConfig) -> str:
+    """The key to send; raise `ProviderError("authentication")` when none is configured."""
+    if config.type == "azure":
+        api_key = config.api_key or os.environ.get("AZURE_OPENAI_API_KEY")
+        if api_key is None:
+            raise ProviderError("authentication", "no API key: set api_key or AZURE_OPENAI_API_KEY")
+        return api_key
+    api_key = config.api_key or os.environ.get("OPENAI_API_KEY")
+    if api_key is None and config.base_url is None:
+        raise ProviderError("authentication", "no API key: set api_key or OPENAI_API_KEY")
+    return api_key or _PLACEHOLDER_KEY
+
+
+def _azure_endpoint(config: ProviderConfig) -> str:
+    endpoint = config.base_url or os.environ.get("AZURE_OPENAI_ENDPOINT")
+    if endpoint is None:
+        raise ProviderError(
+            "bad_request", "no Azure endpoint: set base_url or AZURE_OPENAI_ENDPOINT"
+        )
+    return endpoint
 
 
 class OpenAIClient:
@@ -47,34 +93,24 @@ class OpenAIClient:
             await client.close()
 
     def _create(self) -> openai.AsyncOpenAI:
+        import openai
+
         config = self.config
+        api_key = _api_key(config)
         timeout = openai.DEFAULT_TIMEOUT if config.timeout is None else config.timeout
         if config.type == "azure":
-            api_key = config.api_key or os.environ.get("AZURE_OPENAI_API_KEY")
-            if api_key is None:
-                raise ProviderError(
-                    "authentication", "no API key: set api_key or AZURE_OPENAI_API_KEY"
-                )
-            endpoint = config.base_url or os.environ.get("AZURE_OPENAI_ENDPOINT")
-            if endpoint is None:
-                raise ProviderError(
-                    "bad_request", "no Azure endpoint: set base_url or AZURE_OPENAI_ENDPOINT"
-                )
             # No `azure_deployment`: the client then puts the request's model, which is the
             # deployment (see `model`), in the path of the endpoints that need it.
             return openai.AsyncAzureOpenAI(
                 api_key=api_key,
                 api_version=config.api_version,
-                azure_endpoint=endpoint,
+                azure_endpoint=_azure_endpoint(config),
                 timeout=timeout,
                 max_retries=config.max_retries,
                 default_headers=config.headers,
             )
-        api_key = config.api_key or os.environ.get("OPENAI_API_KEY")
-        if api_key is None and config.base_url is None:
-            raise ProviderError("authentication", "no API key: set api_key or OPENAI_API_KEY")
         return openai.AsyncOpenAI(
-            api_key=api_key or _PLACEHOLDER_KEY,
+            api_key=api_key,
             base_url=config.base_url,
             timeout=timeout,
             max_retries=config.max_retries,
@@ -84,6 +120,8 @@ class OpenAIClient:
 
 def map_openai_error(exc: Exception) -> ProviderError | None:
     """The `ProviderError` for an exception of the `openai` client (after its own retries)."""
+    import openai
+
     if not isinstance(exc, openai.OpenAIError):
         return None
     if isinstance(exc, openai.APITimeoutError):
@@ -95,15 +133,190 @@ def map_openai_error(exc: Exception) -> ProviderError | None:
     if isinstance(exc, openai.APIStatusError):
         body = exc.body if isinstance(exc.body, dict) else {}
         detail = body.get("message") if isinstance(body.get("message"), str) else exc.message
-        return status_error(
-            exc.status_code,
-            str(detail),
-            kind=f"{exc.code or ''} {exc.type or ''}",
-            retry_after=retry_after(exc.response.headers),
-            # Out of quota is a 429 too, but waiting does not help it.
-            retryable=False if exc.code == "insufficient_quota" else None,
-        )
+        return _status_error(exc.status_code, str(detail), body, exc.response.headers)
     if isinstance(exc, openai.APIError):
         # An `error` object inside a 200 stream: the server failed while generating.
         return stream_error(f"{exc.code or ''} {exc.type or ''}".strip(), exc.message)
     return ProviderError("bad_request", str(exc))
+
+
+def _status_error(
+    status: int, detail: str, error: Mapping[str, Any], headers: Mapping[str, str]
+) -> ProviderError:
+    code = error.get("code")
+    return status_error(
+        status,
+        detail,
+        kind=f"{code or ''} {error.get('type') or ''}",
+        retry_after=retry_after(headers),
+        # Out of quota is a 429 too, but waiting does not help it.
+        retryable=False if code == "insufficient_quota" else None,
+    )
+
+
+# --- Chat Completions over plain HTTP ---------------------------------------------------------
+
+
+class ChatClient:
+    """Sends Chat Completions requests through one HTTP client, created on first use.
+
+    Requests, retries (408, 409, 429, 5xx and failed connections, waiting as `retry-after`
+    asks or backing off exponentially) and errors follow the `openai` client's.
+    """
+
+    def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+        self._client: httpx2.AsyncClient | None = None
+
+    def model(self, requested: str) -> str:
+        """The model to name in the request: on Azure, the deployment when one is given."""
+        return self.config.deployment or requested
+
+    async def post(self, body: dict[str, Any], *, stream: bool = False) -> httpx2.Response:
+        """The successful response to `body`; raise `ProviderError` on any failure.
+
+        With `stream`, the body is left unread: the caller closes the response.
+        """
+        client = self._get()
+        path = "/chat/completions"
+        if self.config.type == "azure" and "/deployments" not in client.base_url.path:
+            path = f"/deployments/{quote(body['model'], safe='')}{path}"
+        request = client.build_request("POST", path, json=body)
+        attempt = 0
+        while True:
+            last = attempt >= self.config.max_retries
+            headers = None
+            try:
+                response = await client.send(request, stream=stream)
+            except httpx2.TimeoutException as exc:
+                if last:
+                    raise ProviderError("timeout", "the request timed out", retryable=True) from exc
+            except (httpx2.RequestError, ssl.SSLError) as exc:
+                if last:
+                    raise connection_error(request.url.host, exc) from exc
+            else:
+                if not response.is_error:
+                    return response
+                if last or not _should_retry(response):
+                    await response.aread()
+                    await response.aclose()
+                    raise _http_error(response)
+                await response.aclose()
+                headers = response.headers
+            await asyncio.sleep(_retry_delay(attempt, headers))
+            attempt += 1
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if one was created."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    def _get(self) -> httpx2.AsyncClient:
+        # Created on first use so that building a provider never touches the network or the
+        # environment, and a provider that is never called costs nothing.
+        if self._client is None:
+            self._client = self._create()
+        return self._client
+
+    def _create(self) -> httpx2.AsyncClient:
+        config = self.config
+        api_key = _api_key(config)
+        params: dict[str, str] = {}
+        if config.type == "azure":
+            base_url = f"{_azure_endpoint(config).rstrip('/')}/openai"
+            headers = {"api-key": api_key}
+            if config.api_version is not None:
+                params["api-version"] = config.api_version
+        else:
+            base_url = config.base_url or os.environ.get("OPENAI_BASE_URL") or _BASE_URL
+            headers = {"Authorization": f"Bearer {api_key}"}
+        for name, variable in (
+            ("OpenAI-Organization", "OPENAI_ORG_ID"),
+            ("OpenAI-Project", "OPENAI_PROJECT_ID"),
+        ):
+            if value := os.environ.get(variable):
+                headers[name] = value
+        # Loading the certificate store costs ~1 MB and ~20 ms, for nothing when the server is
+        # reached over plain HTTP (a local model). HTTPS there (a redirect, a TLS proxy) then
+        # fails verification instead of being trusted.
+        verify: ssl.SSLContext | bool = True
+        if base_url.startswith("http://"):
+            verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        return httpx2.AsyncClient(
+            base_url=base_url,
+            params=params,
+            headers={"Accept": "application/json", **headers, **(config.headers or {})},
+            timeout=_TIMEOUT if config.timeout is None else httpx2.Timeout(config.timeout),
+            limits=_LIMITS,
+            follow_redirects=True,
+            verify=verify,
+        )
+
+
+def _should_retry(response: httpx2.Response) -> bool:
+    asked = retry_after(response.headers)
+    if asked is not None and asked > _MAX_RETRY_AFTER:
+        return False
+    should_retry: str | None = response.headers.get("x-should-retry")
+    if should_retry in ("true", "false"):
+        return should_retry == "true"
+    return response.status_code in (408, 409, 429) or response.status_code >= 500
+
+
+def _retry_delay(attempt: int, headers: httpx2.Headers | None) -> float:
+    asked = retry_after(headers) if headers is not None else None
+    if asked is not None and 0 < asked <= _MAX_RETRY_AFTER:
+        return asked
+    return min(0.5 * 2.0**attempt, 8.0) * (1 - 0.25 * random.random())
+
+
+def _http_error(response: httpx2.Response) -> ProviderError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    error = body.get("error", body) if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        error = {}
+    message = error.get("message")
+    status = response.status_code
+    # Not the body itself, which may be a whole HTML error page.
+    detail = message if isinstance(message, str) and message else f"Error code: {status}"
+    return _status_error(status, detail, error, response.headers)
+
+
+async def stream_events(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON objects a server-sent event stream carries, up to `data: [DONE]`.
+
+    Raises:
+        ProviderError: The stream carries an `error` object.
+        ValueError: An event's data is not a JSON object.
+    """
+    events = aiter(httpx2.EventSource(response))
+    async for sse in events:
+        if sse.data.startswith("[DONE]"):
+            # Reading the end of the body lets the connection be reused; a server slow to end
+            # it, or failing to, costs only that.
+            with contextlib.suppress(httpx2.HTTPError, ssl.SSLError, TimeoutError):
+                async with asyncio.timeout(_DRAIN_TIMEOUT):
+                    async for _ in events:
+                        pass
+            return
+        if not sse.data:
+            continue  # a comment or a keep-alive
+        event = json.loads(sse.data)
+        if not isinstance(event, dict):
+            raise ValueError(f"a stream event is not a JSON object: {sse.data[:100]!r}")
+        if error := event.get("error"):
+            raise _stream_error(error)
+        yield event
+
+
+def _stream_error(error: object) -> ProviderError:
+    fields = error if isinstance(error, dict) else {}
+    message = fields.get("message")
+    if not isinstance(message, str) or not message:
+        message = "An error occurred during streaming"
+    kind = f"{fields.get('code') or ''} {fields.get('type') or ''}".strip()
+    return stream_error(kind, message)

@@ -55,7 +55,10 @@ Text = Annotated[str, AfterValidator(_encodable)]
 class Wire(BaseModel):
     """Base of the wire models: camelCase aliases, unknown fields ignored."""
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+    # Schemas built on first use, as for the event models: a faster start-up.
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", defer_build=True
+    )
 
 
 def dump(model: BaseModel) -> dict[str, Any]:
