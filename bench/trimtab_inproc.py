@@ -42,6 +42,7 @@ from trimtab.events import (
     TurnData,
     UserMessageData,
     UserMessageEvent,
+    new_id,
 )
 from trimtab.providers import ModelRequest
 from trimtab.store import SqliteStore, Store
@@ -271,7 +272,11 @@ async def append_rate(args: argparse.Namespace) -> dict[str, Any]:
                 session_id = f"append-{batch}"
                 await store.create(session_id)
                 lease = await store.acquire_lease(session_id, "bench", 600)
-                stream = [events[i % len(events)] for i in range(total)]
+                # Fresh ids: an append of an id already in the log is taken for a retry.
+                stream = [
+                    events[i % len(events)].model_copy(update={"id": new_id()})
+                    for i in range(total)
+                ]
                 started = time.perf_counter()
                 for i in range(0, total, batch):
                     await store.append(session_id, stream[i : i + batch], lease=lease)

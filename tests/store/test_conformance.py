@@ -47,18 +47,28 @@ LONG_TTL = 60.0
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """Each backend in turn, empty; SQLite in a directory that does not exist yet, and
     PostgreSQL in a fresh schema (`pg_dsn`)."""
-    backend: Store
-    if request.param == "memory":
-        backend = MemoryStore()
-    elif request.param == "sqlite":
-        backend = SqliteStore(tmp_path / "not" / "yet" / "trimtab.db")
-    else:
-        dsn = request.getfixturevalue("pg_dsn")  # skips (or fails in CI) without a server
-        from trimtab.store.postgres import PostgresStore
-
-        backend = PostgresStore(dsn)
+    backend = open_backend(request, tmp_path)
     yield backend
     await backend.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """The backends that outlive the process (the memory store has no unknown outcomes)."""
+    backend = open_backend(request, tmp_path)
+    yield backend
+    await backend.close()
+
+
+def open_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "memory":
+        return MemoryStore()
+    if request.param == "sqlite":
+        return SqliteStore(tmp_path / "not" / "yet" / "trimtab.db")
+    dsn = request.getfixturevalue("pg_dsn")  # skips (or fails in CI) without a server
+    from trimtab.store.postgres import PostgresStore
+
+    return PostgresStore(dsn)
 
 
 async def take(events: AsyncIterator[Event], count: int) -> list[Event]:
@@ -561,6 +571,21 @@ async def test_a_retried_append_is_not_stored_again(store: Store) -> None:
 
     assert contents(await store.read("s")) == ["a", "b"]
     assert await store.append("s", [user("c")], lease=None) == 3
+
+
+async def test_a_batch_repeating_a_stored_event_after_its_first_is_refused(
+    database: Store,
+) -> None:
+    await database.create("s")
+    stored = user("a")
+    await database.append("s", [stored, user("b")], lease=None)
+    await database.append("s", [user("c")], lease=None)
+
+    with pytest.raises(ValueError, match="already in"):
+        await database.append("s", [user("d"), stored], lease=None)
+    # An older batch again, not only the latest: still a retry, stored once.
+    assert await database.append("s", [stored, user("b")], lease=None) == 3
+    assert contents(await database.read("s")) == ["a", "b", "c"]
 
 
 # --- subscriptions (catch up from the log, then live) -------------------------------------

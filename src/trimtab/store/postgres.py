@@ -333,6 +333,7 @@ class PostgresStore:
             if not events:
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
             params = _append_params(session_id, events, lease)
+            conflict = False
             try:
                 async with self._connection() as conn:
                     row = await (await conn.execute(_APPEND, params)).fetchone()
@@ -340,16 +341,24 @@ class PostgresStore:
                 # Only a concurrent append of the same batch (from another store) gets here.
                 if error.diag.constraint_name != "session_events_by_id":
                     raise
-                row = None
+                row, conflict = None, True
             except (psycopg.OperationalError, PoolTimeout) as error:
                 raise StoreUnavailableError(f"append to {session_id!r}: {error}") from error
             if row is None:
                 first_id = events[0].id
-                return await self._append_state(session_id, lease, first_id, stored_nothing=True)
+                return await self._append_state(
+                    session_id, lease, first_id, stored_nothing=True, conflict=conflict
+                )
             return int(row[0])
 
     async def _append_state(
-        self, session_id: str, lease: Lease | None, first_id: str | None, *, stored_nothing: bool
+        self,
+        session_id: str,
+        lease: Lease | None,
+        first_id: str | None,
+        *,
+        stored_nothing: bool,
+        conflict: bool = False,
     ) -> int:
         """The event count after the fencing check, or the error an append that stored nothing
         (`stored_nothing`) has to raise; a batch stored already is no error."""
@@ -368,6 +377,8 @@ class PostgresStore:
                 f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
             )
         if stored_nothing and not duplicate:
+            if conflict:
+                raise ValueError(f"an event of the batch is already in {session_id!r}")
             # Neither lease nor retry explains it: the session was missing when the append
             # ran (it has been created again since).
             raise SessionNotFoundError(session_id)
