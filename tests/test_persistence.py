@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import Recorder, clear_tool, echo_tool, open_session, roles
 from trimtab import (
     Client,
+    LeaseLostError,
     PermissionHandler,
     ProviderError,
     SessionError,
@@ -571,3 +572,31 @@ async def test_r1_remote_sends_queued_behind_a_long_run_are_delivered_once_in_or
         assert users == ["local", "first", "second"]
         assert rec.types.count("session.idle") == 3
         assert await store.pending_inputs(session.session_id) == []
+
+
+class FailingAt(MemoryStore):
+    """A store that refuses the append of one event type: the lease was lost meanwhile."""
+
+    def __init__(self, event_type: str) -> None:
+        super().__init__()
+        self.event_type = event_type
+
+    async def append(self, session_id: str, events: Any, *, lease: Any) -> int:
+        if events and events[0].type == self.event_type:
+            raise LeaseLostError("taken over meanwhile")
+        return await super().append(session_id, events, lease=lease)
+
+
+async def test_e1_a_run_the_store_refuses_ends_in_a_typed_error_and_one_idle() -> None:
+    async with Client(store=FailingAt("assistant.message")) as client:
+        session = await open_session(client, ScriptedModel(["never stored"]))
+        seen = Recorder(session)
+
+        with pytest.raises(LeaseLostError):
+            await session.send_and_wait("hi")
+
+        await seen.wait_for("session.idle")
+        error = seen.of("session.error")[0]
+        assert (error.data.error_type, error.ephemeral) == ("lease_lost", True)
+        assert seen.types[-2:] == ["session.error", "session.idle"]
+        assert session.is_remote  # it stops writing

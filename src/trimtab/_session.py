@@ -455,7 +455,7 @@ class Session:
         self, exc: Exception, message_id: str, waiter: asyncio.Future[RunResult] | None
     ) -> None:
         if isinstance(exc, LeaseLostError):
-            self._lease = None
+            self._lease_lost()
         log.exception("run of session %s failed", self.session_id)
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
