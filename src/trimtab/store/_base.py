@@ -9,13 +9,13 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import Event, UserMessageEvent
 
-__all__ = ["Lease", "Rings", "SessionRecord", "Store", "claimed_input", "follow"]
+__all__ = ["Lease", "Rings", "SessionRecord", "Store", "claimed_input", "follow", "record_of"]
 
 
 class Lease(BaseModel):
@@ -199,9 +199,26 @@ def holds_lease(
     )
 
 
-def to_datetime(timestamp: float) -> datetime:
-    """A stored unix timestamp as an aware UTC datetime."""
-    return datetime.fromtimestamp(timestamp, UTC)
+def to_datetime(moment: float | datetime) -> datetime:
+    """A stored time as an aware UTC datetime: unix seconds (memory, SQLite), or a
+    `timestamptz` in the database server's time zone (PostgreSQL)."""
+    if isinstance(moment, datetime):
+        return moment.astimezone(UTC)
+    return datetime.fromtimestamp(moment, UTC)
+
+
+def record_of(row: Sequence[Any]) -> SessionRecord:
+    """The `SessionRecord` of a row of the SQL backends: session id, creation and update
+    times, last sequence number, live lease owner, summary."""
+    session_id, created_at, updated_at, last_seq, lease_owner, summary = row
+    return SessionRecord(
+        session_id=session_id,
+        created_at=to_datetime(created_at),
+        updated_at=to_datetime(updated_at),
+        event_count=last_seq,
+        lease_owner=lease_owner,
+        summary=summary,
+    )
 
 
 class _Feed:

@@ -35,7 +35,6 @@ import logging
 import select
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Any, TypeAlias
 
 import psycopg
@@ -52,6 +51,7 @@ from trimtab.store._base import (
     claimed_input,
     follow,
     holds_lease,
+    record_of,
     summarize,
 )
 
@@ -453,7 +453,7 @@ class PostgresStore:
             row = await cursor.fetchone()
         if row is None:
             raise SessionNotFoundError(session_id)
-        return _record(row)
+        return record_of(row)
 
     async def list_sessions(self) -> list[SessionRecord]:
         """Every session, most recently updated first."""
@@ -462,7 +462,7 @@ class PostgresStore:
                 f"SELECT {_RECORD_COLUMNS} FROM sessions ORDER BY updated_at DESC, session_id DESC"
             )
             rows = await cursor.fetchall()
-        return [_record(row) for row in rows]
+        return [record_of(row) for row in rows]
 
     async def delete(self, session_id: str) -> bool:
         """Remove a session, its log and its queued inputs; False if there was none.
@@ -665,23 +665,6 @@ def _append_params(session_id: str, events: Sequence[Event], lease: Lease | None
 def _text(value: str | None) -> str | None:
     """`value` fit for a `text` column, which cannot hold NUL: U+FFFD stands in for it."""
     return value.replace("\x00", "\ufffd") if value else value
-
-
-def _record(row: Sequence[Any]) -> SessionRecord:
-    session_id, created_at, updated_at, last_seq, lease_owner, summary = row
-    return SessionRecord(
-        session_id=session_id,
-        created_at=_utc(created_at),
-        updated_at=_utc(updated_at),
-        event_count=last_seq,
-        lease_owner=lease_owner,
-        summary=summary,
-    )
-
-
-def _utc(moment: datetime) -> datetime:
-    """A `timestamptz` (in the server's time zone) as UTC, like the other backends report."""
-    return moment.astimezone(UTC)
 
 
 class _KeyedLock:

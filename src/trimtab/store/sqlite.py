@@ -20,7 +20,6 @@ import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError
 from trimtab.events import Event, EventAdapter
@@ -32,8 +31,8 @@ from trimtab.store._base import (
     claimed_input,
     follow,
     holds_lease,
+    record_of,
     summarize,
-    to_datetime,
 )
 
 __all__ = ["SqliteStore"]
@@ -267,7 +266,7 @@ class SqliteStore:
             ).fetchone()
         if row is None:
             raise SessionNotFoundError(session_id)
-        return _record(row)
+        return record_of(row)
 
     async def list_sessions(self) -> list[SessionRecord]:
         """Every session, most recently updated first."""
@@ -276,7 +275,7 @@ class SqliteStore:
                 f"SELECT {_RECORD_COLUMNS} FROM sessions ORDER BY updated_at DESC, session_id DESC",
                 (time.time(),),
             ).fetchall()
-        return [_record(row) for row in rows]
+        return [record_of(row) for row in rows]
 
     async def delete(self, session_id: str) -> bool:
         """Remove a session, its log and its queued inputs; False if there was none."""
@@ -499,15 +498,3 @@ def _require(db: sqlite3.Connection, session_id: str) -> None:
     """Raise `SessionNotFoundError` unless the session exists."""
     if db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone() is None:
         raise SessionNotFoundError(session_id)
-
-
-def _record(row: Sequence[Any]) -> SessionRecord:
-    session_id, created_at, updated_at, last_seq, lease_owner, summary = row
-    return SessionRecord(
-        session_id=session_id,
-        created_at=to_datetime(created_at),
-        updated_at=to_datetime(updated_at),
-        event_count=last_seq,
-        lease_owner=lease_owner,
-        summary=summary,
-    )
