@@ -534,7 +534,7 @@ class CutAfterCommit(MemoryStore):
         return count
 
 
-async def test_an_append_of_unknown_outcome_is_retried_and_stored_once() -> None:
+async def test_p2_an_append_of_unknown_outcome_is_retried_and_stored_once() -> None:
     store = CutAfterCommit("assistant.message")
     async with Client(store=store) as client:
         session = await open_session(client, ScriptedModel(["stored once"]))

@@ -116,7 +116,7 @@ def contents(log: list[Event], event_type: str) -> list[str]:
     return [e.data.content for e in messages if e.type == event_type]
 
 
-async def test_kill_9_mid_model_call_the_run_is_taken_over_and_finishes(
+async def test_r1_kill_9_mid_model_call_the_run_is_taken_over_and_finishes(
     servers: Callable[[], ServerProcess],
 ) -> None:
     async with ReplayServer([HI]) as model:
@@ -144,7 +144,7 @@ async def test_kill_9_mid_model_call_the_run_is_taken_over_and_finishes(
     assert len(model.requests) == 2  # the call the crash cut is made again
 
 
-async def test_kill_9_mid_tool_call_the_call_is_cancelled_and_the_run_finishes(
+async def test_p3_kill_9_mid_tool_call_the_call_is_cancelled_and_the_run_finishes(
     servers: Callable[[], ServerProcess],
 ) -> None:
     started = asyncio.Event()
@@ -198,7 +198,7 @@ async def test_kill_9_mid_tool_call_the_call_is_cancelled_and_the_run_finishes(
     assert took < TTL + 5
 
 
-async def test_two_servers_racing_for_one_session_run_it_once_at_a_time(
+async def test_r1_two_servers_racing_for_one_session_run_it_once_at_a_time(
     servers: Callable[[], ServerProcess], backend: str
 ) -> None:
     either_order = [
@@ -240,7 +240,7 @@ async def test_two_servers_racing_for_one_session_run_it_once_at_a_time(
         ]
 
 
-async def test_a_client_reconnecting_mid_run_finds_the_run_finished_once(
+async def test_e1_a_client_reconnecting_mid_run_finds_the_run_finished_once(
     servers: Callable[[], ServerProcess], backend: str
 ) -> None:
     async with ReplayServer([HI]) as model:
@@ -268,7 +268,7 @@ async def test_a_client_reconnecting_mid_run_finds_the_run_finished_once(
     assert len(model.requests) == 1
 
 
-async def test_postgres_restarted_mid_run_the_run_ends_cleanly_and_loses_nothing(
+async def test_p2_postgres_restarted_mid_run_the_run_ends_cleanly_and_loses_nothing(
     pg_dsn: str, tmp_path: Path
 ) -> None:
     restart = restart_command()
