@@ -4,6 +4,9 @@ That parser is strict: a missing required field or a non-UUID id makes the event
 the client with no error anywhere (protocol section 5). So each event type gets a sample
 with its optional fields left out, as `session.event` sends it, and must come out of
 `copilot`'s `session_event_from_dict` with its type and required fields intact.
+
+The same samples check that the stores' shortcut (each event written and read by its own
+model, not the union) gives exactly what the union would.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Any
 
 import pytest
 from copilot.generated.session_events import SessionEventType, session_event_from_dict
+from pydantic import ValidationError
 
-from trimtab.events import Event, EventAdapter
+from trimtab.events import Event, EventAdapter, event_from_json
 
 KNOWN_TO_COPILOT = {member.value for member in SessionEventType}
 
@@ -99,3 +103,22 @@ def _same(sent: Any, read: Any) -> bool:
         except ValueError:
             return False
     return bool(sent == read)
+
+
+@pytest.mark.parametrize("event_type", sorted(SAMPLES))
+def test_an_event_reads_and_writes_by_its_model_as_by_the_union(event_type: str) -> None:
+    event = EventAdapter.validate_python({"type": event_type, "data": SAMPLES[event_type]})
+    body = event.model_dump_json()
+
+    assert body.encode() == EventAdapter.dump_json(event)
+    assert event_from_json(body, event_type) == event == EventAdapter.validate_json(body)
+    assert event_from_json(body) == event
+
+
+def test_an_event_read_under_another_type_is_refused() -> None:
+    body = EventAdapter.validate_python({"type": "abort", "data": {}}).model_dump_json()
+
+    with pytest.raises(ValidationError):
+        event_from_json(body, "session.idle")
+    # A type this version does not know leaves the choice to the union.
+    assert event_from_json(body, "some.future_event").type == "abort"

@@ -16,9 +16,10 @@ how they hold across hosts (docs: scale-out.md, section 4):
 - Inputs queued for a session's lease holder wait in `session_inputs`; `claim_next` lets a
   pool of workers pick sessions with pending input (`FOR UPDATE SKIP LOCKED`).
 
-Events are stored as their `EventAdapter` JSON in a `json` column, not `jsonb`: `jsonb`
-rewrites the document (it reorders keys, normalises numbers, refuses `\\u0000`), and the log
-must give back exactly what was appended; `json` still allows `payload->'data'` queries.
+Events are stored as their JSON (`event.model_dump_json()`, read by `event_from_json`) in a
+`json` column, not `jsonb`: `jsonb` rewrites the document (it reorders keys, normalises
+numbers, refuses `\\u0000`), and the log must give back exactly what was appended; `json`
+still allows `payload->'data'` queries.
 
 Connections come from a `psycopg_pool.AsyncConnectionPool` in autocommit mode, opened on first
 use. A connection is checked when taken from the pool, so after a server restart the next call
@@ -42,7 +43,7 @@ from psycopg import errors
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
-from trimtab.events import Event, EventAdapter
+from trimtab.events import Event, event_from_json
 from trimtab.store._base import (
     Lease,
     Rings,
@@ -246,7 +247,7 @@ _PENDING_INPUTS = """
 
 # No row: unknown session. One row with a NULL payload: no events after the cursor.
 _READ = """
-    SELECT e.payload::text
+    SELECT e.type, e.payload::text
     FROM sessions s LEFT JOIN session_events e ON e.session_id = s.session_id AND e.seq > %s
     WHERE s.session_id = %s
     ORDER BY e.seq
@@ -390,7 +391,7 @@ class PostgresStore:
             rows = await (await conn.execute(_READ, (after, session_id))).fetchall()
         if not rows:
             raise SessionNotFoundError(session_id)
-        return [EventAdapter.validate_json(payload) for (payload,) in rows if payload is not None]
+        return [event_from_json(payload, kind) for kind, payload in rows if payload is not None]
 
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
         """Hand an ephemeral event to the session's subscribers in every runtime sharing the
@@ -399,7 +400,7 @@ class PostgresStore:
         NOTIFY payloads are limited to 8000 bytes: a larger event (a long delta) is not sent;
         the stored message that follows it carries its text anyway.
         """
-        payload = f"{json.dumps([session_id, after])}\n{EventAdapter.dump_json(event).decode()}"
+        payload = f"{json.dumps([session_id, after, event.type])}\n{event.model_dump_json()}"
         if len(payload.encode()) >= _NOTIFY_LIMIT:
             log.debug("ephemeral %s of %r too large to publish", event.type, session_id)
             return
@@ -655,7 +656,7 @@ def _append_params(session_id: str, events: Sequence[Event], lease: Lease | None
         "lease_session": lease.session_id if lease else None,
         "ids": [event.id for event in events],
         "types": [event.type for event in events],
-        "payloads": [EventAdapter.dump_json(event).decode() for event in events],
+        "payloads": [event.model_dump_json() for event in events],
         "first_id": events[0].id,
         "message_ids": [claimed_input(event) for event in events],
         "channel": CHANNEL,
@@ -739,9 +740,9 @@ class _Doorbell:
             self.rings.ring(session_id, int(seq) or None)
             return
         head, _, body = payload.partition("\n")
-        session_id, after = json.loads(head)
+        session_id, after, event_type = json.loads(head)
         if self.rings.listening(session_id):  # parsed only when someone here wants it
-            self.rings.post(session_id, after, EventAdapter.validate_json(body))
+            self.rings.post(session_id, after, event_from_json(body, event_type))
 
     async def close(self) -> None:
         """Stop listening and wake every subscriber (they see the store closed and end)."""
