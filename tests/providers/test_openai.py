@@ -307,6 +307,47 @@ async def test_request_body_has_roles_and_tool_schema(make: Make, server: Replay
     assert "stream" not in body or body["stream"] is False
 
 
+TRICKY = 'quote " backslash \\ newline \n tab \t nul \x00 sep \u2028 é 中文 😀 </script>'
+
+
+async def test_request_text_reaches_the_server_unchanged(make: Make, server: ReplayServer) -> None:
+    # The messages are written as JSON text by hand (see `_body`): every string must survive.
+    call = ToolCall(id=f"id {TRICKY}", name="get_weather", arguments=json.dumps({"city": TRICKY}))
+    request = _request(
+        user(TRICKY),
+        Message(role="assistant", content=TRICKY, tool_calls=(call,)),
+        Message(role="tool", tool_call_id=call.id, content=TRICKY),
+        Message(role="assistant", content=""),
+    )
+
+    with pytest.raises(ProviderError):  # no recording continues these: only the request counts
+        await _response(make(), request)
+
+    assert server.requests[-1]["messages"] == [
+        {"role": "user", "content": TRICKY},
+        {
+            "role": "assistant",
+            "content": TRICKY,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": call.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": TRICKY},
+        {"role": "assistant", "content": ""},
+    ]
+
+
+async def test_streamed_request_asks_for_usage(make: Make, server: ReplayServer) -> None:
+    await _collect(make(), _request(user("Say hello"), stream=True))
+
+    assert server.requests[-1]["stream"] is True
+    assert server.requests[-1]["stream_options"] == {"include_usage": True}
+
+
 async def test_tools_and_max_tokens_omitted_when_unset(make: Make, server: ReplayServer) -> None:
     await _response(make(), _request(user("Say hello")))
 

@@ -172,16 +172,19 @@ class ChatClient:
         """The model to name in the request: on Azure, the deployment when one is given."""
         return self.config.deployment or requested
 
-    async def post(self, body: dict[str, Any], *, stream: bool = False) -> httpx2.Response:
-        """The successful response to `body`; raise `ProviderError` on any failure.
+    async def post(self, body: bytes, *, model: str, stream: bool = False) -> httpx2.Response:
+        """The successful response to `body` (JSON, for `model`); raise `ProviderError` on any
+        failure.
 
         With `stream`, the body is left unread: the caller closes the response.
         """
         client = self._get()
         path = "/chat/completions"
         if self.config.type == "azure" and "/deployments" not in client.base_url.path:
-            path = f"/deployments/{quote(body['model'], safe='')}{path}"
-        request = client.build_request("POST", path, json=body)
+            path = f"/deployments/{quote(model, safe='')}{path}"
+        request = client.build_request(
+            "POST", path, content=body, headers={"Content-Type": "application/json"}
+        )
         attempt = 0
         while True:
             last = attempt >= self.config.max_retries

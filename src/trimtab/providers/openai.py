@@ -7,6 +7,8 @@ all share: `POST /chat/completions`, streamed or not, over plain HTTP (see `Chat
 
 from __future__ import annotations
 
+import json
+from json.encoder import encode_basestring as _string  # a str as a JSON literal, in C
 from typing import TYPE_CHECKING, Any
 
 from trimtab._errors import ProviderError
@@ -46,13 +48,12 @@ class OpenAIProvider:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""
         with provider_errors():
-            body = _body(request, self._client.model(request.model))
+            model = self._client.model(request.model)
             if not request.stream:
-                response = await self._client.post(body | {"stream": False})
+                response = await self._client.post(_body(request, model), model=model)
                 yield _parse_completion(response.json())
                 return
-            body |= {"stream": True, "stream_options": {"include_usage": True}}
-            response = await self._client.post(body, stream=True)
+            response = await self._client.post(_body(request, model), model=model, stream=True)
             async for event in fold_stream(
                 stream_events(response),
                 _StreamState(),
@@ -69,37 +70,52 @@ class OpenAIProvider:
 # --- request ------------------------------------------------------------------------------
 
 
-def _body(request: ModelRequest, model: str) -> dict[str, Any]:
-    """The JSON body of the request, but `stream` and `stream_options`."""
-    body: dict[str, Any] = {"model": model, "messages": [_message(m) for m in request.messages]}
+def _body(request: ModelRequest, model: str) -> bytes:
+    """The request's JSON body.
+
+    The messages, the part that grows with the conversation, are written as JSON text one by
+    one rather than built as dicts for one `json.dumps`: a long session's request then makes a
+    short string per message instead of a dict (and a list and its parts) per message, which
+    in a long-running server kept the memory growing a little on every turn.
+    """
+    fields: dict[str, Any] = {"model": model, "stream": request.stream}
+    if request.stream:
+        fields["stream_options"] = {"include_usage": True}
     if request.tools:  # some servers reject an empty list
-        body["tools"] = [_tool(tool) for tool in request.tools]
+        fields["tools"] = [_tool(tool) for tool in request.tools]
     if request.max_tokens is not None:
         # `max_tokens`, not `max_completion_tokens`: the compatible servers know only this one.
-        body["max_tokens"] = request.max_tokens
-    return body
+        fields["max_tokens"] = request.max_tokens
+    messages = ",".join([_message(m) for m in request.messages])
+    # `fields` is never empty, so its JSON goes on after its opening brace.
+    return f'{{"messages":[{messages}],{_json(fields)[1:]}'.encode()
 
 
-def _message(message: Message) -> dict[str, Any]:
+def _message(message: Message) -> str:
+    """One message as JSON text (see `_body`)."""
     # Most OpenAI-compatible servers (vLLM, Ollama, llama.cpp, older Azure API versions) reject
     # the "developer" role, while OpenAI accepts "system" everywhere and treats it as developer
     # instructions on the models that want those.
     role = "system" if message.role == "developer" else message.role
-    param: dict[str, Any] = {"role": role, "content": message.content}
+    content = _string(message.content)
     if role == "assistant" and message.tool_calls:
         # Servers differ on "" next to tool calls; null is what OpenAI itself sends.
-        param["content"] = message.content or None
-        param["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": c.model_dump(include={"name", "arguments"}),
-            }
+        content = content if message.content else "null"
+        calls = ",".join(
+            f'{{"id":{_string(c.id)},"type":"function","function":'
+            f'{{"name":{_string(c.name)},"arguments":{_string(c.arguments)}}}}}'
             for c in message.tool_calls
-        ]
+        )
+        return f'{{"role":"assistant","content":{content},"tool_calls":[{calls}]}}'
     if role == "tool":
-        param["tool_call_id"] = message.tool_call_id
-    return param
+        call_id = _json(message.tool_call_id)
+        return f'{{"role":"tool","content":{content},"tool_call_id":{call_id}}}'
+    return f'{{"role":"{role}","content":{content}}}'
+
+
+def _json(value: Any) -> str:
+    # As the HTTP client would encode a body: compact, UTF-8 rather than \u escapes.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _tool(tool: ToolDefinition) -> dict[str, Any]:
