@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -121,7 +122,7 @@ def conversation(base: Sequence[Message], events: Iterable[Event]) -> list[Messa
     window = list(base)
     for entry in _conversation(events):
         if isinstance(entry, UserMessageEvent):
-            window.append(Message(role="user", content=entry.data.content))
+            window.append(_kept(Message, role="user", content=entry.data.content))
         else:
             data = entry.event.data
             window += _render_turn(data.content, data.tool_requests or (), entry.results)
@@ -138,9 +139,11 @@ def _render_turn(
         return []
     calls = tuple(_to_call(r) for r in answered)
     return [
-        Message(role="assistant", content=content, tool_calls=calls),
+        _kept(Message, role="assistant", content=content, tool_calls=calls),
         *(
-            Message(role="tool", tool_call_id=r.tool_call_id, content=results[r.tool_call_id])
+            _kept(
+                Message, role="tool", tool_call_id=r.tool_call_id, content=results[r.tool_call_id]
+            )
             for r in answered
         ),
     ]
@@ -149,7 +152,23 @@ def _render_turn(
 def _to_call(request: ToolRequest) -> ToolCall:
     arguments = request.arguments
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, separators=(",", ":"))
-    return ToolCall(id=request.tool_call_id, name=request.name, arguments=text)
+    return _kept(ToolCall, id=request.tool_call_id, name=request.name, arguments=text)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+_FIELDS_SETS: dict[type[BaseModel], set[str]] = {
+    model: set(model.model_fields) for model in (Message, ToolCall)
+}
+
+
+def _kept(model: type[_M], **fields: Any) -> _M:
+    """`model(**fields)` for a message the window keeps, from fields of validated events.
+
+    Pydantic gives every instance its own set of the fields it was given: 216 bytes, nearly
+    half of a short message, which a long session's window would hold thousands of times.
+    Nothing reads it (nothing dumps with `exclude_unset`), so they all share one.
+    """
+    return model.model_construct(_FIELDS_SETS[model], **fields)
 
 
 class ContextMessage(BaseModel):
@@ -243,7 +262,7 @@ class _Projection:
         """Project one window event (see `_conversation`, which this must agree with)."""
         match event:
             case UserMessageEvent():
-                message = Message(role="user", content=event.data.content)
+                message = _kept(Message, role="user", content=event.data.content)
                 (self._after if self._turn is not None else self._final).append(message)
                 self.length += 1
             case AssistantMessageEvent():
