@@ -179,8 +179,8 @@ def _budget(results: dict[str, Any]) -> list[str]:
             [
                 "server RSS, flat across turns",
                 "≤ 45 MB, flat",
-                f"{ours['rss_start'] / MB:.0f} MB at start, {after_first / MB:.0f} MB after "
-                f"turn 1, {ours['rss_end'] / MB:.0f} MB after {ours['turns']} "
+                f"{ours['rss_start'] / MB:.1f} MB at start, {after_first / MB:.1f} MB after "
+                f"turn 1, {ours['rss_end'] / MB:.1f} MB after {ours['turns']} "
                 f"(+{growth / MB:.1f} MB)",
                 _yes(ours["rss_end"] <= 45 * MB and growth <= 2 * MB),
             ]
