@@ -8,6 +8,7 @@ batch (spec O2).
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, TypeAlias, assert_never
 
@@ -22,7 +23,10 @@ __all__ = [
     "PermissionHandlerFn",
     "Verdict",
     "ask_permission",
+    "decide",
 ]
+
+log = logging.getLogger("trimtab")
 
 PermissionHandlerFn: TypeAlias = Callable[[PermissionRequestData, ToolInvocation], Any]
 """`handler(request, invocation) -> PermissionDecision | dict`, sync or async."""
@@ -85,16 +89,26 @@ NO_HANDLER = _NOT_AVAILABLE._replace(
 )
 
 
-async def ask_permission(
+async def decide(
     handler: PermissionHandlerFn, request: PermissionRequestData, invocation: ToolInvocation
-) -> Verdict:
-    """Ask `handler`; any failure to get a valid answer is a denial, never a crash."""
+) -> PermissionDecision | None:
+    """`handler`'s decision, sync or async; None when it fails to give a valid one."""
     try:
         answer = handler(request, invocation)
         if inspect.isawaitable(answer):
             answer = await answer
-        decision = PermissionDecision.model_validate(answer)
+        return PermissionDecision.model_validate(answer)
     except Exception:
+        log.exception("the permission handler failed; denying")
+        return None
+
+
+async def ask_permission(
+    handler: PermissionHandlerFn, request: PermissionRequestData, invocation: ToolInvocation
+) -> Verdict:
+    """Ask `handler`; any failure to get a valid answer is a denial, never a crash."""
+    decision = await decide(handler, request, invocation)
+    if decision is None:
         return _NOT_AVAILABLE
     match decision.kind:
         case "approve-once" | "approved":

@@ -9,7 +9,6 @@ caller's process, answering the server's `external_tool.requested` and
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, cast, overload
@@ -29,7 +28,7 @@ from trimtab import (
     TruncateResult,
 )
 from trimtab._errors import ClearContextErrorCode
-from trimtab._permissions import PermissionHandlerFn
+from trimtab._permissions import PermissionHandlerFn, decide
 from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import CallOutcome
 from trimtab.events import (
@@ -273,19 +272,14 @@ class RemoteSession:
 
     async def _decide(self, event: PermissionRequestedEvent) -> None:
         request = event.data.permission_request
-        decision = PermissionDecision(kind="user-not-available")  # deny by default, as in-process
-        handler = self._permission_handler
-        if handler is not None:
+        decision = None
+        if (handler := self._permission_handler) is not None:
             invocation = self._invocation(
                 request.tool_call_id or "", request.tool_name, request.args
             )
-            try:
-                answer = handler(request, invocation)
-                if inspect.isawaitable(answer):
-                    answer = await answer
-                decision = PermissionDecision.model_validate(answer)
-            except Exception:
-                log.exception("the permission handler failed; denying")
+            decision = await decide(handler, request, invocation)
+        # Deny by default, as in process.
+        decision = decision or PermissionDecision(kind="user-not-available")
         await self._answer(
             "session.permissions.handlePendingPermissionRequest",
             {
