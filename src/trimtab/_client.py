@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
+from trimtab._errors import SessionNotFoundError, TrimtabError
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._session import Session
-from trimtab._tools import Tool
+from trimtab._replay import Replay, ReplaySnapshot, replay
+from trimtab._session import Session, chained
+from trimtab._tools import Tool, valid_text
 from trimtab._toolsearch import TOOL_SEARCH
-from trimtab._window import Replay, ReplaySnapshot, replay
 from trimtab.events import (
     Event,
     InfiniteSessions,
@@ -68,6 +69,8 @@ class SessionOptions(TypedDict, total=False):
     """Automatic compaction: `{"enabled": True, "threshold": 0.8}` by default."""
     tool_search: ToolSearch | dict[str, Any]
     """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
+    max_turns: int
+    """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
 
 
 _validate_options = TypeAdapter(SessionOptions)
@@ -171,23 +174,37 @@ class Client:
     async def create_session(
         self, *, session_id: str | None = None, **options: Unpack[SessionOptions]
     ) -> Session:
-        """Create a session and hold its lease."""
+        """Create a session and hold its lease.
+
+        Atomic: options, text and configuration are checked before anything is stored, and a
+        create that fails later (a store error) removes what it stored, so the id stays free.
+        """
         opts = _checked(options)
-        store = await self._open_store()
-        session_id = session_id or new_id()
+        _check_headers(opts.get("provider"))
+        session_id = _checked_id(new_id() if session_id is None else session_id)
         provider, public = self._provider(opts.get("provider"))
-        config = _config(SessionConfigData(provider=public), opts)
-        await store.create(session_id)
-        lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
-        session = self._session(session_id, store, lease, Replay(), provider, opts)
-        await session.emit(
-            SessionStartEvent(
-                data=SessionStartData(
-                    session_id=session_id, selected_model=config.model, config=config
-                )
-            )
+        config = _storable(_config(SessionConfigData(provider=public), opts))
+        start = SessionStartEvent(
+            data=SessionStartData(session_id=session_id, selected_model=config.model, config=config)
         )
-        return session
+        return await self._created(session_id, [start], provider, opts)
+
+    async def _created(
+        self, session_id: str, events: list[Event], provider: Provider, opts: SessionOptions
+    ) -> Session:
+        """A new session whose log is `events` (stored with the session, in one transaction),
+        and whose lease this client holds."""
+        store = await self._open_store()
+        events = chained(events, None, 0)
+        await store.create(session_id, events)
+        try:
+            lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
+            if lease is None:
+                raise TrimtabError(f"session {session_id!r} was taken by another runtime")
+            return self._session(session_id, store, lease, replay(events), provider, opts)
+        except BaseException:
+            await _undo_create(store, session_id)
+            raise
 
     async def resume_session(
         self,
@@ -204,15 +221,21 @@ class Client:
         `continue_pending_work=True` it runs again and the interrupted run goes on (spec P3).
         """
         if (open_session := self._sessions.get(session_id)) is not None:
-            return open_session
+            if not open_session.closed:
+                return open_session
+            await open_session.disconnect()  # let it finish closing, then open it anew
         opts = _checked(options)
+        _check_headers(opts.get("provider"))
         store = await self._open_store()
         replayed = await _open_replay(store, session_id)
         provider, public = self._provider(opts.get("provider"), replayed.config.provider)
-        config = _config(replayed.config.model_copy(update={"provider": public}), opts)
+        config = _storable(_config(replayed.config.model_copy(update={"provider": public}), opts))
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
         session = self._session(session_id, store, lease, replayed, provider, opts)
-        if lease is not None:
+        if lease is None:
+            session._follow()
+            return session
+        try:
             data = SessionResumeData(
                 event_count=replayed.event_count,
                 selected_model=config.model,
@@ -220,8 +243,10 @@ class Client:
             )
             await session.emit(SessionResumeEvent(data=data))
             await session._recover(continue_pending=continue_pending_work)
-        else:
-            session._follow()
+            await session._take_inputs()
+        except BaseException:
+            await session.disconnect()
+            raise
         return session
 
     async def list_sessions(self) -> list[SessionRecord]:
@@ -267,29 +292,30 @@ class Client:
         return session
 
     async def _fork(self, source: Session, events: list[Event]) -> Session:
-        """A new session holding a copy of `events` (the source's log after its start event)."""
-        store = await self._open_store()
+        """A new session holding a copy of `events` (the source's log after its start event).
+
+        Inert: the copy gets events of its own (new ids) and is brought to rest, so that it
+        never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
-        await store.create(session_id)
-        lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
         opts: SessionOptions = {"tools": list(source._tools.values())}
         if source.permission_handler is not None:
             opts["on_permission_request"] = source.permission_handler
-        session = self._session(session_id, store, lease, Replay(), source.provider, opts)
         data = SessionStartData(
             session_id=session_id,
             selected_model=source.config.model,
             config=source.config,
             forked_from=source.session_id,
         )
-        await session.emit(SessionStartEvent(data=data))
-        for event in events:
-            await session.emit(event)
-        await session._recover()
+        copies = [event.model_copy(update={"id": new_id()}) for event in events]
+        session = await self._created(
+            session_id, [SessionStartEvent(data=data), *copies], source.provider, opts
+        )
+        await session._settle()
         return session
 
     def _forget(self, session: Session) -> None:
-        self._sessions.pop(session.session_id, None)
+        if self._sessions.get(session.session_id) is session:
+            del self._sessions[session.session_id]
 
     def _provider(
         self, given: dict[str, Any] | Provider | None, persisted: Mapping[str, Any] | None = None
@@ -337,10 +363,58 @@ class Client:
                         if lease is not None:
                             await session._adopt(lease)
                     if not session.is_remote:
-                        await session._take_inputs(await store.pending_inputs(session.session_id))
+                        await session._take_inputs()
             except Exception:
                 # Upkeep must survive a transient store error; the next tick retries.
                 log.exception("lease upkeep failed")
+
+
+async def _undo_create(store: Store, session_id: str) -> None:
+    """Remove a session whose creation failed halfway (best effort: the store may be what
+    failed; a log without its `session.start` is never opened, see `_open_replay`)."""
+    try:
+        await store.delete(session_id)
+    except Exception:
+        log.warning("could not remove the half-created session %s", session_id, exc_info=True)
+
+
+_MAX_ID_LENGTH = 200
+"""The longest session id: it is a key of every store (PostgreSQL indexes keys up to ~2.7 KB)."""
+
+
+def _checked_id(session_id: str) -> str:
+    """`session_id` if it can name a session in any store, else `ValueError`."""
+    if not isinstance(session_id, str) or not session_id.strip():
+        raise ValueError("session_id must be a non-empty string")
+    if len(session_id) > _MAX_ID_LENGTH:
+        raise ValueError(f"session_id is longer than {_MAX_ID_LENGTH} characters")
+    if valid_text(session_id) != session_id or not session_id.isprintable():
+        raise ValueError("session_id holds a control character or a lone surrogate")
+    return session_id
+
+
+def _check_headers(provider: dict[str, Any] | Provider | None) -> None:
+    """Refuse provider headers that HTTP cannot carry (a line break would inject a header;
+    a lone surrogate cannot even be encoded) before anything is stored."""
+    headers = provider.get("headers") if isinstance(provider, dict) else None
+    for name, value in (headers or {}).items():
+        for text in (name, value):
+            if not isinstance(text, str) or any(c in text for c in "\r\n\0"):
+                raise ValueError(f"provider header {name!r} holds a line break or is not text")
+            try:
+                text.encode("latin-1")
+            except UnicodeEncodeError:
+                raise ValueError(f"provider header {name!r} is not Latin-1 text") from None
+
+
+def _storable(config: SessionConfigData) -> SessionConfigData:
+    """`config` if the log can store it (valid Unicode, not nested too deep), else
+    `ValueError`: checked before anything is stored, so a bad option leaves nothing behind."""
+    try:
+        config.model_dump_json()
+    except ValueError as exc:  # PydanticSerializationError is one
+        raise ValueError(f"the session configuration cannot be stored: {exc}") from None
+    return config
 
 
 async def _open_replay(store: Store, session_id: str) -> Replay:
@@ -361,7 +435,11 @@ async def _open_replay(store: Store, session_id: str) -> Replay:
                 for event in tail[1:]:
                     replayed.apply(event)
                 return replayed
-    return replay(await store.read(session_id))
+    events = await store.read(session_id)
+    if not events or not isinstance(events[0], SessionStartEvent):
+        # A create that died before storing its start: nothing was ever acknowledged.
+        raise SessionNotFoundError(session_id)
+    return replay(events)
 
 
 def _checked(options: Mapping[str, Any]) -> SessionOptions:
@@ -385,6 +463,10 @@ def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
         update["tools"] = [tool.definition for tool in opts["tools"]]
     if "streaming" in opts:
         update["streaming"] = opts["streaming"]
+    if "max_turns" in opts:
+        if opts["max_turns"] < 1:
+            raise ValueError("max_turns must be at least 1")
+        update["max_turns"] = opts["max_turns"]
     for key, model in (
         ("model_limits", ModelLimits),
         ("infinite_sessions", InfiniteSessions),

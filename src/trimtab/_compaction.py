@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from trimtab._errors import ProviderError
+from trimtab._tools import valid_text
 from trimtab._window import estimate_tokens, units
 from trimtab.events import (
     AssistantUsageData,
@@ -27,8 +28,10 @@ from trimtab.events import (
     SessionCompactionCompleteEvent,
     SessionCompactionStartEvent,
     SessionConfigData,
+    SessionUsageInfoEvent,
     SessionWarningEvent,
     ToolDefinition,
+    UsageInfoData,
     WarningData,
 )
 from trimtab.providers import ModelRequest, ModelResponse, Provider
@@ -174,11 +177,19 @@ async def _summarize_fitting(
         messages=(_system(prompt), _transcript(groups)),
         max_tokens=_summary_tokens(host),
     )
+    info = UsageInfoData(
+        token_limit=host.limits.context_window,
+        current_tokens=estimate_tokens(request.messages),
+        messages_length=len(request.messages),
+    )
     try:
         response = await _ask(host.provider, request)
     except ProviderError as exc:
         await _warn(
-            host, f"summarising failed ({exc.error_type}: {exc.message}); turns dropped instead"
+            host,
+            valid_text(
+                f"summarising failed ({exc.error_type}: {exc.message}); turns dropped instead"
+            ),
         )
         return None
     await host.emit(
@@ -191,7 +202,9 @@ async def _summarize_fitting(
             )
         )
     )
-    return response.content.strip() or None
+    # Every model call reports its request's size, summaries too (spec §6).
+    await host.emit(SessionUsageInfoEvent(data=info))
+    return valid_text(response.content.strip()) or None
 
 
 async def _drop_oldest(host: CompactionHost, overflow: int, reason: str) -> None:

@@ -31,7 +31,7 @@ class ToolError(TrimtabError):
 
 
 ClearContextErrorCode: TypeAlias = Literal[
-    "no_tool_call_in_flight", "empty_prompt", "clear_pending", "remote_session"
+    "no_tool_call_in_flight", "empty_prompt", "invalid_prompt", "clear_pending", "remote_session"
 ]
 
 

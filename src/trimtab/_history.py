@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from trimtab._compaction import CompactResult, compact, summarize_for_handoff
-from trimtab._window import conversation, replay
+from trimtab._errors import TrimtabError
+from trimtab._replay import replay
 from trimtab.events import SessionTruncatedEvent, TruncatedData
 
 if TYPE_CHECKING:
@@ -84,11 +85,10 @@ class History:
                 raise ValueError(
                     f"no event {event_id!r} to truncate at in session {session.session_id}"
                 )
-            before = replay(events[:cut])
             data = TruncatedData(
                 event_id=event_id,
                 events_removed=len(events) - cut,
-                base=conversation(before.base, before.window_events),
+                base=replay(events[:cut]).conversation(),
             )
             await session.emit(SessionTruncatedEvent(data=data))
             return TruncateResult(events_removed=data.events_removed)
@@ -100,5 +100,13 @@ class History:
         return await self._session._fork(event_id)
 
     async def summarize_for_handoff(self) -> str:
-        """A markdown summary of the conversation for handing the work to another session."""
-        return await summarize_for_handoff(self._session)
+        """A markdown summary of the conversation for handing the work to another session.
+
+        Refused on a remote session (spec R1): its model call would be logged here."""
+        session = self._session
+        if session.is_remote:
+            raise TrimtabError(
+                f"session {session.session_id} is run by another runtime (remote): "
+                "summarize it there"
+            )
+        return await summarize_for_handoff(session)

@@ -7,6 +7,7 @@ The loop never touches storage or subscribers: it hands every event to `LoopHost
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
@@ -14,8 +15,14 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
-from trimtab._errors import ProviderError
-from trimtab._permissions import NO_HANDLER, PermissionHandlerFn, Verdict, ask_permission
+from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError
+from trimtab._permissions import (
+    CANCELLED,
+    NO_HANDLER,
+    PermissionHandlerFn,
+    Verdict,
+    ask_permission,
+)
 from trimtab._tools import CallOutcome, Tool, ToolInvocation, parse_arguments, valid_text
 from trimtab.events import (
     AbortEvent,
@@ -28,6 +35,7 @@ from trimtab.events import (
     AssistantUsageData,
     AssistantUsageEvent,
     ContextClearedData,
+    Event,
     PermissionCompletedData,
     PermissionCompletedEvent,
     PermissionRequestData,
@@ -67,8 +75,13 @@ __all__ = [
     "user_message",
 ]
 
-current_tool_call: ContextVar[str | None] = ContextVar("trimtab_current_tool_call", default=None)
-"""The id of the tool call whose handler is running in this context (for clear_context)."""
+log = logging.getLogger("trimtab")
+
+current_tool_call: ContextVar[tuple[str, str] | None] = ContextVar(
+    "trimtab_current_tool_call", default=None
+)
+"""`(session id, call id)` of the tool call whose handler runs in this context: what a
+`clear_context` call belongs to (spec C1). Call ids are the model's, unique only per session."""
 
 INTERRUPTED = "The tool call was interrupted before it completed."
 
@@ -92,14 +105,11 @@ class LoopState:
     in_flight: dict[str, str] = field(default_factory=dict)
     """Tool calls whose handler is running: call id -> tool name, in start order."""
     staged: StagedClear | None = None
-    seed: str | None = None
-    """The prompt of a committed clear whose seeded run has not started yet (C8)."""
-    # Frozen sets, replaced on change: an empty one is shared, where an empty `set()` takes
-    # ~200 bytes in every idle session, and neither changes more than once per tool call.
-    approved_tools: frozenset[str] = _NO_TOOLS
-    """Tools approved for the rest of the session (`approve-for-session`)."""
     discovered: frozenset[str] = _NO_TOOLS
-    """Deferred tools found by `tool_search`, callable for the rest of the run."""
+    """Deferred tools found by `tool_search`, callable for the rest of the window's run.
+
+    A frozen set, replaced on change: an empty one is shared, where an empty `set()` takes
+    ~200 bytes in every idle session."""
 
 
 @dataclass(slots=True)
@@ -119,19 +129,35 @@ class LoopHost(CompactionHost, Protocol):
     def tools(self) -> Mapping[str, Tool]: ...
     @property
     def permission_handler(self) -> PermissionHandlerFn | None: ...
+    @property
+    def approved_tools(self) -> frozenset[str]: ...
+    @property
+    def running(self) -> bool:
+        """Whether the log shows the run still in progress (it did not end with its turn)."""
+        ...
+
+    @property
+    def pending_seed(self) -> tuple[str, bool] | None:
+        """A committed clear's prompt not answered yet, and whether its `user.message` is
+        logged already (spec C8, C10)."""
+        ...
 
     def deferred(self) -> frozenset[str]: ...
     def next_turn_id(self) -> str: ...
     def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation: ...
+    async def emit_all(self, events: Sequence[Event]) -> list[Event]:
+        """Store and deliver `events` as one atomic batch, nothing between them."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class Interrupted:
-    """What a crash left of a run, for `continue_pending_work` to finish (spec P3)."""
+    """What a crash left of a run, for the run to go on from (spec P3, C10)."""
 
-    turn_id: str
+    turn_id: str | None
+    """The turn left open, which is closed first."""
     calls: tuple[ToolCall, ...] = ()
-    """Calls started and never completed: they run again."""
+    """Calls started and never completed that run again."""
 
 
 async def run(
@@ -139,50 +165,75 @@ async def run(
     prompt: str,
     message_id: str,
     *,
-    source: str = "user",
     append_user: bool = True,
     interrupted: Interrupted | None = None,
+    aborted: bool = False,
 ) -> RunResult:
     """Run one `send` to its single `session.idle` (spec E1), including any seeded run (C8).
 
     With `interrupted`, the run continues a crashed one instead: its unfinished calls run
-    again, its open turn is closed, and the loop goes on from there.
+    again, its open turn is closed, and the loop goes on from there. With `aborted` (an
+    `abort()` that came before the run started) it ends at once, as an abort.
     """
     result = RunResult()
-    host.state.staged = host.state.seed = None
-    host.state.discovered = _NO_TOOLS
+    state = host.state
+    state.staged, state.discovered = None, _NO_TOOLS
     try:
         if append_user:
-            await host.emit(user_message(prompt, message_id, source))
+            await host.emit(user_message(prompt, message_id, "user"))
+        if aborted:
+            raise asyncio.CancelledError
         step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
+        turns = 0
         while step != "end":
             if isinstance(step, _Seed):
-                await host.emit(user_message(step.prompt, new_id(), "context_cleared"))
+                turns = 0  # the seeded run is a run of its own (C8)
+                if not step.recorded:
+                    await host.emit(user_message(step.prompt, new_id(), "context_cleared"))
+            if turns >= host.config.max_turns:
+                result.error = _error_event(
+                    "max_turns",
+                    f"the run made {turns} model calls, its limit (max_turns); send again to go on",
+                    None,
+                    True,
+                    message_id,
+                )
+                break
             step = await _turn(host, message_id, result)
+            turns += 1
         if result.error is not None:
-            await host.emit(result.error)
+            stored = await host.emit(result.error)
+            assert isinstance(stored, SessionErrorEvent)
+            result.error = stored
     except asyncio.CancelledError:
         # Abort: the run ends here, but the session lives on and still gets its one idle.
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
         result.aborted = True
+        seed = host.pending_seed
+        if seed is not None and not seed[1]:
+            # A committed clear stays committed: its seed is kept in the fresh window (not
+            # answered: the user stopped the run), never silently lost.
+            await host.emit(user_message(seed[0], new_id(), "context_cleared"))
         await host.emit(AbortEvent())
     finally:
-        host.state.staged = None
+        state.staged = None
     await host.emit(SessionIdleEvent(data=SessionIdleData(aborted=result.aborted or None)))
     return result
 
 
 async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
-    """Re-run the calls a crash interrupted (their start events are logged already)."""
-    outcomes: list[CallOutcome] = []
+    """Re-run the calls a crash interrupted (their start events are logged already), close
+    the turn it left open, and go on as the log says (the seed of a clear committed before
+    the crash comes next, C10)."""
     try:
         if interrupted.calls:
-            outcomes = await _run_batch(host, interrupted.calls, interrupted.turn_id, started=True)
+            await _run_batch(host, interrupted.calls, interrupted.turn_id or "", started=True)
     finally:
-        await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=interrupted.turn_id)))
-    return _next_step(host, interrupted.calls, outcomes) if outcomes else "continue"
+        if interrupted.turn_id is not None:
+            await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=interrupted.turn_id)))
+    return _next_step(host)
 
 
 def user_message(content: str, message_id: str, source: str) -> UserMessageEvent:
@@ -194,6 +245,8 @@ def user_message(content: str, message_id: str, source: str) -> UserMessageEvent
 @dataclass(frozen=True, slots=True)
 class _Seed:
     prompt: str
+    recorded: bool
+    """Its `user.message` is logged already (a crash came after it, C10)."""
 
 
 _Step = Literal["end", "continue"] | _Seed
@@ -217,26 +270,28 @@ async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
             response, duration = await _call_model(host, reply_id)
         except ProviderError as exc:
             result.error = _error_event(
-                exc.error_type, exc.message, exc.status_code, exc.retryable, message_id
+                exc.error_type, valid_text(exc.message), exc.status_code, exc.retryable, message_id
             )
             return "end"
         except Exception as exc:  # a provider bug must not take the runtime down
-            result.error = _error_event(
-                "internal", f"{type(exc).__name__}: {exc}", None, False, message_id
-            )
+            text = valid_text(f"{type(exc).__name__}: {exc}")
+            result.error = _error_event("internal", text, None, False, message_id)
             return "end"
-        message = AssistantMessageEvent(
-            data=AssistantMessageData(
-                message_id=reply_id,
-                content=valid_text(response.content),
-                tool_requests=[_request(c) for c in response.tool_calls] or None,
-                originating_message_id=message_id,
-                turn_id=turn_id,
-                model=model,
-                reasoning_text=response.reasoning,
+        calls = _distinct(response.tool_calls)
+        message = await host.emit(
+            AssistantMessageEvent(
+                data=AssistantMessageData(
+                    message_id=reply_id,
+                    content=valid_text(response.content),
+                    tool_requests=[_request(c) for c in calls] or None,
+                    originating_message_id=message_id,
+                    turn_id=turn_id,
+                    model=model,
+                    reasoning_text=valid_text(response.reasoning) if response.reasoning else None,
+                )
             )
         )
-        await host.emit(message)
+        assert isinstance(message, AssistantMessageEvent)
         result.last_message = message
         await host.emit(
             AssistantUsageEvent(
@@ -250,28 +305,36 @@ async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
             )
         )
         await host.emit(SessionUsageInfoEvent(data=info))
-        if not response.tool_calls:
-            return "end"
-        outcomes = await _run_batch(host, response.tool_calls, turn_id)
+        if calls:
+            await _run_batch(host, calls, turn_id)
     finally:
         await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model)))
-    return _next_step(host, response.tool_calls, outcomes)
+    return _next_step(host)
 
 
-def _next_step(host: LoopHost, calls: Sequence[ToolCall], outcomes: Sequence[CallOutcome]) -> _Step:
-    """After a batch: the seeded run (C8), the end (T1, O2), or another turn."""
-    if (seed := host.state.seed) is not None:
-        host.state.seed = None
-        return _Seed(seed)
-    if any(o.outcome == "rejected" for o in outcomes):
-        return "end"
-    terminal = any(
-        o.outcome == "success"
-        and (tool := host.tools.get(c.name)) is not None
-        and tool.definition.is_terminal
-        for c, o in zip(calls, outcomes, strict=True)
-    )
-    return "end" if terminal else "continue"
+def _next_step(host: LoopHost) -> _Step:
+    """After a turn, as the log tells it: the seeded run of a clear (C8), another turn, or the
+    end (no calls, T1, O2)."""
+    if (seed := host.pending_seed) is not None:
+        return _Seed(*seed)
+    return "continue" if host.running else "end"
+
+
+def _distinct(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
+    """The model's calls with storable text and distinct, non-empty ids: a repeated or missing
+    id would pair a result with the wrong call, or with none (spec O1)."""
+    seen: set[str] = set()
+    distinct: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        call_id = valid_text(call.id) or f"call_{index}"
+        while call_id in seen:
+            call_id = f"{call_id}_{index}"
+        seen.add(call_id)
+        name = valid_text(call.name)
+        if call_id != call.id or name != call.name:
+            call = call.model_copy(update={"id": call_id, "name": name})
+        distinct.append(call)
+    return tuple(distinct)
 
 
 async def _call_model(host: LoopHost, reply_id: str) -> tuple[ModelResponse, float]:
@@ -303,7 +366,7 @@ async def _call_model(host: LoopHost, reply_id: str) -> tuple[ModelResponse, flo
 
 
 def _request(call: ToolCall) -> ToolRequest:
-    arguments = parse_arguments(valid_text(call.arguments))
+    arguments = parse_arguments(call.arguments)
     return ToolRequest(tool_call_id=call.id, name=call.name, arguments=arguments)
 
 
@@ -343,6 +406,12 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
     except asyncio.CancelledError:
         await _complete(host, call, CallOutcome("cancelled", INTERRUPTED), turn_id)
         raise
+    except (StoreUnavailableError, LeaseLostError):
+        raise  # the log cannot be written: the run ends (the session reports it)
+    except Exception:
+        # A bug below the loop: the call still ends, and the model only learns it failed.
+        log.exception("tool call %s of session %s failed", call.id, host.session_id)
+        outcome = CallOutcome("failure", f"Failed to execute '{call.name}': tool execution failed.")
     await _complete(host, call, outcome, turn_id)
     return outcome
 
@@ -363,7 +432,7 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     if not verdict.allowed:
         return CallOutcome(verdict.outcome, verdict.text)
     host.state.in_flight[call.id] = call.name
-    token = current_tool_call.set(call.id)
+    token = current_tool_call.set((host.session_id, call.id))
     try:
         outcome = await tool.run(params, invocation)
         if outcome.outcome == "success":
@@ -377,7 +446,7 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
 async def _permission(
     host: LoopHost, tool: Tool, call: ToolCall, invocation: ToolInvocation
 ) -> Verdict:
-    if tool.definition.skip_permission or tool.name in host.state.approved_tools:
+    if tool.definition.skip_permission or tool.name in host.approved_tools:
         return Verdict(True, "success", "approved", "")
     handler = host.permission_handler
     if handler is None:
@@ -394,25 +463,29 @@ async def _permission(
             data=PermissionRequestedData(request_id=request_id, permission_request=request)
         )
     )
-    verdict = await ask_permission(handler, request, invocation)
-    if verdict.for_session:
-        host.state.approved_tools |= {tool.name}
-    await host.emit(
-        PermissionCompletedEvent(
-            data=PermissionCompletedData(
-                request_id=request_id,
-                result=PermissionResultData(kind=verdict.wire_kind),
-                tool_call_id=call.id,
-            )
-        )
-    )
+    try:
+        verdict = await ask_permission(handler, request, invocation)
+    except asyncio.CancelledError:
+        # Aborted while asking: the request is closed too, so that clients stop showing it.
+        await host.emit(_permission_completed(request_id, call.id, CANCELLED))
+        raise
+    await host.emit(_permission_completed(request_id, call.id, verdict.wire_kind))
     return verdict
 
 
+def _permission_completed(request_id: str, call_id: str, kind: str) -> PermissionCompletedEvent:
+    return PermissionCompletedEvent(
+        data=PermissionCompletedData(
+            request_id=request_id, result=PermissionResultData(kind=kind), tool_call_id=call_id
+        )
+    )
+
+
 async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_id: str) -> None:
-    """Record the outcome, then commit or discard a clear staged by this call (C6, C7)."""
+    """Record the outcome and, in the same append, commit a clear staged by this call (C6) or
+    drop it (C7): a clear is committed exactly when its call's success is stored."""
     success = outcome.outcome == "success"
-    await host.emit(
+    events: list[Event] = [
         ToolExecutionCompleteEvent(
             data=ToolExecutionCompleteData(
                 tool_call_id=call.id,
@@ -426,17 +499,20 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
                 turn_id=turn_id,
             )
         )
-    )
+    ]
     staged = host.state.staged
-    if staged is None or staged.tool_call_id != call.id:
-        return
-    host.state.staged = None
-    if success:
-        await host.emit(
-            SessionContextClearedEvent(
-                data=ContextClearedData(
-                    messages_cleared=staged.messages_cleared, initial_message=staged.prompt
-                )
-            )
+    ours = staged is not None and staged.tool_call_id == call.id
+    if ours and success:
+        assert staged is not None
+        data = ContextClearedData(
+            messages_cleared=staged.messages_cleared, initial_message=staged.prompt
         )
-        host.state.seed = staged.prompt
+        events.append(SessionContextClearedEvent(data=data))
+    await host.emit_all(events)
+    if ours:
+        # Staged until stored: a sibling's clear meanwhile is refused (C4); once stored, the
+        # log's pending seed refuses it.
+        host.state.staged = None
+        if success:
+            # The fresh window starts like a new session's: tools found by search are gone.
+            host.state.discovered = _NO_TOOLS

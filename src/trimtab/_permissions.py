@@ -18,6 +18,9 @@ from trimtab._tools import ToolInvocation
 from trimtab.events import PermissionRequestData
 
 __all__ = [
+    "APPROVED_FOR_SESSION",
+    "CANCELLED",
+    "NO_HANDLER",
     "PermissionDecision",
     "PermissionHandler",
     "PermissionHandlerFn",
@@ -78,6 +81,10 @@ class Verdict(NamedTuple):
 
 
 _APPROVED = Verdict(True, "success", "approved", "")
+APPROVED_FOR_SESSION = "approved-for-session"
+"""The `permission.completed` result kind of an `approve-for-session` decision."""
+CANCELLED = "cancelled"
+"""The `permission.completed` result kind of a request the run was aborted during."""
 _NOT_AVAILABLE = Verdict(
     False,
     "denied",
@@ -114,7 +121,8 @@ async def ask_permission(
         case "approve-once" | "approved":
             return _APPROVED
         case "approve-for-session":
-            return _APPROVED._replace(for_session=True)
+            # Logged as such, so that the approval survives a resume (a fact of the log).
+            return _APPROVED._replace(wire_kind=APPROVED_FOR_SESSION, for_session=True)
         case "reject" | "denied-interactively-by-user":
             text = "The user rejected this tool call."
             if decision.feedback:

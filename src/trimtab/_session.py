@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
@@ -21,19 +23,23 @@ from trimtab._errors import (
 from trimtab._history import ClearContextResult, History
 from trimtab._loop import LoopState, RunResult
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._replay import Replay
 from trimtab._runs import RunLedger
 from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import Tool, ToolInvocation, valid_text
 from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
-from trimtab._window import ContextWindow, Replay, context_window
+from trimtab._window import ContextWindow, context_window
 from trimtab.events import (
+    AbortEvent,
     AssistantMessageEvent,
+    AssistantTurnEndEvent,
     Event,
     EventType,
     ModelLimits,
     SessionConfigData,
     SessionErrorData,
     SessionErrorEvent,
+    SessionIdleData,
     SessionIdleEvent,
     SessionResumeData,
     SessionResumeEvent,
@@ -41,13 +47,15 @@ from trimtab.events import (
     ToolExecutionCompleteData,
     ToolExecutionCompleteEvent,
     ToolResultError,
+    TurnData,
+    UserMessageEvent,
     new_id,
 )
 from trimtab.providers import Message, Provider, ToolCall, Usage
 from trimtab.providers._limits import limits_for
 from trimtab.store import Lease, Store
 
-__all__ = ["Session"]
+__all__ = ["Session", "chained"]
 
 T = TypeVar("T")
 
@@ -68,20 +76,25 @@ class _Rpc:
         self.history = history
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pending:
-    """A queued message: it becomes a run when the runs before it have ended."""
+    """A run to make: a queued message (its input waits in the store's inbox until its
+    `user.message` is stored), or the continuation of a run a crash interrupted."""
 
     prompt: str
     message_id: str
     appended: bool
-    source: str = "user"
+    """Its `user.message` is logged already."""
     waiter: asyncio.Future[RunResult] | None = None
     interrupted: _loop.Interrupted | None = None
-    """Set when this run continues one a crash interrupted (`continue_pending_work`)."""
+    """Set when this run goes on from one a crash interrupted (spec P3, C10)."""
+    aborted: bool = False
+    """`abort()` came before the run started: it ends at once, as an abort."""
+    ended: asyncio.Event | None = None
+    """Set once the run ended (created for whoever waits for that)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Operation:
     """A queued window operation (compact, truncate): it never overlaps a run."""
 
@@ -116,9 +129,6 @@ class Session:
         self._store = store
         self._lease = lease
         self._replay = replayed
-        # Windows come from the replay's incremental projection; the events behind it need
-        # not stay in memory (an idle session holds its messages only).
-        replayed.keep_events, replayed.window_events = False, []
         self._provider = provider
         # The client hands over a dict of its own: no copy (~200 bytes per idle session).
         self._tools = tools if type(tools) is dict else dict(tools)
@@ -127,15 +137,21 @@ class Session:
         self._on_close = on_close
         self._on_fork = on_fork
         self._subscribers = Subscribers()
+        self._event_loop = asyncio.get_running_loop()
+        self._writer = asyncio.Lock()
+        """Held while events are stamped, stored and delivered: one chain (E3) however many
+        tool calls finish at once, whatever the store awaits."""
         # A list, not a deque: an empty deque takes ~600 bytes in every idle session, and a
         # queue holds a message or two.
         self._queue: list[_Pending | _Operation] = []
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunResult] | None = None
         self._follower: asyncio.Task[None] | None = None
+        self._idle_sent = False
+        """While following: the idle of the owner's last run was delivered from its log."""
         self._inbox: set[str] | None = None
-        """Message ids of inputs queued from the store whose user message is not stored yet."""
-        self._closed = False
+        """Message ids of stored inputs queued here whose user message is not stored yet."""
+        self._closing: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
@@ -217,6 +233,23 @@ class Session:
         """What the model will see next, with token counts, so a host can inspect its budget."""
         return context_window(self.window(), self.model_tools(), self.limits.context_window)
 
+    @property
+    def approved_tools(self) -> frozenset[str]:
+        """Tools approved for the rest of the session (`approve-for-session`, from the log)."""
+        return self._replay.approved_tools
+
+    @property
+    def running(self) -> bool:
+        """Whether the log shows a run in progress (it may have been interrupted by a crash)."""
+        return self._replay.run_id is not None
+
+    @property
+    def pending_seed(self) -> tuple[str, bool] | None:
+        replay = self._replay
+        if replay.pending_seed is None:
+            return None
+        return replay.pending_seed, replay.seed_recorded
+
     def next_turn_id(self) -> str:
         return str(self._replay.turns)
 
@@ -231,29 +264,42 @@ class Session:
 
     async def emit(self, event: Event) -> Event:
         """Stamp, persist (unless ephemeral), then deliver one event; the log's only writer."""
+        return (await self.emit_all((event,)))[0]
+
+    async def emit_all(self, events: Sequence[Event]) -> list[Event]:
+        """`emit` for events that must be stored together (one atomic append) and in a row."""
+        async with self._writer:
+            return await self._emit(events)
+
+    async def _emit(self, events: Sequence[Event]) -> list[Event]:
+        """`emit_all`, with the writer lock held by the caller."""
         replay = self._replay
-        epoch = replay.epoch + (event.type == "session.context_cleared")
-        event = event.model_copy(update={"parent_id": replay.last_id, "context_epoch": epoch})
-        if not event.ephemeral:
+        stamped = chained(events, replay.last_id, replay.epoch)
+        stored = [e for e in stamped if not e.ephemeral]
+        if stored:
             if self._lease is None:
                 raise LeaseLostError(
                     f"session {self.session_id} is remote: this runtime cannot write it"
                 )
-            await self._append(event)
-            replay.apply(event)
-        elif self._lease is not None:
-            # Hosts following this session from other runtimes see its live events too.
-            await self._store.publish(self.session_id, event, after=replay.event_count)
-        self._subscribers.deliver(event)
-        return event
+            await self._append(stored)
+        for event in stamped:
+            if not event.ephemeral:
+                replay.apply(event)
+                if self._inbox and isinstance(event, UserMessageEvent):
+                    self._inbox.discard(event.data.message_id or "")
+            elif self._lease is not None:
+                # Hosts following this session from other runtimes see its live events too.
+                await self._store.publish(self.session_id, event, after=replay.event_count)
+            self._subscribers.deliver(event)
+        return stamped
 
-    async def _append(self, event: Event) -> None:
-        """Store one event, riding out a short store outage (a database restart): appends are
+    async def _append(self, events: Sequence[Event]) -> None:
+        """Store events, riding out a short store outage (a database restart): appends are
         idempotent by event id, so a try whose outcome was unknown is simply repeated."""
         assert self._lease is not None
         for delay in (*_STORE_RETRY_DELAYS, None):
             try:
-                await self._store.append(self.session_id, (event,), lease=self._lease)
+                await self._store.append(self.session_id, events, lease=self._lease)
                 return
             except StoreUnavailableError:
                 if delay is None:
@@ -277,10 +323,12 @@ class Session:
         return self._subscribers.add(first, handler)
 
     async def send(self, prompt: str) -> str:
-        """Queue `prompt` for the agent and return its message id at once.
+        """Queue `prompt` for the agent and return its message id once it is stored.
 
-        The run starts right away when the session is idle; otherwise after the runs queued
-        before it. On a remote session the message is queued in the store for its owner.
+        The run starts right away when the session is idle (its `user.message` is stored
+        before this returns); otherwise the input waits in the store's inbox until the runs
+        queued before it have ended, so that a crash cannot lose it. On a remote session the
+        input is queued in the store for its owner.
         """
         return (await self._submit(prompt, None)).message_id
 
@@ -289,12 +337,20 @@ class Session:
     ) -> AssistantMessageEvent | None:
         """Send `prompt` and wait for its run to end.
 
-        Returns the run's last `assistant.message` (after a clear, the seeded run's), or None
-        if there was none (an abort before the model answered). Raises `SessionError` if the
-        run ended in `session.error`, and `TimeoutError` after `timeout` seconds (the run
-        goes on). On a remote session the run executes in its owner, and its end is read
-        from the events this runtime follows.
+        Returns the run's last `assistant.message` as stored (after a clear, the seeded
+        run's), or None if there was none (an abort before the model answered). Raises
+        `SessionError` if the run ended in `session.error`, `TimeoutError` after `timeout`
+        seconds (the run goes on), and `TrimtabError` when the session is disconnected
+        before the run ends, or when called from a tool handler of this session (the run
+        would wait for itself). On a remote session the run executes in its owner, and its
+        end is read from the events this runtime follows.
         """
+        current = _loop.current_tool_call.get()
+        if current is not None and current[0] == self.session_id:
+            raise TrimtabError(
+                "send_and_wait from a tool handler of the same session would wait for its own "
+                "run to end: use send(), which queues the message behind the run"
+            )
         if self.is_remote:
             return await self._send_and_follow(prompt, timeout)
         waiter: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
@@ -321,12 +377,19 @@ class Session:
         return run.last_message
 
     async def abort(self) -> None:
-        """Stop the current run: running handlers are cancelled, the run ends with `abort` and
-        `session.idle`. Messages queued behind it still run."""
+        """Stop the current run, or the one about to start (right after `send`): running
+        handlers are cancelled, the run ends with `abort` and `session.idle`. Messages queued
+        behind it still run. Returns once the run has ended."""
         current = self._current
         if current is not None and not current.done():
             current.cancel()
             await asyncio.wait([current])
+            return
+        head = next((item for item in self._queue if isinstance(item, _Pending)), None)
+        if self._worker is not None and head is not None:
+            head.aborted = True
+            head.ended = head.ended or asyncio.Event()
+            await head.ended.wait()
 
     @property
     def busy(self) -> bool:
@@ -343,28 +406,51 @@ class Session:
         return await self._store.read(self.session_id)
 
     async def disconnect(self) -> None:
-        """Abort any run, drop queued messages, release the lease. The log stays."""
-        if self._closed:
-            return
-        self._closed = True
+        """Abort any run, release the lease; the log stays, and so do inputs queued behind the
+        run (stored, they run when the session is next opened). Waiters of those get a
+        `TrimtabError`. Safe from anywhere, a tool handler of this session included: the
+        handler is cancelled, and the disconnect completes."""
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(
+                self._close(), name=f"trimtab-close-{self.session_id}"
+            )
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         await self._unfollow()
+        kept: list[_Pending | _Operation] = []
         for item in self._queue:
-            if item.waiter is not None and not item.waiter.done():
-                item.waiter.cancel()
-        self._queue.clear()
+            if isinstance(item, _Pending) and item.appended and item.interrupted is None:
+                item.aborted = True  # its message is logged: the run ends, as an abort
+                kept.append(item)
+            elif item.waiter is not None and not item.waiter.done():
+                item.waiter.set_exception(
+                    TrimtabError(
+                        f"session {self.session_id} was disconnected before this ran"
+                        + (" (the message stays queued in the store)" if _queued(item) else "")
+                    )
+                )
+        self._queue[:] = kept
+        self._inbox = None
         await self.abort()
         if self._worker is not None:
             await asyncio.wait([self._worker])
         if self._lease is not None:
-            # Between runs the state is small: keep it, so the next open need not replay.
-            snapshot = self._replay.snapshot()
-            await self._store.save_snapshot(
-                self.session_id, snapshot.event_count, snapshot.model_dump_json()
-            )
+            if not self._replay.unfinished_calls:
+                # Between runs the state is small: keep it, so the next open need not replay.
+                snapshot = self._replay.snapshot()
+                await self._store.save_snapshot(
+                    self.session_id, snapshot.event_count, snapshot.model_dump_json()
+                )
             await self._store.release_lease(self._lease)
             self._lease = None
         if self._on_close is not None:
             self._on_close(self)
+
+    @property
+    def closed(self) -> bool:
+        """`disconnect()` was called: the session can no longer be used."""
+        return self._closing is not None
 
     # --- runs ----------------------------------------------------------------------------
 
@@ -375,32 +461,41 @@ class Session:
             raise ValueError("prompt must be a non-empty string")
         if valid_text(prompt) != prompt:
             raise ValueError("prompt is not valid Unicode text (it holds a lone surrogate)")
-        if self._closed:
+        if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         pending = _Pending(prompt, message_id or new_id(), appended=False, waiter=waiter)
         if self._lease is None:
             await self._store.enqueue_input(self.session_id, prompt, pending.message_id)
             return pending
-        if self._worker is None:
-            # Idle: record the message before returning, so the log shows what was sent.
-            await self.emit(_loop.user_message(prompt, pending.message_id, "user"))
-            pending.appended = True
-        self._queue.append(pending)
-        self._start_worker()
+        async with self._writer:
+            if self._worker is None:
+                # Idle: the message is stored before this returns, and its run starts.
+                user = _loop.user_message(prompt, pending.message_id, "user")
+                await self._emit((user,))
+                pending.appended = True
+            else:
+                # Busy: the input waits in the store, never only in memory (nothing
+                # acknowledged may be lost to a crash); its run stores its message.
+                await self._store.enqueue_input(self.session_id, prompt, pending.message_id)
+                self._inbox = (self._inbox or set()) | {pending.message_id}
+            self._queue.append(pending)
+            self._start_worker()
         return pending
 
-    async def _take_inputs(self, pending: list[tuple[str, str]]) -> None:
-        """Queue the inputs other runtimes sent (spec R1) that are not queued here yet.
-
-        An input stays pending in the store until its user message is stored, so that a
-        crash cannot lose it; until then it must not be queued twice.
-        """
-        queued = {message_id for _, message_id in pending} & (self._inbox or set())
-        for prompt, message_id in pending:
-            if message_id not in queued:
-                queued.add(message_id)
-                await self._submit(prompt, None, message_id)
-        self._inbox = queued or None  # None, not an empty set, in every idle session
+    async def _take_inputs(self) -> None:
+        """Queue the stored inputs (sent by other runtimes, or left by a crash, spec R1) that
+        are not queued here yet. An input stays pending in the store until its user message
+        is stored, so that a crash cannot lose it; until then it must not be queued twice.
+        The inbox is read under the writer lock: an input whose message is being stored
+        right now is either still pending and queued here, or claimed, never both."""
+        if self.closed or self._lease is None:
+            return
+        async with self._writer:
+            for prompt, message_id in await self._store.pending_inputs(self.session_id):
+                if message_id not in (self._inbox or ()):
+                    self._inbox = (self._inbox or set()) | {message_id}
+                    self._queue.append(_Pending(prompt, message_id, appended=False))
+            self._start_worker()
 
     def _start_worker(self) -> None:
         if self._worker is None and self._queue:
@@ -412,34 +507,54 @@ class Session:
         """Run queued items one after another; each run ends in one idle (spec E1)."""
         try:
             while self._queue:
+                if self._lease is None:
+                    self._drop_queue(LeaseLostError(f"session {self.session_id} moved"))
+                    return
                 item = self._queue.pop(0)
                 if isinstance(item, _Operation):
                     await self._apply(item)
                     continue
-                run = _loop.run(
-                    self,
-                    item.prompt,
-                    item.message_id,
-                    source=item.source,
-                    append_user=not item.appended,
-                    interrupted=item.interrupted,
-                )
-                self._current = asyncio.get_running_loop().create_task(run)
                 try:
-                    result = await asyncio.shield(self._current)
-                except asyncio.CancelledError:
-                    result = RunResult(aborted=True)
-                except Exception as exc:
-                    # The store failed or the lease was lost: nothing more can be logged,
-                    # but no waiter may hang, here or in a host following the session.
-                    self._failed(exc, item.message_id, item.waiter)
-                    continue
+                    await self._run(item)
                 finally:
-                    self._current = None
-                if item.waiter is not None and not item.waiter.done():
-                    item.waiter.set_result(result)
+                    if item.ended is not None:
+                        item.ended.set()
         finally:
             self._worker = None
+
+    async def _run(self, item: _Pending) -> None:
+        run = _loop.run(
+            self,
+            item.prompt,
+            item.message_id,
+            append_user=not item.appended,
+            interrupted=item.interrupted,
+            aborted=item.aborted,
+        )
+        self._current = asyncio.get_running_loop().create_task(run)
+        try:
+            result = await asyncio.shield(self._current)
+        except asyncio.CancelledError:
+            result = RunResult(aborted=True)
+        except Exception as exc:
+            # The store failed or the lease was lost: nothing more can be logged, but no
+            # waiter may hang, here or in a host following the session.
+            self._failed(exc, item.message_id, item.waiter)
+            return
+        finally:
+            self._current = None
+        if item.waiter is not None and not item.waiter.done():
+            item.waiter.set_result(result)
+
+    def _drop_queue(self, reason: Exception) -> None:
+        """Let go of the queued items: their stored inputs wait for the session's next owner."""
+        for item in self._queue:
+            if item.waiter is not None and not item.waiter.done():
+                item.waiter.set_exception(reason)
+            if isinstance(item, _Pending) and item.ended is not None:
+                item.ended.set()
+        self._queue.clear()
+        self._inbox = None
 
     async def _apply(self, operation: _Operation) -> None:
         try:
@@ -454,17 +569,18 @@ class Session:
     def _failed(
         self, exc: Exception, message_id: str, waiter: asyncio.Future[RunResult] | None
     ) -> None:
-        if isinstance(exc, LeaseLostError):
+        cause = _cause(exc)
+        if isinstance(cause, LeaseLostError):
             self._lease_lost()
-        log.exception("run of session %s failed", self.session_id)
+        log.error("run of session %s failed", self.session_id, exc_info=exc)
         if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+            waiter.set_exception(cause)
         # Delivered, not stored (the store is what failed): the run still ends in a typed
         # error and one idle for whoever watches (spec E1).
-        error_type = "lease_lost" if isinstance(exc, LeaseLostError) else "store"
+        error_type = "lease_lost" if isinstance(cause, LeaseLostError) else "store"
         data = SessionErrorData(
             error_type=error_type,
-            message=f"{type(exc).__name__}: {exc}",
+            message=valid_text(f"{type(cause).__name__}: {cause}"),
             retryable=True,
             originating_message_id=message_id,
         )
@@ -473,14 +589,15 @@ class Session:
 
     async def _exclusive(self, apply: Callable[[], Awaitable[T]]) -> T:
         """Run a window operation between runs, never during one (queued behind them)."""
-        if _loop.current_tool_call.get() in self.state.in_flight:
+        current = _loop.current_tool_call.get()
+        if current is not None and current[0] == self.session_id:
             raise TrimtabError(
                 "this operation cannot run inside a tool call of the same session; "
                 "use history.clear_context from a tool handler"
             )
         if self._lease is None:
             raise TrimtabError(f"session {self.session_id} is run by another runtime (remote)")
-        if self._closed:
+        if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append(_Operation(apply, waiter))
@@ -491,26 +608,37 @@ class Session:
     # --- clear_context -------------------------------------------------------------------
 
     def _stage_clear(self, prompt: str) -> ClearContextResult:
+        if not _on_loop(self._event_loop):
+            # A sync handler runs in a worker thread: stage on the loop, in its context.
+            return _call_on_loop(self._event_loop, self._stage_clear, prompt)
         if self.is_remote:
             raise ClearContextError(
                 "remote_session", f"session {self.session_id} is run by another runtime"
             )
         if not isinstance(prompt, str) or not prompt.strip():
             raise ClearContextError("empty_prompt", "the seed prompt must be a non-empty string")
+        if valid_text(prompt) != prompt:
+            raise ClearContextError(
+                "invalid_prompt", "the seed prompt is not valid Unicode text (a lone surrogate)"
+            )
         in_flight = self.state.in_flight
-        call_id = _loop.current_tool_call.get()
-        if call_id not in in_flight:
-            # Called from outside the handler's context (e.g. over JSON-RPC): the earliest
+        current = _loop.current_tool_call.get()
+        if current is None:
+            # Called from outside any handler's context (e.g. over JSON-RPC): the earliest
             # running call of this session is the enclosing one.
             call_id = next(iter(in_flight), None)
+        elif current[0] == self.session_id and current[1] in in_flight:
+            call_id = current[1]
+        else:
+            call_id = None  # a handler of another session: never this session's call (C1)
         if call_id is None:
             raise ClearContextError(
                 "no_tool_call_in_flight",
-                "clear_context can only be called from a running tool handler",
+                "clear_context can only be called from a running tool handler of this session",
             )
-        if self.state.staged is not None or self.state.seed is not None:
+        if self.state.staged is not None or self._replay.pending_seed is not None:
             raise ClearContextError("clear_pending", "a clear is already pending in this run")
-        cleared = self._replay.conversation_length()
+        cleared = self._replay.messages_cleared()
         self.state.staged = _loop.StagedClear(prompt, cleared, call_id)
         return ClearContextResult(messages_cleared=cleared)
 
@@ -525,6 +653,24 @@ class Session:
             raise TrimtabError("this session was not opened by a Client that can fork it")
         return await self._on_fork(self, events[1:cut])
 
+    async def _settle(self) -> None:
+        """Bring a copied log to rest without running anything (a fork is inert): calls
+        left unfinished end `cancelled`, an open turn is closed, a committed clear's seed is
+        kept in the window, and a run left in progress ends as aborted."""
+        replay = self._replay
+        events: list[Event] = [
+            _cancelled(call_id, start.tool_name)
+            for call_id, start in replay.unfinished_calls.items()
+        ]
+        if replay.open_turn is not None:
+            events.append(AssistantTurnEndEvent(data=TurnData(turn_id=replay.open_turn)))
+        if replay.pending_seed is not None and not replay.seed_recorded:
+            events.append(_loop.user_message(replay.pending_seed, new_id(), "context_cleared"))
+        if replay.run_id is not None:
+            events.append(AbortEvent())
+        if events:
+            await self.emit_all(events)
+
     # --- leases and resume -------------------------------------------------------------
 
     def _lease_lost(self) -> None:
@@ -535,7 +681,7 @@ class Session:
     def _follow(self) -> None:
         """While remote, deliver the owner's events to this session's subscribers as they are
         stored, so that a host attached here sees a run executing elsewhere (spec R1)."""
-        if self._follower is None and not self._closed:
+        if self._follower is None and not self.closed:
             self._follower = asyncio.get_running_loop().create_task(
                 self._follow_log(), name=f"trimtab-follow-{self.session_id}"
             )
@@ -544,13 +690,26 @@ class Session:
         events = self._store.subscribe(self.session_id, after=self._replay.event_count)
         try:
             async for event in events:
-                if not event.ephemeral:
-                    self._replay.apply(event)
-                self._subscribers.deliver(event)
+                self._deliver_followed(event)
         except SessionNotFoundError:
             pass  # deleted: nothing more will come
         finally:
             await events.aclose()
+
+    def _deliver_followed(self, event: Event) -> None:
+        """Deliver one of the owner's events, with exactly one idle per run (spec E1): the
+        log tells when a run ended, so the idle is delivered then; the owner's own idle,
+        where the store carries it here at all, comes right after and is dropped."""
+        if isinstance(event, SessionIdleEvent) and self._idle_sent:
+            self._idle_sent = False
+            return
+        ended = not event.ephemeral and self._replay.apply(event)
+        self._idle_sent = False
+        self._subscribers.deliver(event)
+        if ended:
+            aborted = isinstance(event, AbortEvent) or None
+            self._subscribers.deliver(SessionIdleEvent(data=SessionIdleData(aborted=aborted)))
+            self._idle_sent = True
 
     async def _unfollow(self) -> None:
         if self._follower is not None:
@@ -559,62 +718,117 @@ class Session:
             self._follower = None
 
     async def _adopt(self, lease: Lease) -> None:
-        """Take the session over from a runtime whose lease expired: catch up, then recover."""
+        """Take the session over from a runtime whose lease expired: catch up, then recover.
+
+        The writer lock is held throughout, so that a `send` racing the takeover comes after
+        its `session.resume` and recovery, never between them (E3)."""
         await self._unfollow()
-        for event in await self._store.read(self.session_id, after=self._replay.event_count):
-            self._replay.apply(event)
-        self._lease = lease
-        await self.emit(
-            SessionResumeEvent(data=SessionResumeData(event_count=self._replay.event_count))
-        )
-        # Hosts here were following a run the crashed owner left: it goes on, from here.
-        await self._recover(continue_run=True)
+        async with self._writer:
+            for event in await self._store.read(self.session_id, after=self._replay.event_count):
+                self._replay.apply(event)
+            self._lease = lease
+            resumed = SessionResumeData(event_count=self._replay.event_count)
+            await self._emit((SessionResumeEvent(data=resumed),))
+            # Hosts here were following a run the crashed owner left: it goes on, from here.
+            await self._recover_locked(continue_pending=False, continue_run=True)
 
-    # --- resume --------------------------------------------------------------------------
+    async def _recover(self, *, continue_pending: bool = False) -> None:
+        """Finish what a crash left (spec P3, C10), then queue the inputs stored for the
+        session, in order."""
+        async with self._writer:
+            await self._recover_locked(continue_pending=continue_pending, continue_run=False)
 
-    async def _recover(self, *, continue_pending: bool = False, continue_run: bool = False) -> None:
-        """Finish what a crash left (P3): unfinished calls of idempotent tools (all of them
-        with `continue_pending`) run again, the others end `cancelled`; a run interrupted
-        mid-turn goes on when a call runs again or when asked (`continue_pending`,
-        `continue_run`). Then a pending seed is delivered (C10)."""
+    async def _recover_locked(self, *, continue_pending: bool, continue_run: bool) -> None:
+        """Unfinished calls of idempotent tools (all of them with `continue_pending`) run
+        again, the others end `cancelled`. The interrupted run goes on when a call runs again,
+        when a committed clear's seed has not run yet (C10), or when asked
+        (`continue_pending`, `continue_run`); otherwise it is left as the crash left it."""
         replay = self._replay
-        unfinished = list(replay.unfinished_calls.items())
         again = {
             call_id: start
-            for call_id, start in unfinished
+            for call_id, start in replay.unfinished_calls.items()
             if continue_pending or _is_idempotent(self._tools.get(start.tool_name))
         }
-        for call_id, start in unfinished:
-            if call_id not in again:
-                await self.emit(
-                    ToolExecutionCompleteEvent(
-                        data=ToolExecutionCompleteData(
-                            tool_call_id=call_id,
-                            success=False,
-                            outcome="cancelled",
-                            error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
-                            tool_name=start.tool_name,
-                        )
-                    )
-                )
-        if replay.open_turn is not None and (continue_pending or continue_run or again):
+        cancelled = [
+            _cancelled(call_id, start.tool_name)
+            for call_id, start in replay.unfinished_calls.items()
+            if call_id not in again
+        ]
+        if cancelled:
+            await self._emit(cancelled)
+        go_on = continue_pending or continue_run or again or replay.pending_seed is not None
+        if replay.run_id is not None and go_on:
             calls = tuple(
                 ToolCall(id=call_id, name=d.tool_name, arguments=_arguments_text(d.arguments))
                 for call_id, d in again.items()
             )
             interrupted = _loop.Interrupted(replay.open_turn, calls)
-            message_id = replay.last_message_id or new_id()
-            self._queue.append(_Pending("", message_id, appended=True, interrupted=interrupted))
+            self._queue.append(_Pending("", replay.run_id, appended=True, interrupted=interrupted))
             self._start_worker()
-            return
-        seed = self._replay.pending_seed
-        if seed is not None:
-            self._queue.append(
-                _Pending(
-                    seed, new_id(), appended=self._replay.seed_recorded, source="context_cleared"
-                )
-            )
-            self._start_worker()
+
+
+def chained(events: Sequence[Event], parent: str | None, epoch: int) -> list[Event]:
+    """`events` stamped to follow the stored event `parent` in context epoch `epoch`: each
+    stored one links to the one before it (E3), and a clear starts the next epoch (C9)."""
+    stamped: list[Event] = []
+    for event in events:
+        epoch += event.type == "session.context_cleared"
+        stamped.append(event.model_copy(update={"parent_id": parent, "context_epoch": epoch}))
+        if not event.ephemeral:
+            parent = event.id
+    return stamped
+
+
+def _cancelled(call_id: str, tool_name: str) -> ToolExecutionCompleteEvent:
+    return ToolExecutionCompleteEvent(
+        data=ToolExecutionCompleteData(
+            tool_call_id=call_id,
+            success=False,
+            outcome="cancelled",
+            error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
+            tool_name=tool_name,
+        )
+    )
+
+
+def _queued(item: _Pending | _Operation) -> bool:
+    return isinstance(item, _Pending) and not item.appended and item.interrupted is None
+
+
+def _cause(exc: BaseException) -> Exception:
+    """The exception that ended a run: the first one inside an `ExceptionGroup` (a batch's
+    calls fail together when the store fails)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+_LOOP_CALL_TIMEOUT = 60.0
+"""Seconds a worker thread waits for the event loop to run a call for it."""
+
+
+def _call_on_loop(loop: asyncio.AbstractEventLoop, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` run on `loop`'s thread in the caller's context, from another thread."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def call() -> None:
+        try:
+            done.set_result(function(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    loop.call_soon_threadsafe(call, context=contextvars.copy_context())
+    try:
+        return done.result(timeout=_LOOP_CALL_TIMEOUT)
+    except concurrent.futures.TimeoutError:
+        raise TrimtabError("the event loop did not answer within 60 s") from None
 
 
 def _is_idempotent(tool: Tool | None) -> bool:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from trimtab._session import Session
 
 __all__ = [
+    "MAX_ARGUMENT_DEPTH",
     "CallOutcome",
     "Tool",
     "ToolHandler",
@@ -109,34 +110,60 @@ class Tool:
                 f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
                 for err in exc.errors()
             ]
-            return CallOutcome("invalid_arguments", "Invalid tool arguments:\n" + "\n".join(lines))
+            text = valid_text("Invalid tool arguments:\n" + "\n".join(lines))
+            return CallOutcome("invalid_arguments", text)
+        except Exception:
+            # A validator that raised something pydantic does not wrap (TypeError, ...): the
+            # arguments are still what is wrong, and its text is the tool's internal business.
+            return CallOutcome(
+                "invalid_arguments", "Invalid tool arguments: (root): the arguments were refused"
+            )
 
     async def run(
         self, params: BaseModel | dict[str, Any], invocation: ToolInvocation
     ) -> CallOutcome:
-        """Call the handler under the tool's timeout; never raises but `CancelledError`."""
+        """Call the handler under the tool's timeout; never raises but `CancelledError`.
+
+        An async handler runs on the event loop; a sync one runs in a worker thread, so that
+        it blocks neither the loop (other sessions, the server) nor its own timeout and abort.
+        Python cannot stop a thread: a sync handler past its timeout runs on, and what it
+        returns then is discarded.
+        """
+        limit = self.definition.timeout
         try:
-            async with asyncio.timeout(self.definition.timeout):
-                value = (
-                    self.handler(params, invocation)
-                    if self._pass_invocation
-                    else self.handler(params)
-                )
-                if inspect.isawaitable(value):
+            async with asyncio.timeout(limit) as deadline:
+                if inspect.iscoroutinefunction(self.handler):
+                    value = await self._call(params, invocation)
+                else:
+                    value = await asyncio.to_thread(self._call, params, invocation)
+                if inspect.isawaitable(value):  # a sync callable that returned an awaitable
                     value = await value
         except TimeoutError:
-            return CallOutcome(
-                "timeout", f"Tool '{self.name}' timed out after {self.definition.timeout} s."
-            )
+            if not deadline.expired():
+                # The handler raised TimeoutError itself: its own failure, not our limit.
+                return _FAILED._replace(text=_FAILED.text.format(name=self.name))
+            return CallOutcome("timeout", f"Tool '{self.name}' timed out after {limit:g} s.")
         except ToolError as exc:
             return CallOutcome("failure", valid_text(str(exc)))
         except Exception:
             # The exception text may hold paths or secrets: the model only learns that it failed.
+            return _FAILED._replace(text=_FAILED.text.format(name=self.name))
+        try:
+            outcome = _to_outcome(value)
+        except Exception:
+            # An object JSON cannot hold, bytes that are not UTF-8, a structure too deep.
             return CallOutcome(
-                "failure", f"Failed to execute '{self.name}': tool execution failed."
+                "failure", f"Failed to execute '{self.name}': its result could not be serialised."
             )
-        outcome = _to_outcome(value)
         return outcome._replace(text=valid_text(outcome.text))
+
+    def _call(self, params: BaseModel | dict[str, Any], invocation: ToolInvocation) -> Any:
+        if self._pass_invocation:
+            return self.handler(params, invocation)
+        return self.handler(params)
+
+
+_FAILED = CallOutcome("failure", "Failed to execute '{name}': tool execution failed.")
 
 
 def _to_outcome(value: Any) -> CallOutcome:
@@ -165,14 +192,56 @@ def valid_text(text: str) -> str:
     return text
 
 
+MAX_ARGUMENT_DEPTH = 64
+"""Deeper JSON is not arguments but an attack or a broken model: it stays text (so the call
+is `invalid_arguments`), as the log could not store it (pydantic serialises ~255 levels)."""
+
+
 def parse_arguments(text: str) -> Any:
-    """The model's argument text as JSON, or the text itself when it is not valid JSON."""
+    """The model's argument text as JSON, or the text itself when it is not valid JSON (or is
+    nested deeper than `MAX_ARGUMENT_DEPTH`). Lone surrogates that JSON escapes (`"\\ud800"`)
+    put in strings are replaced, so that the arguments can be stored."""
     if not text.strip():
         return {}
     try:
-        return json.loads(text)
-    except ValueError:
-        return text
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return valid_text(text)
+    if _depth(value) > MAX_ARGUMENT_DEPTH:
+        return valid_text(text)
+    return _valid_strings(value)
+
+
+def _depth(value: Any, limit: int = MAX_ARGUMENT_DEPTH) -> int:
+    """How deeply `value` nests, counting no further than `limit + 1`."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        depth += 1
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+    return depth if not level else limit + 1
+
+
+def _valid_strings(value: Any) -> Any:
+    """`value` with `valid_text` applied to every string in it (keys included); the same
+    object when nothing needed it, which is almost always."""
+    match value:
+        case str():
+            return valid_text(value)
+        case list():
+            cleaned = [_valid_strings(item) for item in value]
+            return value if all(a is b for a, b in zip(cleaned, value, strict=True)) else cleaned
+        case dict():
+            pairs = [(_valid_strings(k), _valid_strings(v)) for k, v in value.items()]
+            items = zip(pairs, value.items(), strict=True)
+            return value if all(k is a and v is b for (k, v), (a, b) in items) else dict(pairs)
+        case _:
+            return value
 
 
 def _short(value: Any) -> str:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "DEFAULT_MAX_TURNS",
     "AbortData",
     "AbortEvent",
     "AssistantMessageData",
@@ -178,6 +179,11 @@ class ToolSearch(WireModel):
     defer_threshold: int = Field(default=30, ge=0)
 
 
+DEFAULT_MAX_TURNS = 100
+"""Model calls per run before it is stopped: far more than a task needs, and a bound on a model
+that calls tools forever (the seeded run after a clear counts afresh)."""
+
+
 class SessionConfigData(WireModel):
     """The persisted part of a session's configuration (secrets are never logged)."""
 
@@ -192,6 +198,8 @@ class SessionConfigData(WireModel):
     """Overrides the built-in limits table for this session's model."""
     infinite_sessions: InfiniteSessions = Field(default_factory=InfiniteSessions)
     tool_search: ToolSearch = Field(default_factory=ToolSearch)
+    max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)
+    """The most model calls one run may make before it ends in a `max_turns` error."""
 
 
 class SessionStartData(WireModel):
@@ -319,8 +327,9 @@ class PermissionRequestedData(WireModel):
 
 class PermissionResultData(WireModel):
     kind: str
-    """`approved`, `denied-interactively-by-user` or
-    `denied-no-approval-rule-and-could-not-request-from-user`."""
+    """`approved`, `approved-for-session`, `denied-interactively-by-user`,
+    `denied-no-approval-rule-and-could-not-request-from-user`, or `cancelled` (the run was
+    aborted while the request was open)."""
 
 
 class PermissionCompletedData(WireModel):

@@ -48,8 +48,10 @@ class SessionRecord(BaseModel):
 class Store(Protocol):
     """Durable event logs. Appends are atomic: all of a batch is stored, or none of it."""
 
-    async def create(self, session_id: str) -> None:
-        """Create an empty log; raises `ValueError` if the id exists."""
+    async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
+        """Create a log holding `events` (a new session's first: its `session.start`) in one
+        transaction: the session exists with them, or not at all. Raises `ValueError` if the
+        id exists."""
         ...
 
     async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:

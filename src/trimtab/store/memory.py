@@ -65,13 +65,16 @@ class MemoryStore:
         except KeyError:
             raise SessionNotFoundError(session_id) from None
 
-    async def create(self, session_id: str) -> None:
-        """Create an empty log; raises `ValueError` if the id exists."""
+    async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
+        """Create a log holding `events`; raises `ValueError` if the id exists."""
         self._check_open()
+        check_persistable(events)
         if session_id in self._sessions:
             raise ValueError(f"session {session_id!r} already exists")
         now = time.time()
-        self._sessions[session_id] = _Session(created_at=now, updated_at=now)
+        self._sessions[session_id] = _Session(
+            created_at=now, updated_at=now, events=list(events), summary=summarize(events)
+        )
 
     async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
         """Append persisted events in order and return the new event count (see `Store`)."""

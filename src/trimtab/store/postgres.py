@@ -314,11 +314,18 @@ class PostgresStore:
 
     # --- the log --------------------------------------------------------------------------
 
-    async def create(self, session_id: str) -> None:
-        """Create an empty log; raises `ValueError` if the id exists."""
+    async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
+        """Create a log holding `events`, in one transaction; raises `ValueError` if the id
+        exists."""
+        check_persistable(events)
         async with self._connection() as conn:
             try:
-                await conn.execute("INSERT INTO sessions (session_id) VALUES (%s)", (session_id,))
+                async with conn.transaction():
+                    await conn.execute(
+                        "INSERT INTO sessions (session_id) VALUES (%s)", (session_id,)
+                    )
+                    if events:
+                        await conn.execute(_APPEND, _append_params(session_id, events, None))
             except errors.UniqueViolation:
                 raise ValueError(f"session {session_id!r} already exists") from None
 

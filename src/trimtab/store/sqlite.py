@@ -141,14 +141,22 @@ class SqliteStore:
             with _transaction(self._db, begin) as db:
                 yield db
 
-    async def create(self, session_id: str) -> None:
-        """Create an empty log; raises `ValueError` if the id exists."""
+    async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
+        """Create a log holding `events`, in one transaction; raises `ValueError` if the id
+        exists."""
+        check_persistable(events)
         now = time.time()
+        rows = [(session_id, n, e.id, e.type, e.model_dump_json()) for n, e in enumerate(events, 1)]
         try:
             with self._transaction() as db:
                 db.execute(
-                    "INSERT INTO sessions (session_id, created_at, updated_at) VALUES (?, ?, ?)",
-                    (session_id, now, now),
+                    "INSERT INTO sessions (session_id, created_at, updated_at, last_seq, summary)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (session_id, now, now, len(rows), summarize(events)),
+                )
+                db.executemany(
+                    "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
+                    rows,
                 )
         except sqlite3.IntegrityError:
             raise ValueError(f"session {session_id!r} already exists") from None

@@ -1,5 +1,6 @@
 """Test doubles for trimtab and for the code built on it."""
 
+from trimtab.testing._faulty import FaultyStore
 from trimtab.testing._replay import (
     Conversation,
     ConversationFunction,
@@ -17,6 +18,7 @@ __all__ = [
     "ConversationFunction",
     "ConversationMessage",
     "ConversationToolCall",
+    "FaultyStore",
     "ReceivedRequest",
     "ReplayServer",
     "ScriptStep",

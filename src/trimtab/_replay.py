@@ -1,0 +1,299 @@
+"""`Replay`: everything a session knows, rebuilt from its log one event at a time (spec P1).
+
+Resume is replay, so nothing here may depend on anything but the events applied: the window
+(through its `Projection`), the configuration, usage, the approvals given for the session,
+and where the log stands in its current run: the calls a crash left unfinished, a turn left
+open, a committed clear whose seed has not run, and whether a run is in progress at all.
+A runtime that only follows a session (spec R1) learns from this when the owner's run ended,
+even where the owner's ephemeral `session.idle` cannot reach it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict
+
+from trimtab._permissions import APPROVED_FOR_SESSION
+from trimtab._window import Projection, head
+from trimtab.events import (
+    AbortEvent,
+    AssistantMessageEvent,
+    AssistantTurnEndEvent,
+    AssistantTurnStartEvent,
+    AssistantUsageEvent,
+    Event,
+    Message,
+    PermissionCompletedEvent,
+    SessionCompactionCompleteEvent,
+    SessionConfigData,
+    SessionContextClearedEvent,
+    SessionErrorEvent,
+    SessionResumeEvent,
+    SessionStartEvent,
+    SessionTruncatedEvent,
+    ToolExecutionCompleteEvent,
+    ToolExecutionStartData,
+    ToolExecutionStartEvent,
+    ToolOutcome,
+    UserMessageEvent,
+)
+from trimtab.providers import Usage
+
+__all__ = ["Batch", "Replay", "ReplaySnapshot", "replay"]
+
+_NOTHING: frozenset[str] = frozenset()
+"""Shared: `frozenset()` is not a singleton, and an empty one takes ~200 bytes."""
+
+
+class Batch(BaseModel):
+    """The open turn's tool calls and how they ended so far: what decides, once the turn
+    ends, whether its run goes on."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    calls: dict[str, str] | None = None
+    """Call id -> tool name, once the turn's `assistant.message` is logged (None before)."""
+    outcomes: dict[str, ToolOutcome] = {}
+    cleared: bool = False
+    """A clear committed in this turn: the seeded run follows (spec C8)."""
+
+    def ends_run(self, terminal: frozenset[str]) -> bool | None:
+        """Whether the run ends with this turn: the model answered without calls, a terminal
+        call succeeded (T1, T3) or a call was rejected (O2), and no clear committed (C8).
+        None when the model never answered: an error or an abort follows and ends the run."""
+        if self.calls is None:
+            return None
+        if self.cleared:
+            return False
+        if not self.calls or "rejected" in self.outcomes.values():
+            return True
+        return any(
+            self.outcomes.get(call_id) == "success" and name in terminal
+            for call_id, name in self.calls.items()
+        )
+
+
+class ReplaySnapshot(BaseModel):
+    """A `Replay` as a store keeps it (`Store.save_snapshot`), so that opening a session costs
+    O(window + events since), not O(log). Every field is a field of the replay."""
+
+    model_config = ConfigDict(defer_build=True)
+
+    event_count: int
+    last_id: str | None
+    config: SessionConfigData
+    epoch: int
+    turns: int
+    conversation: list[Message]
+    tokens: tuple[int, int] | None
+    unfinished_calls: list[ToolExecutionStartData]
+    open_turn: str | None
+    run_id: str | None = None
+    batch: Batch | None = None
+    pending_seed: str | None
+    seed_recorded: bool
+    approved_tools: list[str] = []
+
+
+@dataclass(slots=True)
+class Replay:
+    """What a session needs in memory, rebuilt from its log (resume is replay, spec P1)."""
+
+    config: SessionConfigData = field(default_factory=SessionConfigData)
+    event_count: int = 0
+    last_id: str | None = None
+    epoch: int = 0
+    turns: int = 0
+    base: tuple[Message, ...] = ()
+    """The conversation the window starts from (set by compaction and truncation)."""
+    projection: Projection = field(default_factory=Projection, repr=False, compare=False)
+    """The conversation since the base."""
+    tokens: tuple[int, int] | None = field(default=None, repr=False)
+    """Input and output tokens summed over every `assistant.usage`; None before the first.
+
+    Two ints rather than a `Usage` model: ~300 bytes less in every idle session."""
+    unfinished_calls: dict[str, ToolExecutionStartData] = field(default_factory=dict)
+    """Tool calls started but never completed (a crash mid-call), by call id."""
+    open_turn: str | None = None
+    """The id of a turn started and not ended (a crash mid-turn)."""
+    run_id: str | None = None
+    """The message id of the run in progress (its `send`); None between runs. A run ends
+    with the turn that ends it (`Batch.ends_run`), a `session.error` or an `abort`."""
+    batch: Batch | None = None
+    """The open turn's calls and outcomes."""
+    pending_seed: str | None = None
+    """A committed clear's prompt that no seeded run has answered yet (spec C10)."""
+    seed_recorded: bool = False
+    """Whether that seed's `user.message` is already in the log."""
+    approved_tools: frozenset[str] = _NOTHING
+    """Tools approved for the rest of the session (`approve-for-session`)."""
+
+    def apply(self, event: Event) -> bool:
+        """Advance the replay by one persisted event; True when the event ended a run."""
+        self.event_count += 1
+        self.last_id = event.id
+        match event:
+            case SessionStartEvent():
+                self.config = _shared(event.data.config)
+            case SessionResumeEvent() if event.data.config is not None:
+                self.config = _shared(event.data.config)
+            case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
+                self.projection.add(event)
+            case SessionContextClearedEvent():
+                self.epoch += 1
+                self._rebase(())
+                self.pending_seed, self.seed_recorded = event.data.initial_message, False
+            case SessionCompactionCompleteEvent() if event.data.success:
+                self._rebase(tuple(event.data.base))
+            case SessionTruncatedEvent():
+                self._rebase(tuple(event.data.base))
+                self.pending_seed = None
+            case AssistantUsageEvent():
+                used_in, used_out = self.tokens or (0, 0)
+                self.tokens = (
+                    used_in + (event.data.input_tokens or 0),
+                    used_out + (event.data.output_tokens or 0),
+                )
+            case PermissionCompletedEvent() if event.data.result.kind == APPROVED_FOR_SESSION:
+                start = self.unfinished_calls.get(event.data.tool_call_id or "")
+                if start is not None:
+                    self.approved_tools |= {start.tool_name}
+            case _:
+                pass
+        return self._track_run(event)
+
+    def _track_run(self, event: Event) -> bool:
+        """Follow the run in progress (spec E1, P3); True when `event` ended it."""
+        batch = self.batch
+        match event:
+            case UserMessageEvent() if event.data.source == "context_cleared":
+                self.seed_recorded = True
+            case UserMessageEvent():
+                self.run_id = event.data.message_id or event.id
+            case AssistantTurnStartEvent():
+                self.turns += 1
+                self.open_turn, self.batch = event.data.turn_id, Batch()
+            case AssistantMessageEvent():
+                self.pending_seed = None
+                if batch is not None:
+                    requests = event.data.tool_requests or ()
+                    batch.calls = {r.tool_call_id: r.name for r in requests}
+            case ToolExecutionStartEvent():
+                self.unfinished_calls[event.data.tool_call_id] = event.data
+            case ToolExecutionCompleteEvent():
+                self.unfinished_calls.pop(event.data.tool_call_id, None)
+                if batch is not None:
+                    batch.outcomes[event.data.tool_call_id] = event.data.outcome
+            case SessionContextClearedEvent() if batch is not None:
+                batch.cleared = True
+            case AssistantTurnEndEvent():
+                self.open_turn, self.batch = None, None
+                if batch is not None and batch.ends_run(self._terminal()):
+                    return self._end_run()
+            case SessionErrorEvent() | AbortEvent():
+                return self._end_run()
+            case _:
+                pass
+        return False
+
+    def _end_run(self) -> bool:
+        ended = self.run_id is not None
+        self.run_id = self.batch = self.pending_seed = None
+        return ended
+
+    def _terminal(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.config.tools if t.is_terminal)
+
+    def _rebase(self, base: tuple[Message, ...]) -> None:
+        self.base, self.projection = base, Projection()
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens used by every model call of the session (spec C9: survives clears)."""
+        if self.tokens is None:
+            return Usage()
+        return Usage(input_tokens=self.tokens[0], output_tokens=self.tokens[1])
+
+    def window(self) -> list[Message]:
+        """The messages of the next model call: system, developer, then the conversation."""
+        config = self.config
+        return [
+            *head(config.system_message, tuple(config.developer_messages)),
+            *self.base,
+            *self.projection.messages(),
+        ]
+
+    def conversation(self) -> list[Message]:
+        """The window without its system and developer messages."""
+        return [*self.base, *self.projection.messages()]
+
+    def messages_cleared(self) -> int:
+        """What a clear staged now reports (spec C5): the conversation's messages, the
+        assistant message that asked for the clearing call included."""
+        return len(self.base) + self.projection.count()
+
+    def snapshot(self) -> ReplaySnapshot:
+        """This replay as data; its conversation becomes the base of the one restored."""
+        return ReplaySnapshot(
+            event_count=self.event_count,
+            last_id=self.last_id,
+            config=self.config,
+            epoch=self.epoch,
+            turns=self.turns,
+            conversation=self.conversation(),
+            tokens=self.tokens,
+            unfinished_calls=list(self.unfinished_calls.values()),
+            open_turn=self.open_turn,
+            run_id=self.run_id,
+            batch=self.batch,
+            pending_seed=self.pending_seed,
+            seed_recorded=self.seed_recorded,
+            approved_tools=sorted(self.approved_tools),
+        )
+
+    @classmethod
+    def restore(cls, snapshot: ReplaySnapshot) -> Replay:
+        """The replay a snapshot describes; apply the events after it to bring it up to date."""
+        return cls(
+            config=_shared(snapshot.config),
+            event_count=snapshot.event_count,
+            last_id=snapshot.last_id,
+            epoch=snapshot.epoch,
+            turns=snapshot.turns,
+            base=tuple(snapshot.conversation),
+            tokens=snapshot.tokens,
+            unfinished_calls={c.tool_call_id: c for c in snapshot.unfinished_calls},
+            open_turn=snapshot.open_turn,
+            run_id=snapshot.run_id,
+            batch=snapshot.batch,
+            pending_seed=snapshot.pending_seed,
+            seed_recorded=snapshot.seed_recorded,
+            approved_tools=frozenset(snapshot.approved_tools) or _NOTHING,
+        )
+
+
+_configs: weakref.WeakValueDictionary[str, SessionConfigData] = weakref.WeakValueDictionary()
+
+
+def _shared(config: SessionConfigData) -> SessionConfigData:
+    """An equal configuration already in memory, if any, else `config`.
+
+    Configurations are immutable and most sessions of one process share theirs (same model,
+    prompt and tools): interning them saves ~1.5 KB per idle session.
+    """
+    key = config.model_dump_json()
+    shared = _configs.get(key)
+    if shared is None:
+        _configs[key] = shared = config
+    return shared
+
+
+def replay(events: Iterable[Event]) -> Replay:
+    """The replay of a whole log (or of its first events)."""
+    state = Replay()
+    for event in events:
+        state.apply(event)
+    return state
