@@ -76,6 +76,8 @@ async def test_s1_client_store_timeout_bounds_the_calls_of_the_store_it_opens(
             await unavailable(client.create_session(provider={"type": "openai"}))
             other.execute("ROLLBACK")
         assert await client.list_sessions() == []
+    if isinstance(store, SqliteStore):
+        await store.close()  # the client closes only a store it opened
 
 
 # --- SQLite: another process holds the write lock -----------------------------------------
