@@ -34,7 +34,7 @@ from trimtab.events import (
     new_id,
 )
 from trimtab.providers import Provider, ProviderConfig, make_provider
-from trimtab.store import SessionRecord, Store, open_store
+from trimtab.store import DEFAULT_TIMEOUT, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
     from trimtab.remote import RemoteClient
@@ -90,6 +90,9 @@ class Client:
         provider: the provider of sessions that name none (a config dict or a `Provider`).
         lease_ttl: seconds a session lease lasts without renewal (spec R1).
         poll_interval: seconds between lease renewals and checks for queued remote input.
+        store_timeout: seconds within which every call of the store this client opens
+            completes or raises `StoreUnavailableError` (spec S1); a `Store` passed in keeps
+            its own `timeout`.
     """
 
     def __init__(
@@ -99,10 +102,12 @@ class Client:
         provider: dict[str, Any] | Provider | None = None,
         lease_ttl: float = 30.0,
         poll_interval: float = 1.0,
+        store_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        if lease_ttl <= 0 or poll_interval <= 0:
-            raise ValueError("lease_ttl and poll_interval must be positive")
+        if lease_ttl <= 0 or poll_interval <= 0 or store_timeout <= 0:
+            raise ValueError("lease_ttl, poll_interval and store_timeout must be positive")
         self._store_spec = store
+        self._store_timeout = store_timeout
         self._store: Store | None = None
         self._default_provider = provider
         self._lease_ttl = lease_ttl
@@ -144,7 +149,7 @@ class Client:
     async def start(self) -> None:
         """Open the store and start lease upkeep; called by `async with` and on first use."""
         if self._store is None:
-            self._store = open_store(self._store_spec)
+            self._store = open_store(self._store_spec, timeout=self._store_timeout)
             self._maintainer = asyncio.get_running_loop().create_task(
                 self._maintain(), name="trimtab-leases"
             )

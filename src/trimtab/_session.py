@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import itertools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -64,9 +65,10 @@ log = logging.getLogger("trimtab")
 
 _NOTHING_DEFERRED: frozenset[str] = frozenset()
 
-_STORE_RETRY_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
-"""Seconds between tries of an append while the store is unavailable (~8 s in all): a
-database restart; past that the run ends in a `store` error (and the lease may be gone)."""
+_STORE_RETRY_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
+"""Seconds between tries of an append while the store is unavailable (a database restart),
+the last one repeated, for as long as the store's `timeout` allows in all; past that the run
+ends in a `store` error (and the lease may be gone)."""
 
 
 class _Rpc:
@@ -152,6 +154,8 @@ class Session:
         self._inbox: set[str] | None = None
         """Message ids of stored inputs queued here whose user message is not stored yet."""
         self._closing: asyncio.Task[None] | None = None
+        self._unsure = False
+        """An append was given up on: the log may hold more than the replay has applied."""
 
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
@@ -274,6 +278,8 @@ class Session:
     async def _emit(self, events: Sequence[Event]) -> list[Event]:
         """`emit_all`, with the writer lock held by the caller."""
         replay = self._replay
+        if self._unsure and self._lease is not None:
+            await self._catch_up()
         stamped = chained(events, replay.last_id, replay.epoch)
         stored = [e for e in stamped if not e.ephemeral]
         if stored:
@@ -294,18 +300,32 @@ class Session:
         return stamped
 
     async def _append(self, events: Sequence[Event]) -> None:
-        """Store events, riding out a short store outage (a database restart): appends are
-        idempotent by event id, so a try whose outcome was unknown is simply repeated."""
+        """Store events, riding out a short store outage (a database restart) for at most the
+        store's `timeout` in all: appends are idempotent by event id, so a try whose outcome
+        was unknown is simply repeated."""
         assert self._lease is not None
-        for delay in (*_STORE_RETRY_DELAYS, None):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._store.timeout
+        for attempt in itertools.count():
             try:
                 await self._store.append(self.session_id, events, lease=self._lease)
                 return
             except StoreUnavailableError:
-                if delay is None:
+                delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]
+                if loop.time() + delay >= deadline:
+                    # Given up, but it may still land (a frozen server that wakes): the next
+                    # append first reads the log's tail, so that it follows whatever did.
+                    self._unsure = True
                     raise
                 log.warning("store unavailable for session %s; retrying", self.session_id)
                 await asyncio.sleep(delay)
+
+    async def _catch_up(self) -> None:
+        """Apply the events stored after what this session knows (appends that were given up
+        on, then landed), so that the next one follows the log's real tail (E3)."""
+        for event in await self._store.read(self.session_id, after=self._replay.event_count):
+            self._replay.apply(event)
+        self._unsure = False
 
     # --- public API ----------------------------------------------------------------------
 

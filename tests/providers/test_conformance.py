@@ -400,6 +400,21 @@ FAILURES = {
     ),
     "stream-cut": Failure(lambda s, w: s.cut_next(after=3), "provider_unavailable", None, True),
     "malformed": Failure(lambda s, w: s.malform_next(), "bad_response", None, False),
+    # A proxy's page, or its error object, with a 200: not what was asked for (spec M2).
+    "html-page": Failure(
+        lambda s, w: s.fail_next(200, body="<html>Bad gateway</html>", content_type="text/html"),
+        "bad_response",
+        None,
+        False,
+        {"max_retries": 1},
+    ),
+    "error-object": Failure(
+        lambda s, w: s.fail_next(200, body={"error": {"message": "Key revoked by the proxy."}}),
+        "bad_response",
+        None,
+        False,
+        {"max_retries": 1},
+    ),
     # Streams stall after three events and hit stall_timeout; non-streamed answers (all or
     # nothing) stall before the body and hit the request timeout.
     "stall": Failure(

@@ -314,7 +314,7 @@ async def test_without_the_doorbell_a_subscriber_still_catches_up_by_polling(
     async with stores(pg_dsn, 1) as (store,):
         await store.create("s")
         # The subscriber's first read fails, as during a failover: it must not end.
-        failures = [psycopg.OperationalError("the server is away")]
+        failures = [StoreUnavailableError("read: the server is away")]
         read = store.read
 
         async def flaky_read(session_id: str, *, after: int = 0) -> list[Event]:
@@ -435,8 +435,9 @@ async def test_an_unreachable_server_fails_fast_and_the_store_stays_retryable() 
     store = PostgresStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
 
     for _ in range(2):
-        with pytest.raises(psycopg.OperationalError):
+        with pytest.raises(StoreUnavailableError) as caught:
             await store.list_sessions()
+        assert isinstance(caught.value.__cause__, psycopg.OperationalError)
     await store.close()
 
 

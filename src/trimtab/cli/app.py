@@ -56,6 +56,13 @@ def _provider_options(command: F) -> F:
         click.option(
             "--system", "system_message", metavar="TEXT", help="System message of new sessions."
         ),
+        click.option(
+            "--timeout",
+            metavar="SECONDS",
+            type=float,
+            help="Fail a model call that waits this long for data (default: 120 streamed, "
+            "300 unstreamed) [env TRIMTAB_TIMEOUT].",
+        ),
         # The scripted provider is a testing aid: replies from a JSON or YAML file.
         click.option("--script", metavar="FILE", hidden=True),
     ]

@@ -59,6 +59,9 @@ class CliConfig(BaseModel):
     """The replies of the `scripted` provider (JSON or YAML)."""
     system_message: str | None = None
     """The system message of new sessions."""
+    timeout: float | None = Field(default=None, gt=0)
+    """Seconds a model call may wait for data: the provider's `timeout` and `stall_timeout`
+    both (None: their defaults, 300 s and 120 s)."""
     ollama_url: str = "http://127.0.0.1:11434"
     """Where to look for a local Ollama server when no provider is named."""
     home: Path = Field(default=Path("~/.trimtab"), validate_default=True)
@@ -94,6 +97,7 @@ FLAG_NAMES = {
     "tools": "--tools",
     "script": "--script",
     "system_message": "--system",
+    "timeout": "--timeout",
     "debug": "--debug",
 }
 """The flag of each setting that has one."""

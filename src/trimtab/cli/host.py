@@ -20,7 +20,7 @@ from trimtab.cli.demo_tools import DEMO_TOOL_NAMES, demo_tools
 from trimtab.cli.errors import EXIT_USAGE, CliError
 from trimtab.cli.render import Terminal
 from trimtab.cli.runtime import Bridge, Portal
-from trimtab.cli.select import ProviderChoice, choose_provider, provider_spec
+from trimtab.cli.select import ProviderChoice, choose_provider, provider_spec, timeouts
 from trimtab.events import SessionConfigData, SessionResumeEvent, SessionStartEvent
 from trimtab.providers import Provider
 from trimtab.store import SessionRecord, Store, open_store
@@ -179,6 +179,8 @@ class SessionHost:
             options: SessionOptions = {}
             if resolved.config.model is not None:
                 options["model"] = resolved.config.model
+            if resolved.is_set("timeout") and provider_type != "local":
+                options["provider"] = {**(persisted.provider or {}), **timeouts(resolved.config)}
             return options, provider_type
         choice = self.choice()
         return self._provider_options(choice), choice.name

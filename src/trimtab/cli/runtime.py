@@ -365,7 +365,7 @@ _ERROR_HINTS = {
     "context_length": "the conversation is too long for the model: start a new session",
     "bad_request": "the provider refused the request: check --model",
     "bad_response": "the provider's answer could not be understood: try another model",
-    "timeout": "the model did not answer in time: try again, or a smaller model",
+    "timeout": "the model did not answer in time: try a longer --timeout, or a smaller model",
     "script_exhausted": "the --script file has no reply left for this model call",
 }
 

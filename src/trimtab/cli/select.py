@@ -26,6 +26,7 @@ __all__ = [
     "choose_provider",
     "probe_ollama",
     "provider_spec",
+    "timeouts",
 ]
 
 DEFAULT_MODELS: dict[str, str] = {
@@ -150,7 +151,16 @@ def provider_spec(choice: ProviderChoice, config: CliConfig) -> dict[str, Any] |
             return _scripted(config.script)
         case _:
             assert_never(choice.name)
+    if choice.name != "local":  # the embedded model is no HTTP server: nothing to wait for
+        spec |= timeouts(config)
     return {name: value for name, value in spec.items() if value is not None}
+
+
+def timeouts(config: CliConfig) -> dict[str, float]:
+    """The provider config keys `--timeout` sets (none without it)."""
+    if config.timeout is None:
+        return {}
+    return {"timeout": config.timeout, "stallTimeout": config.timeout}
 
 
 def _scripted(path: Path | None) -> Provider:

@@ -1,9 +1,9 @@
 """What every wire format shares: reading a stream that may stall or drop, and failures.
 
 A provider module maps its wire format; everything that does not depend on the format lives
-here once: the stall timeout, folding a stream of events into deltas and one `ModelResponse`,
-turning HTTP statuses, error events and transport failures into typed `ProviderError`s, and
-giving id-less tool calls an id.
+here once: the deadlines, folding a stream of events into deltas and one `ModelResponse`,
+turning HTTP statuses, error events, answers of the wrong kind and transport failures into
+typed `ProviderError`s, and giving id-less tool calls an id.
 
 Nothing here imports a client library: the transport errors of httpx (which `openai` and
 `anthropic` use, as `httpx` or as `httpx2` depending on their version) are looked up among the
@@ -13,35 +13,66 @@ modules already imported.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Protocol, TypeVar
 
 from trimtab._errors import ProviderError, ProviderErrorType
 from trimtab.providers._base import ModelResponse, ProviderEvent, ToolCall
+from trimtab.providers._config import CONNECT_TIMEOUT
 
 __all__ = [
+    "HttpResponse",
     "StreamFold",
+    "answer_within",
+    "attempt_timeout",
     "classify_status",
     "connection_error",
     "fold_stream",
     "provider_errors",
+    "require_event_stream",
     "retry_after",
     "status_error",
     "stream_error",
     "tool_call",
+    "unexpected_answer",
 ]
 
 _Event = TypeVar("_Event")
 _Event_contra = TypeVar("_Event_contra", contravariant=True)
 
+_UNEXPECTED_BODY_LIMIT = 65_536
+"""Bytes read of an answer that is not what was asked for: enough for any error object."""
+
 CONTEXT_LENGTH = re.compile(
     r"context[ _]?(length|size|window)|maximum context|too many tokens|prompt is too long", re.I
 )
 """What OpenAI, Anthropic, vLLM, llama.cpp and LM Studio say when the prompt does not fit."""
+
+
+# --- deadlines ----------------------------------------------------------------------------
+
+
+def attempt_timeout(seconds: float) -> dict[str, float]:
+    """The arguments of an httpx `Timeout` for each attempt of a call that has `seconds` in
+    all: connecting takes at most `CONNECT_TIMEOUT` of them."""
+    return {"timeout": seconds, "connect": min(CONNECT_TIMEOUT, seconds)}
+
+
+@asynccontextmanager
+async def answer_within(seconds: float, *, stream: bool) -> AsyncIterator[None]:
+    """Bound the wait for a call's answer, retries and their pauses included (see
+    `ProviderConfig.deadline`): past it, the block fails with `timeout`."""
+    try:
+        async with asyncio.timeout(seconds):
+            yield
+    except TimeoutError:
+        what = "the answer did not start" if stream else "no answer"
+        raise ProviderError("timeout", f"{what} within {seconds:g} s", retryable=True) from None
 
 
 # --- streams ------------------------------------------------------------------------------
@@ -78,6 +109,43 @@ async def fold_stream(
     finally:
         await close()
     yield fold.response()
+
+
+class HttpResponse(Protocol):
+    """What `require_event_stream` needs of an httpx response (of either httpx flavour)."""
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def require_event_stream(response: HttpResponse) -> None:
+    """Raise unless the successful answer to a streamed call is an event stream.
+
+    A JSON answer or an HTML page (a proxy, a wrong endpoint) would otherwise read as a stream
+    that ended early, which looks like a dropped connection and is retried. It is
+    `bad_response` instead, or the error its body tells of (see `unexpected_answer`).
+    """
+    content_type = response.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() == "text/event-stream":
+        return
+    body = bytearray()
+    try:
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) >= _UNEXPECTED_BODY_LIMIT:
+                break
+    finally:
+        await response.aclose()
+    data = bytes(body[:_UNEXPECTED_BODY_LIMIT])
+    try:
+        parsed: object = json.loads(data)
+    except ValueError:
+        parsed = data.decode(errors="replace")
+    raise unexpected_answer(parsed, f"an event stream, got {content_type or 'no content type'}")
 
 
 async def _next_event(events: AsyncIterator[_Event], stall_timeout: float | None) -> _Event | None:
@@ -228,11 +296,42 @@ _STREAM_ERROR_STATUS = {
 def stream_error(kind: str | None, detail: str) -> ProviderError:
     """The error for a failure the server reported inside a successful (200) stream."""
     kind = kind or ""
-    status = next((s for name, s in _STREAM_ERROR_STATUS.items() if name in kind), 500)
+    status = _kind_status(kind) or 500
     error_type, retryable = classify_status(status, f"{kind} {detail}")
     return ProviderError(
         error_type, f"the stream failed: {kind + ': ' if kind else ''}{detail}", retryable=retryable
     )
+
+
+def _kind_status(kind: str) -> int | None:
+    """The HTTP status an error type or code stands for, if it names a known one."""
+    return next((s for name, s in _STREAM_ERROR_STATUS.items() if name in kind), None)
+
+
+def unexpected_answer(body: object, expected: str) -> ProviderError:
+    """The error for a successful (200) answer that is not what was asked for (`expected`).
+
+    Some proxies send their errors with a 200: a body holding an error object keeps the
+    server's message, typed by the error's type or code when it names one (such as a rate
+    limit), else `bad_response`. Any other body is a `bad_response` quoting its start. Neither
+    is retried unless the error's type says so: the same request would get the same answer.
+    """
+    error = body.get("error") if isinstance(body, dict) else None
+    fields = error if isinstance(error, dict) else {}
+    message = fields.get("message") if isinstance(error, dict) else error
+    if isinstance(message, str) and message.strip():
+        kind = f"{fields.get('code') or ''} {fields.get('type') or ''}".strip()
+        detail = f"the server answered with an error: {kind + ': ' if kind else ''}{message}"
+        status = _kind_status(kind)
+        if status is None:
+            return ProviderError("bad_response", detail)
+        error_type, retryable = classify_status(status, f"{kind} {message}")
+        return ProviderError(error_type, detail, retryable=retryable)
+    text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False, default=str)
+    excerpt = " ".join(text.split())
+    if len(excerpt) > 200:
+        excerpt = excerpt[:199] + "…"
+    return ProviderError("bad_response", f"expected {expected}: {excerpt or 'an empty body'}")
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

@@ -15,7 +15,33 @@ from pydantic.alias_generators import to_camel
 
 from trimtab.providers._base import Provider
 
-__all__ = ["ProviderConfig", "make_provider"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "DEFAULT_STALL_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "ProviderConfig",
+    "make_provider",
+]
+
+# How long a model call may wait, by default (README, "Providers"; spec M1). A person waits for
+# a model, but not for ever: past these the call fails with `timeout` (retryable), instead of
+# the client libraries' 600 s per attempt, three attempts for an unstreamed call.
+
+CONNECT_TIMEOUT = 10.0
+"""Seconds each attempt may take to connect (TCP and TLS): a reachable server takes well under
+one, so waiting longer only delays the retry or the error."""
+
+DEFAULT_STALL_TIMEOUT = 120.0
+"""Seconds a streamed call may go without data: until its answer starts (retries included),
+then before each event. Reasoning models think before their first token, with nothing to
+stream meanwhile on Chat Completions (and between their reasoning and their answer on the
+Responses API), and a local model reads a long prompt before it writes: two minutes covers
+both in practice, and a person watching a silent stream would not wait much longer."""
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds an unstreamed call may take in all, retries included. Its answer arrives all at
+once, after the model wrote all of it: thinking, then some 8,000 tokens at 30 a second take
+about four and a half minutes."""
 
 _SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password|credential|signature", re.I)
 """Header names that (probably) carry a credential."""
@@ -43,12 +69,13 @@ class ProviderConfig(BaseModel):
     api_key: str | None = Field(default=None, repr=False)
     """The secret key; never shown by `repr` nor by `public_dict()`."""
     wire_api: Literal["completions", "responses"] = "completions"
-    timeout: float | None = None
-    """Seconds a request may wait to connect and between bytes of the answer (a non-streamed
-    answer arrives all at once, so this bounds the whole call); `None` keeps the library's default.
-    """
-    stall_timeout: float | None = None
-    """Seconds a stream may go without a chunk before the call fails with `timeout`."""
+    timeout: float | None = Field(default=None, gt=0)
+    """Seconds an unstreamed call may take in all, retries included (its answer arrives all
+    at once); `None`: `DEFAULT_TIMEOUT` (300 s)."""
+    stall_timeout: float | None = Field(default=None, gt=0)
+    """Seconds a streamed call may go without data, before it fails with `timeout`: until the
+    answer starts (retries included), then before each event; `None`: `DEFAULT_STALL_TIMEOUT`
+    (120 s)."""
     max_retries: int = 2
     """Retries of failed requests (429, 5xx, connection errors), as the client libraries do them."""
     deployment: str | None = None
@@ -59,6 +86,18 @@ class ProviderConfig(BaseModel):
     """Local: the path of the model weights."""
     headers: dict[str, str] | None = Field(default=None, repr=False)
     """Extra HTTP headers sent with every request; hidden like the key, as they often carry one."""
+
+    def deadline(self, *, stream: bool) -> float:
+        """Seconds a call may wait for its answer, retries included: for a streamed call until
+        the answer starts (`stall_timeout`), for an unstreamed one all of it (`timeout`)."""
+        if stream:
+            return self.stall_seconds
+        return self.timeout or DEFAULT_TIMEOUT
+
+    @property
+    def stall_seconds(self) -> float:
+        """`stall_timeout`, or its default."""
+        return self.stall_timeout or DEFAULT_STALL_TIMEOUT
 
     def public_dict(self) -> dict[str, Any]:
         """The config without secrets, in wire (camelCase) form, for the event log.

@@ -25,7 +25,15 @@ from urllib.parse import quote
 import httpx2
 
 from trimtab._errors import ProviderError
-from trimtab.providers._common import connection_error, retry_after, status_error, stream_error
+from trimtab.providers._common import (
+    answer_within,
+    attempt_timeout,
+    connection_error,
+    require_event_stream,
+    retry_after,
+    status_error,
+    stream_error,
+)
 from trimtab.providers._config import ProviderConfig
 
 if TYPE_CHECKING:
@@ -36,9 +44,8 @@ __all__ = ["ChatClient", "OpenAIClient", "map_openai_error", "stream_events"]
 _PLACEHOLDER_KEY = "unused"
 """Sent to keyless local servers: the client library refuses to start without some key."""
 
-# The `openai` client's defaults.
+# The `openai` client's defaults (its timeouts excepted: see `ProviderConfig.deadline`).
 _BASE_URL = "https://api.openai.com/v1"
-_TIMEOUT = httpx2.Timeout(600, connect=5.0)
 _LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
 _MAX_RETRY_AFTER = 120.0
 """The longest `retry-after` waited for; a server asking for more is not retried."""
@@ -97,7 +104,8 @@ class OpenAIClient:
 
         config = self.config
         api_key = _api_key(config)
-        timeout = openai.DEFAULT_TIMEOUT if config.timeout is None else config.timeout
+        # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
+        timeout = openai.Timeout(**attempt_timeout(config.deadline(stream=False)))
         if config.type == "azure":
             # No `azure_deployment`: the client then puts the request's model, which is the
             # deployment (see `model`), in the path of the endpoints that need it.
@@ -174,17 +182,32 @@ class ChatClient:
 
     async def post(self, body: bytes, *, model: str, stream: bool = False) -> httpx2.Response:
         """The successful response to `body` (JSON, for `model`); raise `ProviderError` on any
-        failure.
+        failure, or once `ProviderConfig.deadline` has passed.
 
-        With `stream`, the body is left unread: the caller closes the response.
+        With `stream`, the body is left unread, but checked to be an event stream: the caller
+        closes the response.
         """
         client = self._get()
         path = "/chat/completions"
         if self.config.type == "azure" and "/deployments" not in client.base_url.path:
             path = f"/deployments/{quote(model, safe='')}{path}"
+        seconds = self.config.deadline(stream=stream)
         request = client.build_request(
-            "POST", path, content=body, headers={"Content-Type": "application/json"}
+            "POST",
+            path,
+            content=body,
+            headers={"Content-Type": "application/json"},
+            timeout=httpx2.Timeout(**attempt_timeout(seconds)),
         )
+        async with answer_within(seconds, stream=stream):
+            response = await self._send(request, stream)
+            if stream:
+                await require_event_stream(response)
+            return response
+
+    async def _send(self, request: httpx2.Request, stream: bool) -> httpx2.Response:
+        """Send `request`, retrying as the `openai` client would."""
+        client = self._get()
         attempt = 0
         while True:
             last = attempt >= self.config.max_retries
@@ -250,7 +273,8 @@ class ChatClient:
             base_url=base_url,
             params=params,
             headers={"Accept": "application/json", **headers, **(config.headers or {})},
-            timeout=_TIMEOUT if config.timeout is None else httpx2.Timeout(config.timeout),
+            # Each request passes its own (`ProviderConfig.deadline`).
+            timeout=httpx2.Timeout(**attempt_timeout(config.deadline(stream=False))),
             limits=_LIMITS,
             follow_redirects=True,
             verify=verify,

@@ -27,13 +27,17 @@ from trimtab.providers._base import (
     Usage,
 )
 from trimtab.providers._common import (
+    answer_within,
+    attempt_timeout,
     connection_error,
     fold_stream,
     provider_errors,
+    require_event_stream,
     retry_after,
     status_error,
     stream_error,
     tool_call,
+    unexpected_answer,
 )
 from trimtab.providers._config import ProviderConfig
 from trimtab.providers._limits import limits_for
@@ -74,11 +78,19 @@ class AnthropicProvider:
         with provider_errors(_map_error):
             messages = self._get_client().messages
             body = _body(request)
+            seconds = self._config.deadline(stream=request.stream)
+            # A timeout of our own also keeps the client from refusing, or timing by its own
+            # estimate, a non-streamed request it guesses may take long.
+            body["timeout"] = anthropic.Timeout(**attempt_timeout(seconds))
             if not request.stream:
-                yield _parse_message(await messages.create(**body, stream=False))
+                async with answer_within(seconds, stream=False):
+                    message = await messages.create(**body, stream=False)
+                yield _parse_message(message)
                 return
-            events = await messages.create(**body, stream=True)
-            stall_timeout = self._config.stall_timeout
+            async with answer_within(seconds, stream=True):
+                events = await messages.create(**body, stream=True)
+                await require_event_stream(events.response)
+            stall_timeout = self._config.stall_seconds
             async for event in fold_stream(
                 events, _StreamState(), stall_timeout=stall_timeout, close=events.close
             ):
@@ -102,7 +114,8 @@ class AnthropicProvider:
             self._client = anthropic.AsyncAnthropic(
                 api_key=api_key or _PLACEHOLDER_KEY,
                 base_url=config.base_url,
-                timeout=anthropic.DEFAULT_TIMEOUT if config.timeout is None else config.timeout,
+                # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
+                timeout=anthropic.Timeout(**attempt_timeout(config.deadline(stream=False))),
                 max_retries=config.max_retries,
                 default_headers=config.headers,
             )
@@ -182,10 +195,15 @@ def _input(arguments: str) -> dict[str, Any]:
 
 def _parse_message(message: Any) -> ModelResponse:
     """The `ModelResponse` of a complete (non-streamed) message."""
+    content = getattr(message, "content", None)
+    if not isinstance(content, list):
+        # The client builds whatever came (an error object, even a text) into a `Message`.
+        to_dict = getattr(message, "to_dict", None)
+        raise unexpected_answer(to_dict() if callable(to_dict) else message, "a message")
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCall] = []
-    for block in getattr(message, "content", None) or ():
+    for block in content:
         match getattr(block, "type", None):
             case "text":
                 text.append(getattr(block, "text", None) or "")

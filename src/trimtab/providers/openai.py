@@ -21,7 +21,12 @@ from trimtab.providers._base import (
     TextDelta,
     Usage,
 )
-from trimtab.providers._common import fold_stream, provider_errors, tool_call
+from trimtab.providers._common import (
+    fold_stream,
+    provider_errors,
+    tool_call,
+    unexpected_answer,
+)
 from trimtab.providers._config import ProviderConfig
 from trimtab.providers._openai_client import ChatClient, stream_events
 
@@ -51,13 +56,17 @@ class OpenAIProvider:
             model = self._client.model(request.model)
             if not request.stream:
                 response = await self._client.post(_body(request, model), model=model)
-                yield _parse_completion(response.json())
+                try:
+                    completion = response.json()
+                except ValueError:
+                    raise unexpected_answer(response.text, "a chat completion in JSON") from None
+                yield _parse_completion(completion)
                 return
             response = await self._client.post(_body(request, model), model=model, stream=True)
             async for event in fold_stream(
                 stream_events(response),
                 _StreamState(),
-                stall_timeout=self._config.stall_timeout,
+                stall_timeout=self._config.stall_seconds,
                 close=response.aclose,
             ):
                 yield event
@@ -129,7 +138,7 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
 def _parse_completion(completion: Any) -> ModelResponse:
     choices = completion.get("choices") if isinstance(completion, dict) else None
     if not choices:
-        raise ProviderError("bad_response", "the response has no choices")
+        raise unexpected_answer(completion, "a chat completion with choices")
     choice = choices[0]
     message = choice.get("message") or {}
     # No `function` on "custom" tool calls, which we never offer.

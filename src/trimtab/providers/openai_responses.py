@@ -20,7 +20,16 @@ from trimtab.providers._base import (
     ToolCall,
     Usage,
 )
-from trimtab.providers._common import fold_stream, provider_errors, stream_error, tool_call
+from trimtab.providers._common import (
+    answer_within,
+    attempt_timeout,
+    fold_stream,
+    provider_errors,
+    require_event_stream,
+    stream_error,
+    tool_call,
+    unexpected_answer,
+)
 from trimtab.providers._config import ProviderConfig
 from trimtab.providers._openai_client import OpenAIClient, map_openai_error
 
@@ -52,14 +61,22 @@ class OpenAIResponsesProvider:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""
+        import openai  # imported already, by the client
+
         with provider_errors(map_openai_error):
             responses = self._client.get().responses
             body = _body(request, self._client.model(request.model))
+            seconds = self._config.deadline(stream=request.stream)
+            body["timeout"] = openai.Timeout(**attempt_timeout(seconds))
             if not request.stream:
-                yield _parse_response(await responses.create(**body, stream=False))
+                async with answer_within(seconds, stream=False):
+                    response = await responses.create(**body, stream=False)
+                yield _parse_response(response)
                 return
-            events = await responses.create(**body, stream=True)
-            stall_timeout = self._config.stall_timeout
+            async with answer_within(seconds, stream=True):
+                events = await responses.create(**body, stream=True)
+                await require_event_stream(events.response)
+            stall_timeout = self._config.stall_seconds
             async for event in fold_stream(
                 events, _StreamState(), stall_timeout=stall_timeout, close=events.close
             ):
@@ -133,12 +150,16 @@ def _function_call(call: ToolCall) -> dict[str, Any]:
 
 def _parse_response(response: Response) -> ModelResponse:
     """The `ModelResponse` of a complete (non-streamed) response object."""
+    output = getattr(response, "output", None)
+    if not isinstance(output, list):
+        # The client builds whatever came (an error object, even a text) into a `Response`.
+        raise unexpected_answer(_as_data(response), "a Responses API response")
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCall] = []
     # `getattr` throughout: the client builds models without validation, so fields a
     # compatible server leaves out are missing rather than None.
-    for item in getattr(response, "output", None) or ():
+    for item in output:
         match getattr(item, "type", None):
             case "message":
                 for part in getattr(item, "content", None) or ():
@@ -155,6 +176,12 @@ def _parse_response(response: Response) -> ModelResponse:
             case _:
                 pass  # built-in tools' items: never requested
     return _response("".join(text), tuple(calls), "".join(reasoning), response)
+
+
+def _as_data(response: object) -> object:
+    """What the server sent, as far as the client kept it: JSON data, or a text."""
+    to_dict = getattr(response, "to_dict", None)
+    return to_dict() if callable(to_dict) else response
 
 
 def _response(

@@ -5,11 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trimtab.store._base import Lease, SessionRecord, Store
+from trimtab.store._base import DEFAULT_TIMEOUT, Lease, SessionRecord, Store
 from trimtab.store.memory import MemoryStore
 from trimtab.store.sqlite import SqliteStore
 
-__all__ = ["Lease", "MemoryStore", "SessionRecord", "SqliteStore", "Store", "open_store"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Lease",
+    "MemoryStore",
+    "SessionRecord",
+    "SqliteStore",
+    "Store",
+    "open_store",
+]
 
 _SQLITE_PREFIX = "sqlite:///"
 _POSTGRES_PREFIXES = ("postgresql://", "postgres://")
@@ -21,7 +29,10 @@ _ACCEPTED = (
 
 
 def open_store(
-    spec: Store | str | os.PathLike[str] | None, *, home: str | os.PathLike[str] | None = None
+    spec: Store | str | os.PathLike[str] | None,
+    *,
+    home: str | os.PathLike[str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> Store:
     """The store a spec names.
 
@@ -33,6 +44,10 @@ def open_store(
             a `postgresql://` or `postgres://` URL for a `PostgresStore` (needs the
             `trimtab[postgres]` extra); a `Store` instance is returned as is.
         home: trimtab's data directory; defaults to `$TRIMTAB_HOME`, else `~/.trimtab`.
+            If missing, it is created with mode 0700 (and the database in it with 0600).
+        timeout: Seconds within which every call of the store opened here completes or
+            raises `StoreUnavailableError` (see `Store.timeout`); a `Store` instance keeps
+            its own.
 
     Raises:
         ValueError: `spec` is none of the accepted forms.
@@ -40,32 +55,32 @@ def open_store(
     """
     if spec is None:
         if env_spec := os.environ.get("TRIMTAB_STORE"):
-            return _open_url(env_spec)
-        return SqliteStore(_home(home) / "trimtab.db")
+            return _open_url(env_spec, timeout)
+        return SqliteStore(_home(home) / "trimtab.db", timeout=timeout)
     if isinstance(spec, os.PathLike):
-        return SqliteStore(spec)
+        return SqliteStore(spec, timeout=timeout)
     if isinstance(spec, str):
-        return _open_url(spec)
+        return _open_url(spec, timeout)
     if isinstance(spec, Store):
         return spec
     raise ValueError(f"cannot open a store from {spec!r}: expected {_ACCEPTED}")
 
 
-def _open_url(spec: str) -> Store:
+def _open_url(spec: str, timeout: float) -> Store:
     """The store a string names: `memory`, a `sqlite:///` or PostgreSQL URL, or a path."""
     if spec == "memory":
         return MemoryStore()
     if spec.startswith(_POSTGRES_PREFIXES):
-        return _postgres(spec)
+        return _postgres(spec, timeout)
     if spec.startswith(_SQLITE_PREFIX) and len(spec) > len(_SQLITE_PREFIX):
-        return SqliteStore(spec.removeprefix(_SQLITE_PREFIX))
+        return SqliteStore(spec.removeprefix(_SQLITE_PREFIX), timeout=timeout)
     # Any other URL (or a bare "sqlite://") is a mistake, not a file name with a colon.
     if not spec or "://" in spec:
         raise ValueError(f"cannot open a store from {spec!r}: expected {_ACCEPTED}")
-    return SqliteStore(spec)
+    return SqliteStore(spec, timeout=timeout)
 
 
-def _postgres(dsn: str) -> Store:
+def _postgres(dsn: str, timeout: float) -> Store:
     """A `PostgresStore`; imported here so that psycopg stays an optional dependency."""
     try:
         from trimtab.store.postgres import PostgresStore
@@ -73,7 +88,7 @@ def _postgres(dsn: str) -> Store:
         raise ImportError(
             f"a PostgreSQL store needs psycopg ({error}): pip install 'trimtab[postgres]'"
         ) from error
-    return PostgresStore(dsn)
+    return PostgresStore(dsn, timeout=timeout)
 
 
 def _home(home: str | os.PathLike[str] | None) -> Path:

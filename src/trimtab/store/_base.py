@@ -15,7 +15,20 @@ from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import Event, UserMessageEvent
 
-__all__ = ["Lease", "Rings", "SessionRecord", "Store", "claimed_input", "follow", "record_of"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Lease",
+    "Rings",
+    "SessionRecord",
+    "Store",
+    "claimed_input",
+    "follow",
+    "record_of",
+]
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds within which a store call completes or raises `StoreUnavailableError`, unless
+configured otherwise (`timeout=` of the backends and `open_store`, `Client(store_timeout=)`)."""
 
 
 class Lease(BaseModel):
@@ -46,7 +59,17 @@ class SessionRecord(BaseModel):
 
 @runtime_checkable
 class Store(Protocol):
-    """Durable event logs. Appends are atomic: all of a batch is stored, or none of it."""
+    """Durable event logs. Appends are atomic: all of a batch is stored, or none of it.
+
+    Every call is bounded: it completes, or raises `StoreUnavailableError` within `timeout`
+    seconds when the store cannot be reached or is held up (a locked row or file, a database
+    that is down or stopped answering). Whether a write that raised it went through is then
+    unknown; an append can be repeated safely (it is idempotent by event id). A subscription
+    is the exception, as it follows the log until closed: it retries its reads instead.
+    """
+
+    timeout: float
+    """Seconds within which every call completes or raises `StoreUnavailableError`."""
 
     async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
         """Create a log holding `events` (a new session's first: its `session.start`) in one

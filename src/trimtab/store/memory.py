@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from trimtab._errors import LeaseLostError, SessionNotFoundError
 from trimtab.events import Event
 from trimtab.store._base import (
+    DEFAULT_TIMEOUT,
     Lease,
     Rings,
     SessionRecord,
@@ -47,6 +48,9 @@ class _Session:
 
 class MemoryStore:
     """A `Store` held in a dict: fast, shared by nothing, gone when the process ends."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    """Nominal: a call never waits for anything, so it never raises `StoreUnavailableError`."""
 
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}

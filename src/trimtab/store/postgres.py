@@ -23,28 +23,42 @@ still allows `payload->'data'` queries.
 
 Connections come from a `psycopg_pool.AsyncConnectionPool` in autocommit mode, opened on first
 use. A connection is checked when taken from the pool, so after a server restart the next call
-reconnects instead of failing on a dead socket. A call that fails while the server goes away
-raises `psycopg.OperationalError`; whether its write committed is then unknown, as with any
-database client (an append can simply be retried: it is idempotent by event id).
+reconnects instead of failing on a dead socket.
+
+Every call is bounded by the store's `timeout` (see `Store`): connecting, waiting for a pooled
+connection and each statement (`statement_timeout`, `lock_timeout`, a little under the store's
+timeout, so that a statement held up by a lock ends with the server's reason) are bounded
+each, and the whole call runs in a task that the caller stops waiting for at `timeout`, so
+that a server that accepted the connection and then stopped answering (a frozen host) cannot
+hang it either. A call that fails there, or while the server goes away, raises
+`StoreUnavailableError`; whether its write committed is then unknown, as with any database
+client (an append can simply be retried: it is idempotent by event id). Its abandoned task is
+cancelled: psycopg then cancels the statement in the server, or closes the connection if the
+server does not answer (within 10 s), and the pool never hands out a connection returned in
+the middle of a statement.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import math
 import select
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeAlias
+from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import errors
-from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
 from trimtab.events import Event, event_from_json
 from trimtab.store._base import (
+    DEFAULT_TIMEOUT,
     Lease,
     Rings,
     SessionRecord,
@@ -76,15 +90,17 @@ Only a safety net: NOTIFY is reliable while the listener is connected, and every
 re-reads whenever the listener (re)connects.
 """
 
-CONNECT_TIMEOUT = 10.0
-"""Seconds a call waits for a pooled connection (e.g. while the server restarts) before
-failing with `psycopg_pool.PoolTimeout`."""
+SERVER_TIMEOUT_SHARE = 0.9
+"""The share of the store's timeout the server's `statement_timeout` and `lock_timeout` get."""
 
 _MIGRATION_LOCK = 0x7472696D746162
 """`pg_advisory_xact_lock` key ("trimtab" in ASCII): one migrating runtime at a time."""
 
 _Connection: TypeAlias = psycopg.AsyncConnection[tuple[Any, ...]]
 _Pool: TypeAlias = AsyncConnectionPool[_Connection]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # Versioned schema: version n is _MIGRATIONS[n - 1]. Append a script; never edit one.
 _MIGRATIONS: tuple[str, ...] = (
@@ -254,6 +270,19 @@ _READ = """
 """
 
 
+def _bounded(
+    method: Callable[Concatenate[PostgresStore, _P], Coroutine[Any, Any, _R]],
+) -> Callable[Concatenate[PostgresStore, _P], Coroutine[Any, Any, _R]]:
+    """Make a store call end within the store's `timeout` (see the module's docstring)."""
+
+    @functools.wraps(method)
+    async def bounded(self: PostgresStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        what = method.__name__.lstrip("_")
+        return await self._within_timeout(what, method(self, *args, **kwargs))
+
+    return bounded
+
+
 class PostgresStore:
     """A `Store` in a PostgreSQL database, shared by any number of runtimes and hosts.
 
@@ -262,20 +291,64 @@ class PostgresStore:
     `postgresql://host/db?options=-csearch_path%3Dtrimtab` (the schema must exist).
 
     Args:
-        dsn: A libpq connection string or `postgresql://` URL.
+        dsn: A libpq connection string or `postgresql://` URL. Its `connect_timeout`, if
+            any, applies to each connection attempt (default: `timeout`).
         max_connections: The most pooled connections; subscriptions use one more, shared.
+        timeout: Seconds within which every call completes or raises
+            `StoreUnavailableError`, the first one included (which migrates the schema: give
+            a one-off upgrade of a large database more).
     """
 
-    def __init__(self, dsn: str, *, max_connections: int = 10) -> None:
+    def __init__(
+        self, dsn: str, *, max_connections: int = 10, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
         self._dsn = dsn
         self._max_connections = max_connections
+        self.timeout = timeout
+        """Seconds within which every call completes or raises `StoreUnavailableError`."""
         self._pool: _Pool | None = None
         self._opening = asyncio.Lock()
         self._closed = False
         self._append_order = _KeyedLock()
         self._doorbell: _Doorbell | None = None
+        self._abandoned: set[asyncio.Task[Any]] = set()
+        """Calls the caller stopped waiting for, until their cancellation is done."""
 
     # --- connections ----------------------------------------------------------------------
+
+    async def _within_timeout(self, what: str, work: Coroutine[Any, Any, _R]) -> _R:
+        """The result of `work`, run in a task of its own so that the caller can stop waiting
+        for it at `timeout` whatever it waits for; a server error that leaves the outcome
+        unknown becomes `StoreUnavailableError`."""
+        task = asyncio.ensure_future(work)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self.timeout)
+        finally:
+            if not task.done():  # timed out, or the caller was cancelled
+                self._abandon(task)
+        if not done:
+            raise StoreUnavailableError(
+                f"{what}: no answer from the PostgreSQL server within {self.timeout} s"
+            )
+        try:
+            return task.result()
+        except psycopg.OperationalError as error:
+            raise StoreUnavailableError(f"{what}: {error}") from error
+
+    def _abandon(self, task: asyncio.Task[Any]) -> None:
+        """Cancel a call nobody waits for any more, keeping it until it is done: psycopg may
+        take a while to cancel its statement in a server that does not answer."""
+        task.cancel()
+        self._abandoned.add(task)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._abandoned.discard(task)
+            if not task.cancelled():
+                task.exception()  # seen: not reported as "never retrieved"
+
+        task.add_done_callback(done)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[_Connection]:
@@ -293,18 +366,20 @@ class PostgresStore:
             if self._closed:
                 raise RuntimeError("the store is closed")
             if self._pool is None:
+                options = _connect_options(self._dsn, self.timeout)
                 # A direct first connection: a wrong DSN or a server that is down fails here
                 # at once with its own error, rather than as a pool timeout.
-                conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(self._dsn, **options)
                 async with conn:
                     await _migrate(conn)
                 pool: _Pool = AsyncConnectionPool(
                     self._dsn,
                     min_size=1,
                     max_size=self._max_connections,
-                    kwargs={"autocommit": True},
+                    kwargs=options,
+                    configure=self._configure,
                     check=_check_connection,
-                    timeout=CONNECT_TIMEOUT,
+                    timeout=self.timeout,
                     open=False,
                     name="trimtab",
                 )
@@ -312,8 +387,18 @@ class PostgresStore:
                 self._pool = pool
             return self._pool
 
+    async def _configure(self, conn: _Connection) -> None:
+        """Bound every statement of a new pooled connection in the server too."""
+        limit = str(round(self.timeout * SERVER_TIMEOUT_SHARE * 1000))  # milliseconds
+        await conn.execute(
+            "SELECT set_config('statement_timeout', %(ms)s, false),"
+            " set_config('lock_timeout', %(ms)s, false)",
+            {"ms": limit},
+        )
+
     # --- the log --------------------------------------------------------------------------
 
+    @_bounded
     async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
         """Create a log holding `events`, in one transaction; raises `ValueError` if the id
         exists."""
@@ -329,6 +414,7 @@ class PostgresStore:
             except errors.UniqueViolation:
                 raise ValueError(f"session {session_id!r} already exists") from None
 
+    @_bounded
     async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
         """Append persisted events in order, in one statement; returns the new event count.
 
@@ -350,8 +436,6 @@ class PostgresStore:
                 if error.diag.constraint_name != "session_events_by_id":
                     raise
                 row, conflict = None, True
-            except (psycopg.OperationalError, PoolTimeout) as error:
-                raise StoreUnavailableError(f"append to {session_id!r}: {error}") from error
             if row is None:
                 first_id = events[0].id
                 return await self._append_state(
@@ -392,6 +476,7 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         return int(last_seq)
 
+    @_bounded
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
         async with self._connection() as conn:
@@ -412,10 +497,14 @@ class PostgresStore:
             log.debug("ephemeral %s of %r too large to publish", event.type, session_id)
             return
         try:
-            async with self._connection() as conn:
-                await conn.execute("SELECT pg_notify(%s, %s)", (LIVE_CHANNEL, payload))
-        except (psycopg.Error, PoolTimeout) as error:
+            await self._notify(LIVE_CHANNEL, payload)
+        except (StoreUnavailableError, psycopg.Error) as error:
             log.warning("trimtab could not publish %s of %r: %s", event.type, session_id, error)
+
+    @_bounded
+    async def _notify(self, channel: str, payload: str) -> None:
+        async with self._connection() as conn:
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
@@ -433,25 +522,26 @@ class PostgresStore:
         async def read(after: int) -> list[Event]:
             try:
                 return await self.read(session_id, after=after)
-            except psycopg.OperationalError as error:
-                # The server is away (a restart, a failover): keep the cursor and read
-                # again once the listener is back (it rings) or at the next poll.
+            except StoreUnavailableError as error:
+                # The server is away (a restart, a failover, a freeze): keep the cursor and
+                # read again once the listener is back (it rings) or at the next poll.
                 log.warning("trimtab subscription to %r: %s; retrying", session_id, error)
                 return []
 
         with doorbell.rings.registered(session_id) as feed:
             # Ephemeral events published before the listener is up would be missed.
-            await doorbell.listening(CONNECT_TIMEOUT)
+            await doorbell.listening(self.timeout)
             events = follow(feed, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
             async for event in events:
                 yield event
 
     def _start_doorbell(self) -> _Doorbell:
-        self._doorbell = _Doorbell(self._dsn)
+        self._doorbell = _Doorbell(self._dsn, self.timeout)
         return self._doorbell
 
     # --- sessions -------------------------------------------------------------------------
 
+    @_bounded
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
         async with self._connection() as conn:
@@ -463,6 +553,7 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         return record_of(row)
 
+    @_bounded
     async def list_sessions(self) -> list[SessionRecord]:
         """Every session, most recently updated first."""
         async with self._connection() as conn:
@@ -472,6 +563,7 @@ class PostgresStore:
             rows = await cursor.fetchall()
         return [record_of(row) for row in rows]
 
+    @_bounded
     async def delete(self, session_id: str) -> bool:
         """Remove a session, its log and its queued inputs; False if there was none.
 
@@ -488,6 +580,7 @@ class PostgresStore:
 
     # --- leases ---------------------------------------------------------------------------
 
+    @_bounded
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         """Take the lease if it is free, expired or already `owner`'s; None if another holds it.
 
@@ -502,6 +595,7 @@ class PostgresStore:
         (token,) = row
         return None if token is None else Lease(session_id=session_id, owner=owner, token=token)
 
+    @_bounded
     async def renew_leases(self, owner: str, ttl: float) -> list[str]:
         """Extend every live lease `owner` holds; returns their session ids, sorted.
 
@@ -517,6 +611,7 @@ class PostgresStore:
             rows = await cursor.fetchall()
         return sorted(session_id for (session_id,) in rows)
 
+    @_bounded
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up (no-op if it was already lost or the session is gone)."""
         async with self._connection() as conn:
@@ -527,6 +622,7 @@ class PostgresStore:
                 (lease.session_id, lease.owner, lease.token),
             )
 
+    @_bounded
     async def claim_next(self, owner: str, ttl: float) -> Lease | None:
         """Take the lease of a session that has queued input and no live lease, if any.
 
@@ -544,6 +640,7 @@ class PostgresStore:
 
     # --- the input queue ------------------------------------------------------------------
 
+    @_bounded
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (see `Store`)."""
         async with self._connection() as conn:
@@ -556,6 +653,7 @@ class PostgresStore:
             except errors.ForeignKeyViolation:
                 raise SessionNotFoundError(session_id) from None
 
+    @_bounded
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         """Keep the session's latest snapshot."""
         async with self._connection() as conn:
@@ -569,6 +667,7 @@ class PostgresStore:
             except errors.ForeignKeyViolation:
                 raise SessionNotFoundError(session_id) from None
 
+    @_bounded
     async def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         """The latest snapshot, if any."""
         async with self._connection() as conn:
@@ -582,6 +681,7 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         return None if row[1] is None else (int(row[1]), str(row[2]))
 
+    @_bounded
     async def pending_inputs(self, session_id: str) -> list[tuple[str, str]]:
         """The queued `(prompt, message_id)` pairs not yet claimed, oldest first."""
         async with self._connection() as conn:
@@ -596,18 +696,33 @@ class PostgresStore:
         ]
 
     async def close(self) -> None:
-        """Close the pool and the listener, ending subscriptions; closing twice is a no-op."""
+        """Close the pool and the listener, ending subscriptions; closing twice is a no-op.
+
+        Calls abandoned at their timeout are waited for (up to `timeout`), so that none is
+        left running.
+        """
         if self._closed:
             return
         self._closed = True
         async with self._opening:  # not while a first call is still opening the pool
             if self._doorbell is not None:
-                await self._doorbell.close()
+                await self._doorbell.close(self.timeout)
             if self._pool is not None:
-                await self._pool.close()
+                await self._pool.close(timeout=self.timeout)
+        if self._abandoned:
+            await asyncio.wait(self._abandoned, timeout=self.timeout)
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _connect_options(dsn: str, timeout: float) -> dict[str, Any]:
+    """The options of every connection: autocommit, and a connect timeout (libpq's whole
+    seconds, at least 2) unless the DSN sets one."""
+    options: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in conninfo_to_dict(dsn):
+        options["connect_timeout"] = max(2, math.ceil(timeout))
+    return options
 
 
 async def _check_connection(conn: _Connection) -> None:
@@ -702,11 +817,14 @@ class _Doorbell:
     """The store's one LISTEN connection, ringing the local subscribers of each session.
 
     It reconnects (with backoff) whenever the connection drops, and then rings every
-    subscriber, since notifications sent meanwhile are lost.
+    subscriber, since notifications sent meanwhile are lost. A server that goes silent sends
+    no error either (a frozen or vanished host): after `SUBSCRIBE_POLL` seconds without a
+    notification the connection is checked with a query, bounded by the store's timeout.
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, timeout: float) -> None:
         self._dsn = dsn
+        self._timeout = timeout
         self.rings = Rings()
         self._ready = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
@@ -717,19 +835,33 @@ class _Doorbell:
         delay = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+                async with asyncio.timeout(self._timeout):
+                    options = _connect_options(self._dsn, self._timeout)
+                    conn = await psycopg.AsyncConnection.connect(self._dsn, **options)
                 async with conn:
-                    await conn.execute(f"LISTEN {CHANNEL}; LISTEN {LIVE_CHANNEL}")
+                    async with asyncio.timeout(self._timeout):
+                        await conn.execute(f"LISTEN {CHANNEL}; LISTEN {LIVE_CHANNEL}")
                     delay = 0.1
                     self._ready.set()
                     self.rings.ring_all()
-                    async for notify in conn.notifies():
-                        self._dispatch(notify.channel, notify.payload)
-            except psycopg.Error as error:
-                log.warning("trimtab listener: %s; reconnecting in %.1f s", error, delay)
+                    await self._dispatch_until_silent(conn)
+            except (psycopg.Error, TimeoutError) as error:
+                reason = str(error) or f"no answer within {self._timeout} s"
+                log.warning("trimtab listener: %s; reconnecting in %.1f s", reason, delay)
             self._ready.clear()
             await asyncio.sleep(delay)
             delay = min(delay * 2, SUBSCRIBE_POLL)
+
+    async def _dispatch_until_silent(self, conn: _Connection) -> None:
+        """Dispatch notifications until the server stops answering (raises)."""
+        while True:
+            heard = False
+            async for notify in conn.notifies(timeout=SUBSCRIBE_POLL):
+                heard = True
+                self._dispatch(notify.channel, notify.payload)
+            if not heard:
+                async with asyncio.timeout(self._timeout):
+                    await conn.execute("SELECT 1")
 
     async def listening(self, timeout: float) -> None:
         """Wait until the connection listens, at most `timeout` seconds (then go on: the
@@ -751,8 +883,9 @@ class _Doorbell:
         if self.rings.listening(session_id):  # parsed only when someone here wants it
             self.rings.post(session_id, after, event_from_json(body, event_type))
 
-    async def close(self) -> None:
+    async def close(self, timeout: float) -> None:
         """Stop listening and wake every subscriber (they see the store closed and end)."""
         self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        # Cancelling its query in a server that does not answer takes psycopg a while.
+        await asyncio.wait((self._task,), timeout=timeout)
         self.rings.ring_all()

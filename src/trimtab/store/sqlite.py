@@ -1,10 +1,12 @@
 """`SqliteStore`: the default durable backend, one SQLite file shared by local processes.
 
-Every method runs synchronously on the stdlib `sqlite3` connection and never awaits: a call
-is one short transaction, so appends from concurrent tasks of one event loop are stored in
-call order, and no task sees another's half-done write. The price: while another process
-holds the write lock, a call blocks the event loop for up to `BUSY_TIMEOUT`; transactions are
-kept to a few statements so that this wait stays in the sub-millisecond range in practice.
+Every method runs one short transaction on the stdlib `sqlite3` connection, synchronously:
+it awaits nothing unless another process holds the lock it needs, so appends from concurrent
+tasks of one event loop are stored in call order, and no task sees another's half-done write.
+A lock held by another process is waited for `BUSY_SLICE` at a time inside SQLite (blocking
+the event loop only that long), then by retrying the transaction between `asyncio.sleep`s,
+until the store's `timeout`; writes that come meanwhile queue behind the waiting one, so that
+call order still holds. A call that cannot get the lock in time raises `StoreUnavailableError`.
 
 Durability (spec P2): every write commits before the method returns, and SQLite's WAL
 commits are atomic, so an acknowledged event survives `kill -9` and a torn tail (a frame
@@ -13,17 +15,21 @@ written without its commit) is ignored by SQLite's recovery when the file is nex
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
-from trimtab._errors import LeaseLostError, SessionNotFoundError
+from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
 from trimtab.events import Event, event_from_json
 from trimtab.store._base import (
+    DEFAULT_TIMEOUT,
     Lease,
     Rings,
     SessionRecord,
@@ -34,8 +40,11 @@ from trimtab.store._base import (
     record_of,
     summarize,
 )
+from trimtab.store._files import private_directory, private_file
 
 __all__ = ["SqliteStore"]
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 3
 """Stored in `PRAGMA user_version`; bump it with a migration step when the schema changes."""
@@ -43,8 +52,16 @@ SCHEMA_VERSION = 3
 PAGE_CACHE_KIB = 128
 """SQLite's page cache per connection, in KiB."""
 
-BUSY_TIMEOUT = 5.0
-"""Seconds to wait for another process's write lock before failing with `database is locked`."""
+BUSY_SLICE = 0.02
+"""Seconds SQLite itself waits for another process's lock, blocking the event loop, before the
+store goes on waiting without blocking it (see the module's docstring). Covers the usual
+case, a write of another process that takes well under a millisecond."""
+
+_RETRY_DELAYS = (0.005, 0.1)
+"""The first and the longest pause, in seconds, between tries of a call waiting for a lock."""
+
+_WRITE = "BEGIN IMMEDIATE"
+_READ = "BEGIN"
 
 SUBSCRIBE_POLL = 0.1
 """Seconds between a subscriber's reads of the file, to see other processes' appends.
@@ -117,29 +134,84 @@ class SqliteStore:
     """A `Store` in one SQLite file (WAL mode), safe to share between local processes.
 
     Args:
-        path: The database file; its parent directories are created if missing.
+        path: The database file. If missing, it is created with mode 0600, and its missing
+            parent directories with mode 0700 (an existing file or directory keeps its mode).
+        timeout: Seconds a call may wait for a lock held by another process before it raises
+            `StoreUnavailableError`; opening the file waits as long, then raises
+            `sqlite3.OperationalError`.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
         self.path = Path(path).expanduser()
         """Where the database lives."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db: sqlite3.Connection | None = _connect(self.path)
+        self.timeout = timeout
+        """Seconds within which every call completes or raises `StoreUnavailableError`."""
+        private_directory(self.path.parent)
+        # SQLite gives the -wal and -shm files the mode of the database file.
+        private_file(self.path)
+        self._db: sqlite3.Connection | None = _connect(self.path, timeout)
         # Guards the connection for callers on other threads (a sync facade, `to_thread`):
         # one sqlite3 connection must not interleave two transactions.
         self._lock = threading.Lock()
+        # Writes waiting for another process's lock, oldest first: later writes queue behind
+        # them, so that they still commit in call order.
+        self._waiting: deque[object] = deque()
         # What `subscribe` waits on, per session, with the loop each subscriber runs on:
         # an append may come from another thread.
         self._rings = Rings()
 
-    @contextmanager
-    def _transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
-        """One transaction on the store's connection (see `_transaction` below)."""
+    async def _run(self, work: Callable[[sqlite3.Connection], T], begin: str = _WRITE) -> T:
+        """`work` in one transaction (see `_transaction`), committed before this returns.
+
+        Raises:
+            StoreUnavailableError: Another process held the lock for `timeout` seconds.
+        """
+        deadline = time.monotonic() + self.timeout
+        if not (begin == _WRITE and self._waiting):
+            try:
+                return self._attempt(work, begin)
+            except _Busy:
+                pass
+        return await self._wait_to_run(work, begin, deadline)
+
+    def _attempt(self, work: Callable[[sqlite3.Connection], T], begin: str) -> T:
         with self._lock:
             if self._db is None:
                 raise RuntimeError("the store is closed")
-            with _transaction(self._db, begin) as db:
-                yield db
+            try:
+                with _transaction(self._db, begin) as db:
+                    return work(db)
+            except sqlite3.OperationalError as error:
+                if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise _Busy from error
+                raise
+
+    async def _wait_to_run(
+        self, work: Callable[[sqlite3.Connection], T], begin: str, deadline: float
+    ) -> T:
+        """Try `work` again until the lock is free, yielding to the event loop in between."""
+        ticket = object()
+        queue = self._waiting if begin == _WRITE else None
+        if queue is not None:
+            queue.append(ticket)
+        try:
+            delay, longest = _RETRY_DELAYS
+            while (left := deadline - time.monotonic()) > BUSY_SLICE:
+                await asyncio.sleep(min(delay, left - BUSY_SLICE))
+                delay = min(2 * delay, longest)
+                if queue is None or queue[0] is ticket:
+                    try:
+                        return self._attempt(work, begin)
+                    except _Busy:
+                        pass
+        finally:
+            if queue is not None:
+                queue.remove(ticket)
+        raise StoreUnavailableError(
+            f"the database {self.path} stayed locked by another process for {self.timeout} s"
+        )
 
     async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
         """Create a log holding `events`, in one transaction; raises `ValueError` if the id
@@ -147,17 +219,20 @@ class SqliteStore:
         check_persistable(events)
         now = time.time()
         rows = [(session_id, n, e.id, e.type, e.model_dump_json()) for n, e in enumerate(events, 1)]
+
+        def insert(db: sqlite3.Connection) -> None:
+            db.execute(
+                "INSERT INTO sessions (session_id, created_at, updated_at, last_seq, summary)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (session_id, now, now, len(rows), summarize(events)),
+            )
+            db.executemany(
+                "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+
         try:
-            with self._transaction() as db:
-                db.execute(
-                    "INSERT INTO sessions (session_id, created_at, updated_at, last_seq, summary)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (session_id, now, now, len(rows), summarize(events)),
-                )
-                db.executemany(
-                    "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
+            await self._run(insert)
         except sqlite3.IntegrityError:
             raise ValueError(f"session {session_id!r} already exists") from None
 
@@ -175,40 +250,48 @@ class SqliteStore:
         claims = [
             (n, message_id) for n, e in enumerate(events, 1) if (message_id := claimed_input(e))
         ]
-        try:
-            with self._transaction() as db:
-                last_seq = self._fenced_last_seq(db, session_id, lease)
-                if not rows:
-                    return last_seq
-                try:
-                    db.executemany(
-                        "INSERT INTO events (session_id, seq, id, type, body)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        [(session_id, last_seq + n, *row) for n, row in enumerate(rows, start=1)],
-                    )
-                except sqlite3.IntegrityError:
-                    raise _Repeated from None  # rolls the transaction back
-                if claims:
-                    db.executemany(
-                        "UPDATE inputs SET claimed_seq = ?"
-                        " WHERE session_id = ? AND message_id = ? AND claimed_seq IS NULL",
-                        [(last_seq + n, session_id, message_id) for n, message_id in claims],
-                    )
-                last_seq += len(rows)
-                db.execute(
-                    "UPDATE sessions SET last_seq = ?, updated_at = ?,"
-                    " summary = COALESCE(summary, ?) WHERE session_id = ?",
-                    (last_seq, time.time(), summarize(events), session_id),
+        summary = summarize(events)
+
+        def insert(db: sqlite3.Connection) -> int:
+            last_seq = self._fenced_last_seq(db, session_id, lease)
+            if not rows:
+                return last_seq
+            try:
+                db.executemany(
+                    "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
+                    [(session_id, last_seq + n, *row) for n, row in enumerate(rows, start=1)],
                 )
+            except sqlite3.IntegrityError:
+                raise _Repeated from None  # rolls the transaction back
+            if claims:
+                db.executemany(
+                    "UPDATE inputs SET claimed_seq = ?"
+                    " WHERE session_id = ? AND message_id = ? AND claimed_seq IS NULL",
+                    [(last_seq + n, session_id, message_id) for n, message_id in claims],
+                )
+            last_seq += len(rows)
+            db.execute(
+                "UPDATE sessions SET last_seq = ?, updated_at = ?,"
+                " summary = COALESCE(summary, ?) WHERE session_id = ?",
+                (last_seq, time.time(), summary, session_id),
+            )
+            return last_seq
+
+        def retried(db: sqlite3.Connection) -> int | None:
+            last_seq = self._fenced_last_seq(db, session_id, lease)
+            return last_seq if _stored(db, session_id, rows[0][0]) else None
+
+        try:
+            last_seq = await self._run(insert)
         except _Repeated:
             # An event id is in the log already: a retry when it is the batch's first (then it
             # was all stored at once), else a mistake.
-            with self._transaction("BEGIN") as db:
-                last_seq = self._fenced_last_seq(db, session_id, lease)
-                if _stored(db, session_id, rows[0][0]):
-                    return last_seq
-            raise ValueError(f"an event of the batch is already in {session_id!r}") from None
-        self._rings.ring(session_id, last_seq)
+            stored = await self._run(retried, _READ)
+            if stored is None:
+                raise ValueError(f"an event of the batch is already in {session_id!r}") from None
+            return stored
+        if rows:
+            self._rings.ring(session_id, last_seq)
         return last_seq
 
     @staticmethod
@@ -232,13 +315,16 @@ class SqliteStore:
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
-        # A read transaction, so the existence check and the rows come from one snapshot.
-        with self._transaction("BEGIN") as db:
+
+        # A read transaction, so that the existence check and the rows come from one snapshot.
+        def select(db: sqlite3.Connection) -> list[tuple[str, str]]:
             _require(db, session_id)
-            rows = db.execute(
+            return db.execute(
                 "SELECT type, body FROM events WHERE session_id = ? AND seq > ? ORDER BY seq",
                 (session_id, after),
             ).fetchall()
+
+        rows = await self._run(select, _READ)
         return [event_from_json(body, event_type) for event_type, body in rows]
 
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
@@ -256,44 +342,55 @@ class SqliteStore:
         """
         if self._db is None:
             raise RuntimeError("the store is closed")
+
+        async def read(after: int) -> list[Event]:
+            try:
+                return await self.read(session_id, after=after)
+            except StoreUnavailableError:
+                return []  # locked for long: keep the cursor and read again at the next poll
+
         with self._rings.registered(session_id) as feed:
-            events = follow(
-                feed,
-                lambda n: self.read(session_id, after=n),
-                after,
-                closed=lambda: self._db is None,
-                poll=SUBSCRIBE_POLL,
-            )
+            events = follow(feed, read, after, closed=lambda: self._db is None, poll=SUBSCRIBE_POLL)
             async for event in events:
                 yield event
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
-        with self._transaction("BEGIN") as db:
-            row = db.execute(
+
+        def select(db: sqlite3.Connection) -> tuple[object, ...] | None:
+            row: tuple[object, ...] | None = db.execute(
                 f"SELECT {_RECORD_COLUMNS} FROM sessions WHERE session_id = ?",
                 (time.time(), session_id),
             ).fetchone()
+            return row
+
+        row = await self._run(select, _READ)
         if row is None:
             raise SessionNotFoundError(session_id)
         return record_of(row)
 
     async def list_sessions(self) -> list[SessionRecord]:
         """Every session, most recently updated first."""
-        with self._transaction("BEGIN") as db:
-            rows = db.execute(
+
+        def select(db: sqlite3.Connection) -> list[tuple[object, ...]]:
+            return db.execute(
                 f"SELECT {_RECORD_COLUMNS} FROM sessions ORDER BY updated_at DESC, session_id DESC",
                 (time.time(),),
             ).fetchall()
-        return [record_of(row) for row in rows]
+
+        return [record_of(row) for row in await self._run(select, _READ)]
 
     async def delete(self, session_id: str) -> bool:
         """Remove a session, its log and its queued inputs; False if there was none."""
-        with self._transaction() as db:
+
+        def delete(db: sqlite3.Connection) -> bool:
             # The foreign keys cascade to `events` and `inputs`.
-            deleted = db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            cursor = db.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            return cursor.rowcount > 0
+
+        deleted = await self._run(delete)
         self._rings.ring(session_id)  # its subscribers fail as for an unknown session
-        return deleted.rowcount > 0
+        return deleted
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         """Take the lease if it is free, expired or already `owner`'s; None if another holds it.
@@ -301,8 +398,9 @@ class SqliteStore:
         A new acquisition bumps the fencing token; re-acquiring one's own live lease only
         extends it, so appends in flight with the same `Lease` stay valid.
         """
-        now = time.time()
-        with self._transaction() as db:
+
+        def take(db: sqlite3.Connection) -> int | None:
+            now = time.time()
             # SET expressions all see the row as it was, so the CASE tests the old owner.
             rows = db.execute(
                 """
@@ -320,7 +418,10 @@ class SqliteStore:
             if not rows:
                 _require(db, session_id)
                 return None
-        return Lease(session_id=session_id, owner=owner, token=rows[0][0])
+            return int(rows[0][0])
+
+        token = await self._run(take)
+        return None if token is None else Lease(session_id=session_id, owner=owner, token=token)
 
     async def renew_leases(self, owner: str, ttl: float) -> list[str]:
         """Extend every live lease `owner` holds; returns their session ids, sorted.
@@ -328,18 +429,21 @@ class SqliteStore:
         A lease that has already expired is not renewed: another runtime may have read the
         session as free, so the holder must treat it as lost.
         """
-        now = time.time()
-        with self._transaction() as db:
-            rows = db.execute(
+
+        def renew(db: sqlite3.Connection) -> list[tuple[str]]:
+            now = time.time()
+            return db.execute(
                 "UPDATE sessions SET lease_expires_at = ?"
                 " WHERE lease_owner = ? AND lease_expires_at > ? RETURNING session_id",
                 (now + ttl, owner, now),
             ).fetchall()
-        return sorted(session_id for (session_id,) in rows)
+
+        return sorted(session_id for (session_id,) in await self._run(renew))
 
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up (no-op if it was already lost or the session is gone)."""
-        with self._transaction() as db:
+
+        def release(db: sqlite3.Connection) -> None:
             # The token stays: the next acquisition bumps it, fencing out this holder.
             db.execute(
                 "UPDATE sessions SET lease_owner = NULL, lease_expires_at = NULL"
@@ -347,12 +451,15 @@ class SqliteStore:
                 (lease.session_id, lease.owner, lease.token),
             )
 
+        await self._run(release)
+
     async def claim_next(self, owner: str, ttl: float) -> Lease | None:
         """Take the lease of a session with pending input and no live lease, if any (the
         write lock serialises concurrent claimers)."""
-        now = time.time()
-        with self._transaction() as db:
-            row = db.execute(
+
+        def claim(db: sqlite3.Connection) -> tuple[str, int] | None:
+            now = time.time()
+            row: tuple[str, int] | None = db.execute(
                 "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1,"
                 " lease_expires_at = ? WHERE session_id = ("
                 "  SELECT s.session_id FROM sessions s"
@@ -363,45 +470,59 @@ class SqliteStore:
                 " RETURNING session_id, lease_token",
                 (owner, now + ttl, now),
             ).fetchone()
+            return row
+
+        row = await self._run(claim)
         return None if row is None else Lease(session_id=row[0], owner=owner, token=row[1])
 
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (see `Store`)."""
-        with self._transaction() as db:
+
+        def insert(db: sqlite3.Connection) -> None:
             _require(db, session_id)
             db.execute(
                 "INSERT OR IGNORE INTO inputs (session_id, prompt, message_id) VALUES (?, ?, ?)",
                 (session_id, prompt, message_id),
             )
 
+        await self._run(insert)
+
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         """Keep the session's latest snapshot."""
-        with self._transaction() as db:
+
+        def save(db: sqlite3.Connection) -> None:
             _require(db, session_id)
             db.execute(
                 "INSERT OR REPLACE INTO snapshots (session_id, event_count, data) VALUES (?, ?, ?)",
                 (session_id, event_count, data),
             )
 
+        await self._run(save)
+
     async def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         """The latest snapshot, if any."""
-        with self._transaction("BEGIN") as db:
+
+        def load(db: sqlite3.Connection) -> tuple[int, str] | None:
             _require(db, session_id)
-            row = db.execute(
+            row: tuple[int, str] | None = db.execute(
                 "SELECT event_count, data FROM snapshots WHERE session_id = ?", (session_id,)
             ).fetchone()
-        return None if row is None else (row[0], row[1])
+            return row
+
+        return await self._run(load, _READ)
 
     async def pending_inputs(self, session_id: str) -> list[tuple[str, str]]:
         """The queued `(prompt, message_id)` pairs not yet claimed, oldest first."""
-        with self._transaction("BEGIN") as db:
+
+        def select(db: sqlite3.Connection) -> list[tuple[str, str]]:
             _require(db, session_id)
-            rows = db.execute(
+            return db.execute(
                 "SELECT prompt, message_id FROM inputs"
                 " WHERE session_id = ? AND claimed_seq IS NULL ORDER BY id",
                 (session_id,),
             ).fetchall()
-        return [(prompt, message_id) for prompt, message_id in rows]
+
+        return [(prompt, message_id) for prompt, message_id in await self._run(select, _READ)]
 
     async def close(self) -> None:
         """Close the connection and end subscriptions; the store is unusable afterwards.
@@ -415,16 +536,20 @@ class SqliteStore:
         self._rings.ring_all()
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    """Open the database, set the connection up and bring its schema up to date."""
+def _connect(path: Path, timeout: float) -> sqlite3.Connection:
+    """Open the database, set the connection up and bring its schema up to date.
+
+    Opening waits up to `timeout` for another process's lock, blocking; every later call of
+    the connection only `BUSY_SLICE` (see `SqliteStore._run`).
+    """
     # isolation_level=None: the sqlite3 module opens no implicit transactions; every
-    # transaction is one explicit BEGIN ... COMMIT in `SqliteStore._transaction`.
+    # transaction is one explicit BEGIN ... COMMIT in `_transaction`.
     # timeout is SQLite's busy_timeout: two processes share the file by waiting for the lock.
     # check_same_thread=False: the store's own lock serialises access instead.
-    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+    db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
     try:
         # WAL: readers never block the writer, and a commit is one atomic append to the log.
-        _set_wal(db)
+        _set_wal(db, timeout)
         # NORMAL skips the fsync per commit. In WAL mode that is still durable against a
         # process crash or kill -9 (the committed frames are in the OS page cache), which is
         # the contract (spec P2); only a power loss or OS crash may drop the last commits,
@@ -436,16 +561,17 @@ def _connect(path: Path) -> sqlite3.Connection:
         # page cache only adds to a long-running server's memory (spec budget: 45 MB).
         db.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
         _migrate(db)
+        db.execute(f"PRAGMA busy_timeout = {round(BUSY_SLICE * 1000)}")
     except BaseException:
         db.close()
         raise
     return db
 
 
-def _set_wal(db: sqlite3.Connection) -> None:
+def _set_wal(db: sqlite3.Connection, timeout: float) -> None:
     """Switch to WAL. Two processes opening a new file at once can make the switch fail with
     "database is locked" without SQLite's busy handler being called, so retry it here."""
-    deadline = time.monotonic() + BUSY_TIMEOUT
+    deadline = time.monotonic() + timeout
     while True:
         try:
             db.execute("PRAGMA journal_mode = WAL")
@@ -479,7 +605,7 @@ def _transaction(db: sqlite3.Connection, begin: str) -> Iterator[sqlite3.Connect
 
     Writes use `BEGIN IMMEDIATE`: the write lock is taken up front, so two processes never
     read the same `last_seq` and interleave a session's sequence, and a busy database is
-    waited for (busy timeout) at BEGIN rather than failing halfway through. Reads use a
+    waited for at BEGIN rather than failing halfway through. Reads use a
     plain `BEGIN`, so that all their statements see one snapshot.
     """
     db.execute(begin)
@@ -494,6 +620,10 @@ def _transaction(db: sqlite3.Connection, begin: str) -> Iterator[sqlite3.Connect
 
 class _Repeated(Exception):
     """An append met an event id already in the log."""
+
+
+class _Busy(Exception):
+    """Another process held the lock a transaction needed (for `BUSY_SLICE`)."""
 
 
 def _stored(db: sqlite3.Connection, session_id: str, event_id: str) -> bool:

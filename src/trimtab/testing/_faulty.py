@@ -44,6 +44,8 @@ class FaultyStore:
         pause: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.inner = inner
+        self.timeout = inner.timeout
+        """The wrapped store's bound on each call."""
         self.crash_at_write = crash_at_write
         self.durable = durable
         self.pause = pause
