@@ -104,6 +104,8 @@ class LocalProvider:
     name = "local"
 
     def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+        """How the provider was configured."""
         self._model_path = config.model_path
         self._engine: _Engine | None = None
         self._load_lock = threading.Lock()

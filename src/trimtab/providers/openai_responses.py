@@ -21,8 +21,8 @@ from trimtab.providers._base import (
     Usage,
 )
 from trimtab.providers._common import fold_stream, provider_errors, stream_error, tool_call
-from trimtab.providers._config import ProviderConfig
-from trimtab.providers._openai_client import OpenAIClient, map_openai_error
+from trimtab.providers._config import ProviderConfig, credentials_environment
+from trimtab.providers._openai_client import OpenAIClient
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -46,20 +46,22 @@ class OpenAIResponsesProvider:
 
     name = "openai-responses"
 
-    def __init__(self, config: ProviderConfig) -> None:
-        self._config = config
-        self._client = OpenAIClient(config)
+    def __init__(self, config: ProviderConfig, *, env_credentials: bool = False) -> None:
+        self.config = config
+        """How the provider was configured."""
+        environment = credentials_environment(config, env_credentials=env_credentials)
+        self._client = OpenAIClient(config, environment)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""
-        with provider_errors(map_openai_error):
+        with provider_errors(self._client.map_error):
             responses = self._client.get().responses
             body = _body(request, self._client.model(request.model))
             if not request.stream:
                 yield _parse_response(await responses.create(**body, stream=False))
                 return
             events = await responses.create(**body, stream=True)
-            stall_timeout = self._config.stall_timeout
+            stall_timeout = self.config.stall_timeout
             async for event in fold_stream(
                 events, _StreamState(), stall_timeout=stall_timeout, close=events.close
             ):
