@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from trimtab.providers._base import Provider
+from trimtab.providers._install import install_command
 
 __all__ = ["ProviderConfig", "credentials_environment", "make_provider"]
 
@@ -156,7 +157,7 @@ def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> P
                 raise
             raise ImportError(
                 "provider type 'anthropic' needs the anthropic package: "
-                "pip install 'trimtab[anthropic]'"
+                + install_command("anthropic")
             ) from exc
         return AnthropicProvider(config, env_credentials=env_credentials)
     if config.type == "local":
@@ -167,7 +168,7 @@ def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> P
 
         if importlib.util.find_spec("llama_cpp") is None:
             raise ImportError(
-                "provider type 'local' needs llama-cpp-python: pip install 'trimtab[local]'"
+                "provider type 'local' needs llama-cpp-python: " + install_command("local")
             )
         from trimtab.providers.local import LocalProvider
 
