@@ -33,7 +33,6 @@ from trimtab.cli.select import ProviderChoice, choose_provider, provider_spec
 from trimtab.cli.status import TAIL, Status, session_status
 from trimtab.events import SessionConfigData, SessionResumeEvent, SessionStartEvent
 from trimtab.providers import Provider, ProviderConfig, make_provider
-from trimtab.providers._install import install_command
 from trimtab.store import MemoryStore, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
@@ -363,6 +362,8 @@ def _dead_holder(owner: str | None) -> int | None:
 def _unavailable(provider: str, exc: Exception) -> CliError:
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if provider == "local":
+        from trimtab.providers._install import install_command
+
         hint = f"install it with {install_command('local')}, or choose another --provider"
     else:
         hint = "choose another provider with --provider (see 'trimtab config')"

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from trimtab.providers._base import Provider
-from trimtab.providers._install import install_command
 
 __all__ = ["ProviderConfig", "credentials_environment", "make_provider"]
 
@@ -155,6 +154,8 @@ def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> P
         except ModuleNotFoundError as exc:
             if exc.name != "anthropic":
                 raise
+            from trimtab.providers._install import install_command
+
             raise ImportError(
                 "provider type 'anthropic' needs the anthropic package: "
                 + install_command("anthropic")
@@ -167,6 +168,8 @@ def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> P
         import importlib.util
 
         if importlib.util.find_spec("llama_cpp") is None:
+            from trimtab.providers._install import install_command
+
             raise ImportError(
                 "provider type 'local' needs llama-cpp-python: " + install_command("local")
             )
