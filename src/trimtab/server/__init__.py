@@ -16,6 +16,8 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import astuple, dataclass, replace
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -106,8 +108,8 @@ async def serve(
             f"refusing to listen on {host!r} without a connection token: "
             "anyone who can reach it could drive your sessions (pass a token, or use 127.0.0.1)"
         )
-    limits = (max_connections, max_output, max_requests, frame_timeout, connect_timeout)
-    if min(*limits, idle_timeout, store_timeout) <= 0:
+    limits = _Limits(max_output, max_requests, frame_timeout, connect_timeout, idle_timeout)
+    if min(max_connections, lease_ttl, store_timeout, *astuple(limits)) <= 0:
         raise ValueError("the server's limits and timeouts must be positive")
     await _check_provider(provider)
     # Checks for queued input and expired leases at least every second, faster for short
@@ -117,37 +119,51 @@ async def serve(
     await _check_store(client, store_timeout)
     async with client:
         hub = SessionHub(client)
-
-        def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Connection:
-            return Connection(
-                reader,
-                writer,
-                cancellable=CANCELLABLE,
-                max_output=max_output,
-                max_requests=max_requests,
-                frame_timeout=frame_timeout,
-            )
-
         try:
             if stdio:
-                reader, writer = await _stdio_streams()
-                await CopilotConnection(connection(reader, writer), hub, token=token).serve()
+                # The one client is the process that started the server: no deadlines for it.
+                own = replace(limits, connect_timeout=None, idle_timeout=None)
+                await own.connection(hub, token, *await _stdio_streams()).serve()
             else:
-
-                def copilot(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Any:
-                    conn = connection(reader, writer)
-                    return CopilotConnection(
-                        conn,
-                        hub,
-                        token=token,
-                        connect_timeout=connect_timeout,
-                        idle_timeout=idle_timeout,
-                    )
-
-                listen = _Listener(copilot, max_connections)
+                listen = _Listener(partial(limits.connection, hub, token), max_connections)
                 await listen(host, port, on_ready or _announce)
         finally:
             await hub.close_all()
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """What bounds each connection (see `serve`)."""
+
+    max_output: int
+    max_requests: int
+    frame_timeout: float
+    connect_timeout: float | None
+    idle_timeout: float | None
+
+    def connection(
+        self,
+        hub: SessionHub,
+        token: str | None,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> CopilotConnection:
+        """The Copilot protocol on a new connection, within these limits."""
+        conn = Connection(
+            reader,
+            writer,
+            cancellable=CANCELLABLE,
+            max_output=self.max_output,
+            max_requests=self.max_requests,
+            frame_timeout=self.frame_timeout,
+        )
+        return CopilotConnection(
+            conn,
+            hub,
+            token=token,
+            connect_timeout=self.connect_timeout,
+            idle_timeout=self.idle_timeout,
+        )
 
 
 async def _check_provider(provider: dict[str, Any] | None) -> None:
@@ -171,14 +187,12 @@ async def _check_store(client: Client, timeout: float) -> None:
     try:
         async with asyncio.timeout(timeout):
             await client.list_sessions()
-    except ValueError:
-        await client.stop()
-        raise
-    except TimeoutError:
-        await client.stop()
-        raise ServeError(f"the session store did not answer within {timeout:g} s") from None
     except Exception as exc:
         await client.stop()
+        if isinstance(exc, ValueError):
+            raise  # a spec that names no store: bad usage
+        if isinstance(exc, TimeoutError):
+            raise ServeError(f"the session store did not answer within {timeout:g} s") from None
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ServeError(f"cannot open the session store: {detail}") from None
 
@@ -207,6 +221,8 @@ class _Listener:
         self._copilot = copilot
         self._max = max_connections
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._full = False
+        """Connections are being refused (said once in the log, not once per refusal)."""
 
     async def __call__(self, host: str, port: int, on_ready: Callable[[int], None]) -> None:
         _raise_file_limit(self._max + _FILE_MARGIN)
@@ -224,6 +240,9 @@ class _Listener:
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._handlers) >= self._max:
+            if not self._full:
+                log.warning("refusing connections: %d are open, the limit", self._max)
+                self._full = True
             await _refuse(writer, self._max)
             return
         # Small frames (events, answers) must not wait ~40 ms for Nagle's algorithm.
@@ -243,12 +262,12 @@ class _Listener:
             log.exception("connection failed")
         finally:
             self._handlers.discard(task)
+            self._full = False
             log.debug("%s disconnected (%d open)", copilot.peer, len(self._handlers))
 
 
 async def _refuse(writer: asyncio.StreamWriter, limit: int) -> None:
     """Tell a client beyond the limit why it is turned away, then close its connection."""
-    log.warning("refusing a connection: %d are open, the limit", limit)
     error = {
         "code": SERVER_BUSY,
         "message": f"SERVER_BUSY: the server has {limit} connections open, its limit;"
