@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     # Not imported at run time: it brings in the testing helpers, for a hidden provider.
     from trimtab.cli.script import CliScriptedModel
 
-__all__ = ["SessionHost", "persisted_config"]
+__all__ = ["SessionHost", "in_use", "persisted_config"]
 
 _REBUILDABLE = frozenset({"openai", "azure", "anthropic", "local"})
 """Provider types a resumed session can rebuild from its log (credentials from the
@@ -197,7 +197,7 @@ class SessionHost:
         session_id = self.find(wanted) if wanted else self._last_session_id()
         record = self._portal.call(self.store.get(session_id))
         if record.lease_owner is not None:
-            raise _in_use(session_id, record)
+            raise in_use(session_id, record)
         status = self.status(record)
         persisted = persisted_config(self._portal.call(self.store.read(session_id)))
         options, provider = self._resume_provider(persisted)
@@ -212,7 +212,7 @@ class SessionHost:
         )
         if session.is_remote:
             self._portal.call(session.disconnect())
-            raise _in_use(session_id, self._portal.call(self.store.get(session_id)))
+            raise in_use(session_id, self._portal.call(self.store.get(session_id)))
         if status == "interrupted":
             self._term.note(
                 f"trimtab: the last turn of session {session_id} was interrupted: the process"
@@ -312,8 +312,10 @@ def persisted_config(events: list[Event]) -> SessionConfigData:
     return config
 
 
-def _in_use(session_id: str, record: SessionRecord, *, force: str = "") -> CliError:
-    """Why the session cannot be used here: another process holds it, or held it and died."""
+def in_use(session_id: str, record: SessionRecord, *, forceable: bool = False) -> CliError:
+    """Why the session cannot be used here: another process holds it, or held it and died.
+    `forceable`: the command takes `--force` to go ahead anyway."""
+    force = ", or pass --force" if forceable else ""
     expires = _seconds_left(record)
     dead = _dead_holder(record.lease_owner)
     if dead is not None:
@@ -327,11 +329,6 @@ def _in_use(session_id: str, record: SessionRecord, *, force: str = "") -> CliEr
         hint=f"close it there first{force}; a process that crashed lets go of it within"
         f" {expires} s",
     )
-
-
-def in_use(session_id: str, record: SessionRecord) -> CliError:
-    """`_in_use` for a command that `--force` overrides."""
-    return _in_use(session_id, record, force=", or pass --force")
 
 
 def _seconds_left(record: SessionRecord) -> int:

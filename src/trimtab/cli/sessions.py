@@ -191,7 +191,7 @@ def remove_sessions(resolved: Resolved, wanted: Sequence[str], *, force: bool) -
         for session_id in ids:
             record = portal.call(host.store.get(session_id))
             if record.lease_owner and not force:
-                raise in_use(session_id, record)
+                raise in_use(session_id, record, forceable=True)
             portal.call(host.client.delete_session(session_id))
             term.line(f"deleted {session_id}")
     return 0

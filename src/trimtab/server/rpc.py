@@ -150,6 +150,8 @@ class Connection:
         log.log(level, "closing the connection of %s: %s", self.peer, reason)
         self._closed = True
         self._writer.transport.abort()
+        # Reading stops too (a pipe's reading end is not the transport just aborted).
+        self._reader.set_exception(ConnectionAbortedError(reason))
 
     # --- sending -------------------------------------------------------------------------
 
