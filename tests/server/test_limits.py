@@ -5,6 +5,7 @@ and JSON nested too deeply. In each case the server stays up for everyone else."
 from __future__ import annotations
 
 import json
+import os
 import resource
 import socket
 import subprocess
@@ -38,8 +39,6 @@ def _serve_exit(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
 
 
 def _clean_env() -> dict[str, str]:
-    import os
-
     return {
         key: value
         for key, value in os.environ.items()
