@@ -72,7 +72,9 @@ def test_issue15_6_log_text_is_printed_with_control_characters_escaped(cli: Cli)
     assert reply.stdout == "Reply \\x1b[2J\\x1b]0;pwned\\x07\\x9b31m\n"
     # JSON output carries the same text, escaped the JSON way: it reads back unchanged.
     listed_json, shown_json, events_json = outputs[3:6]
-    assert json.loads(listed_json.stdout)[0]["summary"] == f"Hello {HOSTILE}"
+    # (the run above may have stored its session by the time the list was read)
+    [record] = [r for r in json.loads(listed_json.stdout) if r["sessionId"] == session_id]
+    assert record["summary"] == f"Hello {HOSTILE}"
     assert json.loads(shown_json.stdout)["summary"] == f"Hello {HOSTILE}"
     assert json_lines(events_json.stdout)[1]["data"]["content"] == f"Hello {HOSTILE}"
 
