@@ -183,6 +183,7 @@ async def test_o1_hostile_results_validators_and_arguments_end_only_their_call(
 
 async def test_lone_surrogates_from_the_model_are_cleaned_and_stored(client: Client) -> None:
     seen: list[str] = []
+
     def echo_and_keep(params: dict[str, str]) -> str:
         seen.append(params["text"])
         return params["text"]

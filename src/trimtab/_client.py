@@ -91,7 +91,7 @@ class Client:
         lease_ttl: seconds a session lease lasts without renewal (spec R1).
         poll_interval: seconds between lease renewals and checks for queued remote input.
         store_timeout: seconds within which every call of the store this client opens
-            completes or raises `StoreUnavailableError` (spec S1); a `Store` passed in keeps
+            completes or raises `StoreUnavailableError` (spec W1); a `Store` passed in keeps
             its own `timeout`.
     """
 
@@ -325,20 +325,30 @@ class Client:
     def _provider(
         self, given: dict[str, Any] | Provider | None, persisted: Mapping[str, Any] | None = None
     ) -> tuple[Provider, dict[str, Any]]:
-        """The provider to use, and its config as it may be logged (no secrets)."""
+        """The provider to use, and its config as it may be logged (no secrets).
+
+        Only this client's own default provider gets credentials from the environment for a
+        `base_url` it names; a session's own config, or one rebuilt from its log, does not
+        (spec S1). A `Provider` object carries whatever credentials its builder gave it.
+        """
         spec = given if given is not None else self._default_provider
+        operators = given is None and spec is not None
         if spec is None and persisted is not None and "type" in persisted:
             spec = dict(persisted)
         if spec is None:
             raise ValueError("no provider: pass provider={...} to create_session or to Client()")
         if isinstance(spec, Provider):
             self._providers.setdefault(f"instance:{id(spec)}", spec)
-            return spec, {"type": spec.name}
+            built = getattr(spec, "config", None)
+            public = (
+                built.public_dict() if isinstance(built, ProviderConfig) else {"type": spec.name}
+            )
+            return spec, public
         config = ProviderConfig.model_validate(spec)
         # Sessions with the same provider config share one client and its connection pool.
-        key = config.model_dump_json()
+        key = f"{operators}:{config.model_dump_json()}"
         if key not in self._providers:
-            self._providers[key] = make_provider(config)
+            self._providers[key] = make_provider(config, env_credentials=operators)
         return self._providers[key], config.public_dict()
 
     # --- leases --------------------------------------------------------------------------

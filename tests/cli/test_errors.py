@@ -74,7 +74,7 @@ def test_a_store_that_cannot_be_opened_is_one_line(cli: Cli) -> None:
     (cli.cwd / "file").write_text("")
     store = cli.cwd / "file" / "trimtab.db"
 
-    result = cli("sessions", "list", "--store", str(store))
+    result = cli("run", "--store", str(store), *cli.scripted("Hello"), "Hi")
 
     assert result.returncode == 1
     assert result.stderr.startswith(f"error: cannot open the session store {store}: ")
@@ -104,7 +104,7 @@ def test_entry_points_python_m_the_installed_script_and_serve(cli: Cli) -> None:
     version, serve_help = cli.many(["--version"], ["serve", "--help"])
     assert version.stdout.startswith("trimtab, version ")
     # `trimtab serve` hands its arguments to the server's own parser.
-    assert serve_help.returncode == 0 and serve_help.stdout.startswith("usage: trimtab serve")
+    assert serve_help.returncode == 0 and serve_help.stdout.startswith("Usage: trimtab serve")
     script = shutil.which("trimtab")
     if script is None:
         pytest.skip("the trimtab script is not installed (pip install -e .)")

@@ -18,6 +18,7 @@ from trimtab.server.rpc import (
     METHOD_NOT_FOUND,
     PARSE_ERROR,
     REQUEST_CANCELLED,
+    TOO_MANY_REQUESTS,
     Connection,
     Params,
     RpcError,
@@ -207,3 +208,31 @@ async def test_closing_fails_requests_still_waiting(wired: Any) -> None:
     with pytest.raises(ConnectionError):
         await asyncio.wait_for(pending, 5)
     assert conn.closed
+
+
+async def test_issue15_3_requests_beyond_the_limit_are_refused_not_queued() -> None:
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    conn = Connection(reader, writer, max_requests=2)
+    service = Service()
+    task = asyncio.create_task(conn.run(service.dispatch))
+    raw = Raw(*await asyncio.open_connection(sock=theirs))
+    try:
+        for request_id in (1, 2, 3):
+            raw.send({"jsonrpc": "2.0", "id": request_id, "method": "wait"})
+        refused = await raw.receive()
+        assert refused["id"] == 3 and refused["error"]["code"] == TOO_MANY_REQUESTS
+        batch = [{"jsonrpc": "2.0", "id": n, "method": "echo"} for n in (4, 5, 6)]
+        raw.send(batch)
+        assert (await raw.receive())["error"]["code"] == TOO_MANY_REQUESTS
+        raw.send({"jsonrpc": "2.0", "id": 7, "method": "release"})  # still refused: 2 wait
+        assert (await raw.receive())["error"]["code"] == TOO_MANY_REQUESTS
+        service.released.set()
+        answers = {(await raw.receive())["id"] for _ in range(2)}
+        assert answers == {1, 2}
+        raw.send({"jsonrpc": "2.0", "id": 8, "method": "echo", "params": {"x": 1}})
+        assert (await raw.receive()) == {"jsonrpc": "2.0", "id": 8, "result": {"x": 1}}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raw.writer.close()

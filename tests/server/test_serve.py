@@ -1,18 +1,23 @@
 """The server as a process: start-up time and memory, what it writes to stdout, the flags
-official clients add, and where it refuses to listen."""
+official clients add, where it refuses to listen, and what it checks before it says it
+listens (issue 15, item 7)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.server.conftest import StartServer
+from tests.server.raw import RawClient
 from trimtab.server import serve
 from trimtab.server.framing import encode_frame
 
@@ -27,12 +32,33 @@ COPILOT_FLAGS = [
     "--session-idle-timeout",
     "30",
     "--remote",
-    "--some-future-flag",
+    "--embedded-host",
+    "--cli-login-sync-integration-id=vscode",
 ]
+"""Every flag the official clients (`github-copilot-sdk`) pass to a runtime they spawn."""
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """A minimal environment that still imports this checkout's trimtab."""
+    env = {"PATH": "/usr/bin:/bin", "TRIMTAB_HOME": str(tmp_path), **extra}
+    if pythonpath := os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def _serve(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    """`python -m trimtab.server ARGS`, expected to stop by itself."""
+    return subprocess.run(
+        [sys.executable, "-m", "trimtab.server", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(tmp_path, **extra),
+    )
 
 
 def test_start_up_time_and_memory(start_server: StartServer, record_property: Any) -> None:
-    server = start_server(None, *COPILOT_FLAGS[:-1])
+    server = start_server(None, *COPILOT_FLAGS)
     rss_kb = int(
         next(
             line.split()[1]
@@ -70,12 +96,12 @@ def test_stdio_writes_nothing_but_frames(tmp_path: Path) -> None:
     ]
     stdin = b"".join(encode_frame(json.dumps(r).encode()) for r in requests)
     done = subprocess.run(
-        [sys.executable, "-m", "trimtab.server", "serve", *COPILOT_FLAGS, "--stdio"],
+        [sys.executable, "-m", "trimtab.server", *COPILOT_FLAGS, "--stdio"],
         input=stdin,
         capture_output=True,
         timeout=30,
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "TRIMTAB_HOME": str(tmp_path)},
+        env=_env(tmp_path),
     )
     assert done.returncode == 0, done.stderr.decode()
     answers = {f["id"]: f for f in read_frames_strictly(done.stdout)}
@@ -87,13 +113,7 @@ def test_stdio_writes_nothing_but_frames(tmp_path: Path) -> None:
 
 
 def test_a_non_loopback_address_needs_a_token(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "trimtab.server", "--host", "0.0.0.0", "--store", "memory"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={"PATH": "/usr/bin:/bin", "TRIMTAB_HOME": str(tmp_path)},
-    )
+    done = _serve(tmp_path, "--host", "0.0.0.0", "--store", "memory")
     assert done.returncode == 2 and "refusing to listen" in done.stderr
     assert done.stdout == ""
 
@@ -111,3 +131,99 @@ async def test_loopback_addresses_need_no_token() -> None:
         assert await asyncio.wait_for(ready.get(), 10) > 0
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+# --- item 7: checked before "listening" -------------------------------------------------------
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str], code: int) -> str:
+    """The error line of a server that refused to start: exit `code`, nothing on stdout (so
+    no "listening"), an `error:` line and a `hint:` line, no traceback."""
+    assert done.returncode == code, done.stderr
+    assert done.stdout == ""
+    error, hint = done.stderr.splitlines()
+    assert error.startswith("error: ") and hint.startswith("hint: ")
+    return error
+
+
+def test_issue15_7_an_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        started = time.monotonic()
+        done = _serve(tmp_path, "--store", f"postgresql://postgres@127.0.0.1:{port}/trimtab")
+    error = _one_line_error(done, 1)
+    assert error.startswith("error: cannot open the session store: ")
+    assert f"port {port} failed" in error
+    assert time.monotonic() - started < 30
+
+
+def test_issue15_7_a_missing_database_driver_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    # A psycopg that cannot be imported, ahead of the installed one on the path.
+    fake = tmp_path / "fake" / "psycopg"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named psycopg')\n")
+    path = os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "trimtab.server", "--store", "postgresql://x@127.0.0.1/db"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(tmp_path), "PYTHONPATH": path},
+    )
+    error = _one_line_error(done, 1)
+    assert "a PostgreSQL store needs psycopg" in error
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--provider", '{"type": "nope"}'], "error: invalid provider config: type: Input should"),
+        (["--provider", '{"type": "openai"'], "error: Invalid value for '--provider': not JSON"),
+        (["--provider", '["openai"]'], "error: Invalid value for '--provider': expected a JSON"),
+        (["--provider", '{"type": "openai", "baseUrl": "localhost:11434"}'], "error: invalid"),
+        (["--provider", '{"type": "azure"}'], "error: provider type 'azure' needs api_version"),
+        (["--some-future-flag"], "error: No such option '--some-future-flag'"),
+        (["serve"], "error: Got unexpected extra argument (serve)"),
+        (["--lease-ttl", "0"], "error: Invalid value for '--lease-ttl'"),
+        (["--store", "mysql://x"], "error: cannot open a store from 'mysql://x'"),
+    ],
+)
+def test_issue15_7_bad_flags_and_provider_configs_are_usage_errors(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    store = [] if "--store" in args else ["--store", "memory"]
+    error = _one_line_error(_serve(tmp_path, *store, *args), 2)
+    assert error.startswith(message), error
+
+
+def test_issue15_7_both_entry_points_share_flags_defaults_and_help(tmp_path: Path) -> None:
+    module = _serve(tmp_path, "--help")
+    command = subprocess.run(
+        [sys.executable, "-m", "trimtab", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(tmp_path),
+    )
+    assert module.returncode == command.returncode == 0
+    assert module.stdout.startswith("Usage: python -m trimtab.server [OPTIONS]")
+    assert command.stdout == module.stdout.replace("python -m trimtab.server", "trimtab serve")
+    for default in (
+        "[default: 127.0.0.1]",
+        "[default: 30.0",
+        "[default: 4096",
+        "[default: warning]",
+    ):
+        assert default in " ".join(module.stdout.split()), default
+
+
+def test_issue15_7_log_level_debug_logs(start_server: StartServer) -> None:
+    server = start_server(None, "--log-level", "debug")
+    client = RawClient(server.port)
+    client.result("ping", {"message": "traced"})
+    client.close()
+    server.stop()
+    log = server.log.read_text()
+    assert " DEBUG trimtab.server: listening on 127.0.0.1 port " in log
+    assert "connected (1 open)" in log and ": ping (id 1)" in log

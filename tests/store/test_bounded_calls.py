@@ -1,4 +1,4 @@
-"""Store calls are bounded (issue 14, item 4; spec S1): a held lock, or a server that stopped
+"""Store calls are bounded (issue 14, item 4; spec W1): a held lock, or a server that stopped
 answering, ends a call with `StoreUnavailableError` within the store's timeout, and the store
 works again once the fault is gone.
 

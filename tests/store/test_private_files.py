@@ -1,4 +1,4 @@
-"""Files trimtab creates are private (issue 14, item 9; spec S2): `$TRIMTAB_HOME` 0700, the
+"""Files trimtab creates are private (issue 14, item 9; spec S5): `$TRIMTAB_HOME` 0700, the
 SQLite database and its -wal and -shm files 0600, whatever the umask; what exists already
 keeps its mode.
 

@@ -1,4 +1,8 @@
-"""`trimtab chat`: an interactive session, with slash commands."""
+"""`trimtab chat`: an interactive session, with slash commands.
+
+A session the chat created and left without a message in it (opened, then /new, /resume or
+/exit) is deleted as it is left: only conversations are kept.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from trimtab.cli.config import Resolved
 from trimtab.cli.demo_tools import CLEAR_CONTEXT
 from trimtab.cli.errors import CliError
 from trimtab.cli.host import SessionHost
-from trimtab.cli.render import Terminal, TextRenderer
+from trimtab.cli.render import Terminal, TextRenderer, printable
 from trimtab.cli.runtime import (
     Approver,
     Bridge,
@@ -22,6 +26,7 @@ from trimtab.cli.runtime import (
     session_error_hint,
 )
 from trimtab.cli.sessions import events_table, sessions_table
+from trimtab.events import UserMessageEvent
 
 __all__ = ["HELP", "run_chat"]
 
@@ -53,8 +58,13 @@ def run_chat(resolved: Resolved, *, resume: str | None, yes: bool) -> int:
             if provider_type(session) == "local":
                 renderer.first_wait = "loading the embedded model"
             chat = Chat(portal, host, bridge, term, line_editing=history is not None)
+            if resume is None:
+                chat.created.add(session.session_id)
             chat.banner(resumed=resume is not None)
-            return chat.loop()
+            try:
+                return chat.loop()
+            finally:
+                chat.leave(chat.session)
     finally:
         if history is not None:
             history()
@@ -77,6 +87,8 @@ class Chat:
         self._host = host
         self._bridge = bridge
         self._term = term
+        self.created: set[str] = set()
+        """The sessions this chat created: those left empty are deleted."""
         self._commands: dict[str, Callable[[str], bool]] = {
             "/clear": self._clear,
             "/sessions": self._sessions,
@@ -102,8 +114,10 @@ class Chat:
         verb = "resumed" if resumed else "new"
         self._term.line(
             self._term.paint(
-                f"trimtab chat: {verb} session {session.session_id}"
-                f" ({provider}, {config.model or 'default model'}; tools: {tools})",
+                printable(
+                    f"trimtab chat: {verb} session {session.session_id}"
+                    f" ({provider}, {config.model or 'default model'}; tools: {tools})"
+                ),
                 "dim",
             )
         )
@@ -181,7 +195,7 @@ class Chat:
         return True
 
     def _sessions(self, _: str) -> bool:
-        records = self._host.records()
+        records = [(record, self._host.status(record)) for record in self._host.records()]
         if not records:
             self._term.line("no sessions")
         else:
@@ -198,16 +212,25 @@ class Chat:
             self._term.note("(already in this session)")
             return True
         self._host.resume(wanted, self._bridge)
-        self._portal.call(previous.disconnect())
+        self.leave(previous)
         self.banner(resumed=True)
         return True
 
     def _new(self, _: str) -> bool:
         previous = self.session
-        self._host.create(self._bridge)
-        self._portal.call(previous.disconnect())
+        self.created.add(self._host.create(self._bridge).session_id)
+        self.leave(previous)
         self.banner(resumed=False)
         return True
+
+    def leave(self, session: Session) -> None:
+        """Let go of a session; delete it if this chat created it and it holds no message."""
+        self._portal.call(session.disconnect())
+        if session.session_id not in self.created:
+            return
+        events = self._host.events(session.session_id)
+        if not any(isinstance(event, UserMessageEvent) for event in events):
+            self._portal.call(self._host.client.delete_session(session.session_id))
 
     def _events(self, _: str) -> bool:
         events = self._host.events(self.session.session_id)

@@ -9,7 +9,7 @@ import sys
 from trimtab.cli.config import Resolved
 from trimtab.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from trimtab.cli.host import SessionHost
-from trimtab.cli.render import JsonRenderer, Terminal, TextRenderer, table
+from trimtab.cli.render import JsonRenderer, Terminal, TextRenderer, printable, table
 from trimtab.cli.runtime import (
     ApprovalMode,
     Approver,
@@ -24,7 +24,8 @@ __all__ = ["run_once", "show_config"]
 
 
 def run_once(resolved: Resolved, prompt: str | None, *, yes: bool, as_json: bool) -> int:
-    """One prompt in a new session; the exit code is 1 if the run ended in `session.error`.
+    """One prompt in a new session; the exit code is 1 if the run ended in `session.error`,
+    or stopped because a tool call was rejected (spec O2).
 
     On stdout: the reply (streamed on a terminal, whole into a pipe), or with `as_json` every
     event as a JSON line. Tool calls and notices go to stderr.
@@ -54,9 +55,13 @@ def run_once(resolved: Resolved, prompt: str | None, *, yes: bool, as_json: bool
         return EXIT_ERROR
     if outcome.aborted:
         return EXIT_INTERRUPTED
+    if outcome.rejected is not None:
+        # The run ends after a rejected call's batch (spec O2): no answer is coming.
+        term.note(f"trimtab: the run stopped because the {outcome.rejected} call was rejected")
+        return EXIT_ERROR
     reply = outcome.reply.data.content if outcome.reply else ""
     if not as_json and not live and reply:
-        term.line(reply)
+        term.line(printable(reply, keep="\n\t"))
     return 0
 
 

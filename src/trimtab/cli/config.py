@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
@@ -76,8 +77,19 @@ class CliConfig(BaseModel):
 
     @field_validator("ollama_url", "base_url")
     @classmethod
-    def _no_trailing_slash(cls, value: str | None) -> str | None:
-        return value.rstrip("/") if value else value
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+        except ValueError:  # a port that is not a number from 1 to 65535
+            valid = False
+        if not valid:
+            raise ValueError(
+                "expected an http:// or https:// URL, such as http://localhost:8080/v1"
+            )
+        return value.rstrip("/")
 
     @property
     def api_key_value(self) -> str | None:

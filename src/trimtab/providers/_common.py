@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from trimtab._errors import ProviderError, ProviderErrorType
 from trimtab.providers._base import ModelResponse, ProviderEvent, ToolCall
@@ -32,6 +34,9 @@ __all__ = [
     "attempt_timeout",
     "classify_status",
     "connection_error",
+    "endpoint",
+    "environment_header_names",
+    "own_key_needed",
     "fold_stream",
     "provider_errors",
     "require_event_stream",
@@ -224,13 +229,54 @@ def _transport_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[Bas
     return tuple(timeouts), tuple(transports)
 
 
-def connection_error(host: str, exc: BaseException) -> ProviderError:
-    """`provider_unavailable` for a request that got no (complete) answer, after retries."""
-    # Not the whole URL: its query may hold a key.
+def endpoint(url: object) -> str:
+    """A request's URL as errors show it: scheme, host, port and path, so that a wrong host,
+    port or path (a missing `/v1`) is visible, but no query or user info, which may hold a
+    key."""
+    parts = urlsplit(str(url))
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def connection_error(url: object, exc: BaseException) -> ProviderError:
+    """`provider_unavailable` for a request to `url` that got no (complete) answer, after
+    retries; the message names the host and port it tried."""
+    parts = urlsplit(str(url))
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     cause = exc.__cause__ or exc
     detail = str(cause) or type(cause).__name__  # a reset connection has no message
-    message = f"the connection to {host} failed: {detail}"
+    message = f"the connection to {parts.hostname}:{port} failed: {detail} ({endpoint(url)})"
     return ProviderError("provider_unavailable", message, retryable=True)
+
+
+def own_key_needed(error: ProviderError, variable: str) -> ProviderError:
+    """`error` (an authentication failure of a config that named its own `base_url` and
+    brought no key) with what to do about it: the environment's key was not sent (spec S1)."""
+    if error.error_type != "authentication":
+        return error
+    message = (
+        f"{error.message}; the provider config names its own base_url and has no api_key,"
+        f" and this runtime's {variable} is only sent to the vendor's endpoint or to the"
+        " runtime's own provider: give the session's provider its own api_key"
+    )
+    return ProviderError(
+        error.error_type,
+        message,
+        status_code=error.status_code,
+        retryable=error.retryable,
+        retry_after=error.retry_after,
+    )
+
+
+def environment_header_names(variable: str) -> list[str]:
+    """The names of the headers a client library adds from a variable of this process's
+    environment (`OPENAI_CUSTOM_HEADERS`, `ANTHROPIC_CUSTOM_HEADERS`: `Name: value` lines), to
+    switch them off where the environment's credentials must not go."""
+    text = os.environ.get(variable, "")
+    return [line.split(":", 1)[0].strip() for line in text.splitlines() if ":" in line]
 
 
 def classify_status(status: int, text: str) -> tuple[ProviderErrorType, bool]:
@@ -256,6 +302,7 @@ def status_error(
     status: int,
     detail: str,
     *,
+    url: object = None,
     kind: str = "",
     retry_after: float | None = None,
     retryable: bool | None = None,
@@ -265,14 +312,16 @@ def status_error(
     Args:
         status: The HTTP status.
         detail: The server's message.
+        url: The URL requested, named in the message (see `endpoint`).
         kind: The server's error type and code, which help classify it.
         retry_after: Seconds the server asked to wait.
         retryable: Overrides the status's default (out of quota is a 429 waiting won't fix).
     """
     error_type, default_retryable = classify_status(status, f"{kind} {detail}")
+    where = f" ({endpoint(url)})" if url is not None else ""
     return ProviderError(
         error_type,
-        f"HTTP {status}: {detail}",
+        f"HTTP {status}: {detail}{where}",
         status_code=status,
         retryable=default_retryable if retryable is None else retryable,
         retry_after=retry_after,

@@ -2,15 +2,25 @@
 
 The config mirrors the Copilot SDK's BYOK `provider` object (`{type, baseUrl, apiKey, wireApi}`),
 so it accepts camelCase keys as sent over the wire and snake_case keys as written in Python.
+
+Credentials from this process's environment (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`,
+`AZURE_OPENAI_API_KEY`, organisation ids, the client libraries' custom-header variables) are
+the operator's. They go with a config only when whoever built the provider said so
+(`make_provider(..., env_credentials=True)`: the runtime's own default provider), or when the
+config names no `base_url` and so goes to the vendor's own endpoint, which those keys are for
+(spec S1). A config that a session or a client chose, with a `base_url` of its own, brings its
+own key or none.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from trimtab.providers._base import Provider
@@ -20,6 +30,7 @@ __all__ = [
     "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "ProviderConfig",
+    "credentials_environment",
     "make_provider",
 ]
 
@@ -99,6 +110,24 @@ class ProviderConfig(BaseModel):
         """`stall_timeout`, or its default."""
         return self.stall_timeout or DEFAULT_STALL_TIMEOUT
 
+    @field_validator("base_url")
+    @classmethod
+    def _absolute_http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parts = urlsplit(value)
+            # `port` raises for a port that is not a number between 0 and 65535.
+            valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise ValueError(
+                f"{value!r} is not an http:// or https:// URL with a host,"
+                " such as http://localhost:11434/v1"
+            )
+        return value
+
     def public_dict(self) -> dict[str, Any]:
         """The config without secrets, in wire (camelCase) form, for the event log.
 
@@ -126,11 +155,25 @@ def _without_userinfo(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
-def make_provider(config: ProviderConfig) -> Provider:
+def credentials_environment(config: ProviderConfig, *, env_credentials: bool) -> Mapping[str, str]:
+    """The environment a provider may take credentials from: this process's, when the config
+    is the operator's (`env_credentials`) or names no `base_url` (the vendor's endpoint, which
+    the environment's keys are for); else none (spec S1)."""
+    return os.environ if env_credentials or config.base_url is None else {}
+
+
+def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> Provider:
     """Build the provider `config` describes.
 
     Provider modules are imported here, not at the top: the `openai` package alone takes
     about 0.6 s to import and `import trimtab` must stay fast.
+
+    Args:
+        config: The provider's configuration.
+        env_credentials: Let credentials from this process's environment (`OPENAI_API_KEY`
+            and the like) go to the config's `base_url`. Only for a config the operator
+            chose; a config with no `base_url` goes to the vendor's own endpoint and gets
+            them anyway (spec S1).
 
     Raises:
         ValueError: The type or wire API is not available, or an option does not fit the type.
@@ -141,21 +184,23 @@ def make_provider(config: ProviderConfig) -> Provider:
         if config.wire_api == "responses":
             from trimtab.providers.openai_responses import OpenAIResponsesProvider
 
-            return OpenAIResponsesProvider(config)
+            return OpenAIResponsesProvider(config, env_credentials=env_credentials)
         from trimtab.providers.openai import OpenAIProvider
 
-        return OpenAIProvider(config)
+        return OpenAIProvider(config, env_credentials=env_credentials)
     if config.type == "anthropic":
         try:
             from trimtab.providers.anthropic import AnthropicProvider
         except ModuleNotFoundError as exc:
             if exc.name != "anthropic":
                 raise
+            from trimtab.providers._install import install_command
+
             raise ImportError(
                 "provider type 'anthropic' needs the anthropic package: "
-                "pip install 'trimtab[anthropic]'"
+                + install_command("anthropic")
             ) from exc
-        return AnthropicProvider(config)
+        return AnthropicProvider(config, env_credentials=env_credentials)
     if config.type == "local":
         # Found, not imported (that takes 0.3 s, on the first request, with the weights): a
         # missing package fails here like anthropic's, before a session starts. Weights that
@@ -163,8 +208,10 @@ def make_provider(config: ProviderConfig) -> Provider:
         import importlib.util
 
         if importlib.util.find_spec("llama_cpp") is None:
+            from trimtab.providers._install import install_command
+
             raise ImportError(
-                "provider type 'local' needs llama-cpp-python: pip install 'trimtab[local]'"
+                "provider type 'local' needs llama-cpp-python: " + install_command("local")
             )
         from trimtab.providers.local import LocalProvider
 

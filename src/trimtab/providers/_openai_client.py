@@ -29,6 +29,8 @@ from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
     connection_error,
+    environment_header_names,
+    own_key_needed,
     require_event_stream,
     retry_after,
     status_error,
@@ -52,20 +54,29 @@ _MAX_RETRY_AFTER = 120.0
 _DRAIN_TIMEOUT = 0.1
 
 
-def _api_key(config: ProviderConfig) -> str:
-    """The key to send; raise `ProviderError("authentication")` when none is configured."""
-    if config.type == "azure":
-        api_key = config.api_key or os.environ.get("AZURE_OPENAI_API_KEY")
-        if api_key is None:
-            raise ProviderError("authentication", "no API key: set api_key or AZURE_OPENAI_API_KEY")
-        return api_key
-    api_key = config.api_key or os.environ.get("OPENAI_API_KEY")
+def _key_variable(config: ProviderConfig) -> str:
+    return "AZURE_OPENAI_API_KEY" if config.type == "azure" else "OPENAI_API_KEY"
+
+
+def _api_key(config: ProviderConfig, environment: Mapping[str, str]) -> str:
+    """The key to send; raise `ProviderError("authentication")` when none is configured.
+
+    `environment` is where a key may come from when the config has none (see
+    `credentials_environment`).
+    """
+    variable = _key_variable(config)
+    api_key = config.api_key or environment.get(variable)
+    if api_key is None and config.type == "azure":
+        error = ProviderError("authentication", f"no API key: set api_key or {variable}")
+        raise error if environment is os.environ else own_key_needed(error, variable)
     if api_key is None and config.base_url is None:
         raise ProviderError("authentication", "no API key: set api_key or OPENAI_API_KEY")
+    # Keyless local servers (Ollama, llama.cpp) still get some key: the clients insist.
     return api_key or _PLACEHOLDER_KEY
 
 
 def _azure_endpoint(config: ProviderConfig) -> str:
+    # Only without a base_url, which is when the environment's credentials apply too.
     endpoint = config.base_url or os.environ.get("AZURE_OPENAI_ENDPOINT")
     if endpoint is None:
         raise ProviderError(
@@ -75,10 +86,16 @@ def _azure_endpoint(config: ProviderConfig) -> str:
 
 
 class OpenAIClient:
-    """Owns one `openai.AsyncOpenAI` (or `AsyncAzureOpenAI`), created on first use."""
+    """Owns one `openai.AsyncOpenAI` (or `AsyncAzureOpenAI`), created on first use.
 
-    def __init__(self, config: ProviderConfig) -> None:
+    `environment` is where credentials may come from (see `credentials_environment`); when it
+    is withheld, the headers the `openai` library would add from this process's environment
+    (organisation, project, `OPENAI_CUSTOM_HEADERS`) are switched off too.
+    """
+
+    def __init__(self, config: ProviderConfig, environment: Mapping[str, str]) -> None:
         self.config = config
+        self._environment = environment
         self._client: openai.AsyncOpenAI | None = None
 
     def model(self, requested: str) -> str:
@@ -99,11 +116,37 @@ class OpenAIClient:
             client, self._client = self._client, None
             await client.close()
 
+    def map_error(self, exc: Exception) -> ProviderError | None:
+        """`map_openai_error`, saying why a keyless config failed to authenticate."""
+        error = map_openai_error(exc)
+        if (
+            error is not None
+            and self.config.api_key is None
+            and self._environment is not os.environ
+        ):
+            return own_key_needed(error, _key_variable(self.config))
+        return error
+
+    def _headers(self) -> dict[str, Any] | None:
+        import openai
+
+        if self._environment is os.environ:
+            return self.config.headers
+        names = ["OpenAI-Organization", "OpenAI-Project"]
+        names += environment_header_names("OPENAI_CUSTOM_HEADERS")
+        # Omitted headers are left out of every request: the library's own merge drops them.
+        omitted: dict[str, Any] = {name: openai.Omit() for name in names}
+        if self.config.type != "azure":
+            # The key as the header: an `Authorization` from the environment would replace it.
+            omitted["Authorization"] = f"Bearer {_api_key(self.config, self._environment)}"
+        return {**omitted, **(self.config.headers or {})}
+
     def _create(self) -> openai.AsyncOpenAI:
         import openai
 
         config = self.config
-        api_key = _api_key(config)
+        api_key = _api_key(config, self._environment)
+        headers = self._headers()
         # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
         timeout = openai.Timeout(**attempt_timeout(config.deadline(stream=False)))
         if config.type == "azure":
@@ -115,14 +158,14 @@ class OpenAIClient:
                 azure_endpoint=_azure_endpoint(config),
                 timeout=timeout,
                 max_retries=config.max_retries,
-                default_headers=config.headers,
+                default_headers=headers,
             )
         return openai.AsyncOpenAI(
             api_key=api_key,
             base_url=config.base_url,
             timeout=timeout,
             max_retries=config.max_retries,
-            default_headers=config.headers,
+            default_headers=headers,
         )
 
 
@@ -135,13 +178,13 @@ def map_openai_error(exc: Exception) -> ProviderError | None:
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError("timeout", "the request timed out", retryable=True)
     if isinstance(exc, openai.APIConnectionError):
-        return connection_error(exc.request.url.host, exc)
+        return connection_error(exc.request.url, exc)
     if isinstance(exc, openai.APIResponseValidationError):
         return ProviderError("bad_response", f"malformed response: {exc.message}")
     if isinstance(exc, openai.APIStatusError):
         body = exc.body if isinstance(exc.body, dict) else {}
         detail = body.get("message") if isinstance(body.get("message"), str) else exc.message
-        return _status_error(exc.status_code, str(detail), body, exc.response.headers)
+        return _status_error(exc.status_code, str(detail), body, exc.response)
     if isinstance(exc, openai.APIError):
         # An `error` object inside a 200 stream: the server failed while generating.
         return stream_error(f"{exc.code or ''} {exc.type or ''}".strip(), exc.message)
@@ -149,14 +192,16 @@ def map_openai_error(exc: Exception) -> ProviderError | None:
 
 
 def _status_error(
-    status: int, detail: str, error: Mapping[str, Any], headers: Mapping[str, str]
+    status: int, detail: str, error: Mapping[str, Any], response: Any
 ) -> ProviderError:
+    """The error of an HTTP error `response` (`httpx` or `httpx2`, whichever the client uses)."""
     code = error.get("code")
     return status_error(
         status,
         detail,
+        url=response.request.url,
         kind=f"{code or ''} {error.get('type') or ''}",
-        retry_after=retry_after(headers),
+        retry_after=retry_after(response.headers),
         # Out of quota is a 429 too, but waiting does not help it.
         retryable=False if code == "insufficient_quota" else None,
     )
@@ -169,11 +214,13 @@ class ChatClient:
     """Sends Chat Completions requests through one HTTP client, created on first use.
 
     Requests, retries (408, 409, 429, 5xx and failed connections, waiting as `retry-after`
-    asks or backing off exponentially) and errors follow the `openai` client's.
+    asks or backing off exponentially) and errors follow the `openai` client's. `environment`
+    is where credentials may come from (see `credentials_environment`).
     """
 
-    def __init__(self, config: ProviderConfig) -> None:
+    def __init__(self, config: ProviderConfig, environment: Mapping[str, str]) -> None:
         self.config = config
+        self._environment = environment
         self._client: httpx2.AsyncClient | None = None
 
     def model(self, requested: str) -> str:
@@ -219,14 +266,14 @@ class ChatClient:
                     raise ProviderError("timeout", "the request timed out", retryable=True) from exc
             except (httpx2.RequestError, ssl.SSLError) as exc:
                 if last:
-                    raise connection_error(request.url.host, exc) from exc
+                    raise connection_error(request.url, exc) from exc
             else:
                 if not response.is_error:
                     return response
                 if last or not _should_retry(response):
                     await response.aread()
                     await response.aclose()
-                    raise _http_error(response)
+                    raise self._explained(_http_error(response))
                 await response.aclose()
                 headers = response.headers
             await asyncio.sleep(_retry_delay(attempt, headers))
@@ -238,6 +285,11 @@ class ChatClient:
             client, self._client = self._client, None
             await client.aclose()
 
+    def _explained(self, error: ProviderError) -> ProviderError:
+        if self.config.api_key is None and self._environment is not os.environ:
+            return own_key_needed(error, _key_variable(self.config))
+        return error
+
     def _get(self) -> httpx2.AsyncClient:
         # Created on first use so that building a provider never touches the network or the
         # environment, and a provider that is never called costs nothing.
@@ -247,7 +299,7 @@ class ChatClient:
 
     def _create(self) -> httpx2.AsyncClient:
         config = self.config
-        api_key = _api_key(config)
+        api_key = _api_key(config, self._environment)
         params: dict[str, str] = {}
         if config.type == "azure":
             base_url = f"{_azure_endpoint(config).rstrip('/')}/openai"
@@ -261,7 +313,7 @@ class ChatClient:
             ("OpenAI-Organization", "OPENAI_ORG_ID"),
             ("OpenAI-Project", "OPENAI_PROJECT_ID"),
         ):
-            if value := os.environ.get(variable):
+            if value := self._environment.get(variable):
                 headers[name] = value
         # Loading the certificate store costs ~1 MB and ~20 ms, for nothing when the server is
         # reached over plain HTTP (a local model). HTTPS there (a redirect, a TLS proxy) then
@@ -310,7 +362,7 @@ def _http_error(response: httpx2.Response) -> ProviderError:
     status = response.status_code
     # Not the body itself, which may be a whole HTML error page.
     detail = message if isinstance(message, str) and message else f"Error code: {status}"
-    return _status_error(status, detail, error, response.headers)
+    return _status_error(status, detail, error, response)
 
 
 async def stream_events(response: httpx2.Response) -> AsyncIterator[dict[str, Any]]:

@@ -30,7 +30,9 @@ from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
     connection_error,
+    environment_header_names,
     fold_stream,
+    own_key_needed,
     provider_errors,
     require_event_stream,
     retry_after,
@@ -39,7 +41,7 @@ from trimtab.providers._common import (
     tool_call,
     unexpected_answer,
 )
-from trimtab.providers._config import ProviderConfig
+from trimtab.providers._config import ProviderConfig, credentials_environment
 from trimtab.providers._limits import limits_for
 
 if TYPE_CHECKING:
@@ -69,16 +71,18 @@ class AnthropicProvider:
 
     name = "anthropic"
 
-    def __init__(self, config: ProviderConfig) -> None:
-        self._config = config
+    def __init__(self, config: ProviderConfig, *, env_credentials: bool = False) -> None:
+        self.config = config
+        """How the provider was configured."""
+        self._environment = credentials_environment(config, env_credentials=env_credentials)
         self._client: anthropic.AsyncAnthropic | None = None
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""
-        with provider_errors(_map_error):
+        with provider_errors(self._map_error):
             messages = self._get_client().messages
             body = _body(request)
-            seconds = self._config.deadline(stream=request.stream)
+            seconds = self.config.deadline(stream=request.stream)
             # A timeout of our own also keeps the client from refusing, or timing by its own
             # estimate, a non-streamed request it guesses may take long.
             body["timeout"] = anthropic.Timeout(**attempt_timeout(seconds))
@@ -90,7 +94,7 @@ class AnthropicProvider:
             async with answer_within(seconds, stream=True):
                 events = await messages.create(**body, stream=True)
                 await require_event_stream(events.response)
-            stall_timeout = self._config.stall_seconds
+            stall_timeout = self.config.stall_seconds
             async for event in fold_stream(
                 events, _StreamState(), stall_timeout=stall_timeout, close=events.close
             ):
@@ -102,22 +106,36 @@ class AnthropicProvider:
             client, self._client = self._client, None
             await client.close()
 
+    def _map_error(self, exc: Exception) -> ProviderError | None:
+        error = _map_error(exc)
+        withheld = self._environment is not os.environ
+        if error is not None and withheld and self.config.api_key is None:
+            return own_key_needed(error, "ANTHROPIC_API_KEY")
+        return error
+
     def _get_client(self) -> anthropic.AsyncAnthropic:
         # Created on first use, like the OpenAI client: building a provider costs nothing.
         if self._client is None:
-            config = self._config
-            api_key = config.api_key or os.environ.get("ANTHROPIC_API_KEY")
+            config = self.config
+            api_key = config.api_key or self._environment.get("ANTHROPIC_API_KEY")
             if api_key is None and config.base_url is None:
                 raise ProviderError(
                     "authentication", "no API key: set api_key or ANTHROPIC_API_KEY"
                 )
+            headers: dict[str, Any] | None = config.headers
+            if self._environment is not os.environ:
+                # The headers the library would add from the environment are left out.
+                names = environment_header_names("ANTHROPIC_CUSTOM_HEADERS")
+                headers = {name: anthropic.Omit() for name in names} | (config.headers or {})
+            # An explicit key (a placeholder at worst) keeps the library from looking for
+            # credentials in the environment itself.
             self._client = anthropic.AsyncAnthropic(
                 api_key=api_key or _PLACEHOLDER_KEY,
                 base_url=config.base_url,
                 # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
                 timeout=anthropic.Timeout(**attempt_timeout(config.deadline(stream=False))),
                 max_retries=config.max_retries,
-                default_headers=config.headers,
+                default_headers=headers,
             )
         return self._client
 
@@ -337,7 +355,7 @@ def _map_error(exc: Exception) -> ProviderError | None:
     if isinstance(exc, anthropic.APITimeoutError):
         return ProviderError("timeout", "the request timed out", retryable=True)
     if isinstance(exc, anthropic.APIConnectionError):
-        return connection_error(exc.request.url.host, exc)
+        return connection_error(exc.request.url, exc)
     if isinstance(exc, anthropic.APIResponseValidationError):
         return ProviderError("bad_response", f"malformed response: {exc.message}")
     if isinstance(exc, anthropic.APIStatusError):
@@ -349,6 +367,10 @@ def _map_error(exc: Exception) -> ProviderError | None:
             # An `error` event inside a 200 stream (the client raises it as a status error).
             return stream_error(kind, detail)
         return status_error(
-            exc.status_code, detail, kind=kind, retry_after=retry_after(exc.response.headers)
+            exc.status_code,
+            detail,
+            url=exc.response.request.url,
+            kind=kind,
+            retry_after=retry_after(exc.response.headers),
         )
     return ProviderError("bad_request", str(exc))

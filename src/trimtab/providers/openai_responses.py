@@ -30,8 +30,8 @@ from trimtab.providers._common import (
     tool_call,
     unexpected_answer,
 )
-from trimtab.providers._config import ProviderConfig
-from trimtab.providers._openai_client import OpenAIClient, map_openai_error
+from trimtab.providers._config import ProviderConfig, credentials_environment
+from trimtab.providers._openai_client import OpenAIClient
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -55,18 +55,20 @@ class OpenAIResponsesProvider:
 
     name = "openai-responses"
 
-    def __init__(self, config: ProviderConfig) -> None:
-        self._config = config
-        self._client = OpenAIClient(config)
+    def __init__(self, config: ProviderConfig, *, env_credentials: bool = False) -> None:
+        self.config = config
+        """How the provider was configured."""
+        environment = credentials_environment(config, env_credentials=env_credentials)
+        self._client = OpenAIClient(config, environment)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""
         import openai  # imported already, by the client
 
-        with provider_errors(map_openai_error):
+        with provider_errors(self._client.map_error):
             responses = self._client.get().responses
             body = _body(request, self._client.model(request.model))
-            seconds = self._config.deadline(stream=request.stream)
+            seconds = self.config.deadline(stream=request.stream)
             body["timeout"] = openai.Timeout(**attempt_timeout(seconds))
             if not request.stream:
                 async with answer_within(seconds, stream=False):
@@ -76,7 +78,7 @@ class OpenAIResponsesProvider:
             async with answer_within(seconds, stream=True):
                 events = await responses.create(**body, stream=True)
                 await require_event_stream(events.response)
-            stall_timeout = self._config.stall_seconds
+            stall_timeout = self.config.stall_seconds
             async for event in fold_stream(
                 events, _StreamState(), stall_timeout=stall_timeout, close=events.close
             ):

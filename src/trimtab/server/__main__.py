@@ -1,15 +1,20 @@
-"""`python -m trimtab.server`: run the Copilot-protocol server.
+"""`python -m trimtab.server` and `trimtab serve`: run the Copilot-protocol server.
 
-Accepts the flags the official Copilot clients add when they spawn a runtime
+Both run `main`, so that flags, defaults and help are the same. Besides its own flags the
+server accepts those the official Copilot clients add when they spawn a runtime
 (`--headless`, `--no-auto-update`, `--log-level L`, `--auth-token-env NAME`,
-`--no-auto-login`, `--session-idle-timeout N`, `--remote`) and ignores them, apart from
-`--log-level`. Any other unknown argument is reported on stderr and ignored too, so a newer
-client's extra flags do not stop the server.
+`--no-auto-login`, `--session-idle-timeout N`, `--embedded-host`,
+`--cli-login-sync-integration-id=ID`, and `--remote`), and ignores them, apart from
+`--log-level`. Any other flag is a usage error (exit status 2).
+
+Everything that can be checked before serving is: the flags, the `--provider` config and the
+store (opened and read once). A failure there is one line on stderr and a non-zero exit
+status (2 for bad usage, 1 for a store or provider that cannot be used); the server says
+`listening on port N` only once it is ready.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -19,7 +24,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from trimtab.server import serve
+import click
+
+from trimtab.server import ServeError, serve
 
 _LOG_LEVELS = {
     "none": logging.CRITICAL + 1,
@@ -30,72 +37,196 @@ _LOG_LEVELS = {
     "all": logging.DEBUG,
 }
 
+EXIT_ERROR, EXIT_USAGE = 1, 2
 
-def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Serve trimtab sessions to Copilot SDK clients over JSON-RPC.",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (TCP)")
-    parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
-    parser.add_argument("--stdio", action="store_true", help="speak on stdin/stdout")
-    parser.add_argument("--store", help="'memory', a SQLite path or URL (default: TRIMTAB_HOME)")
-    parser.add_argument(
-        "--token", help="connection token clients must send (default: $COPILOT_CONNECTION_TOKEN)"
-    )
-    parser.add_argument(
-        "--provider", type=json.loads, help="JSON provider config for sessions that bring none"
-    )
-    parser.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long a crashed server's sessions stay locked before another takes them over",
-    )
-    parser.add_argument("--log-level", default="warning", choices=sorted(_LOG_LEVELS))
-    # Flags the official clients pass to a runtime they spawn; meaningless here.
-    for flag in ("--headless", "--no-auto-update", "--no-auto-login", "--remote"):
-        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    for option in ("--auth-token-env", "--session-idle-timeout"):
-        parser.add_argument(option, help=argparse.SUPPRESS)
-    return parser
+_COPILOT_FLAGS = (
+    "--headless",
+    "--no-auto-update",
+    "--no-auto-login",
+    "--remote",
+    "--embedded-host",
+)
+"""Flags the official clients pass to a runtime they spawn; meaningless here."""
+_COPILOT_OPTIONS = ("--auth-token-env", "--session-idle-timeout", "--cli-login-sync-integration-id")
+"""Options (with a value) the official clients pass; ignored as well."""
+
+
+def _provider_json(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        config = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise click.BadParameter('expected a JSON object, such as {"type": "openai"}')
+    return config
+
+
+_positive = click.FloatRange(min=0, min_open=True)
+
+
+def _command(function: Any) -> click.Command:
+    options = [
+        click.option(
+            "--host",
+            metavar="ADDRESS",
+            default="127.0.0.1",
+            show_default=True,
+            help="Address to listen on (TCP). Any but loopback needs a token.",
+        ),
+        click.option(
+            "--port",
+            metavar="PORT",
+            type=click.IntRange(0, 65535),
+            default=0,
+            show_default=True,
+            help="TCP port; 0 picks a free one.",
+        ),
+        click.option("--stdio", is_flag=True, help="Speak on stdin and stdout instead of TCP."),
+        click.option(
+            "--store",
+            metavar="PATH|URL",
+            help="Session store: 'memory', a SQLite file, sqlite:///URL or postgresql://URL"
+            " [env TRIMTAB_STORE; default: $TRIMTAB_HOME/trimtab.db].",
+        ),
+        click.option(
+            "--token",
+            metavar="TOKEN",
+            help="Connection token clients must send in 'connect' [env"
+            " COPILOT_CONNECTION_TOKEN]. Empty means none.",
+        ),
+        click.option(
+            "--provider",
+            metavar="JSON",
+            callback=_provider_json,
+            help='Provider of sessions that bring none, e.g. \'{"type": "openai"}\'. Only it'
+            " gets API keys from this process's environment for a base URL it names.",
+        ),
+        click.option(
+            "--lease-ttl",
+            type=_positive,
+            default=30.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="How long a crashed server's sessions stay locked before another server"
+            " sharing the store takes them over.",
+        ),
+        click.option(
+            "--max-connections",
+            type=click.IntRange(min=1),
+            default=4096,
+            show_default=True,
+            metavar="N",
+            help="TCP connections served at once; more are refused with SERVER_BUSY.",
+        ),
+        click.option(
+            "--max-output",
+            type=click.IntRange(min=1),
+            default=8 * 1024 * 1024,
+            show_default=True,
+            metavar="BYTES",
+            help="Output a client may leave unread before it is disconnected.",
+        ),
+        click.option(
+            "--connect-timeout",
+            type=_positive,
+            default=5.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Time a TCP client has to send the token, when there is one.",
+        ),
+        click.option(
+            "--idle-timeout",
+            type=_positive,
+            default=300.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Time a TCP connection with no session and no request may stay open.",
+        ),
+        click.option(
+            "--frame-timeout",
+            type=_positive,
+            default=10.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Time a message's header may take once begun (and longest pause in its body).",
+        ),
+        click.option(
+            "--log-level",
+            type=click.Choice(list(_LOG_LEVELS)),
+            metavar="LEVEL",
+            default="warning",
+            show_default=True,
+            help="What goes to stderr: " + ", ".join(_LOG_LEVELS) + ".",
+        ),
+    ]
+    options += [click.option(flag, is_flag=True, hidden=True) for flag in _COPILOT_FLAGS]
+    options += [click.option(option, hidden=True) for option in _COPILOT_OPTIONS]
+    for option in reversed(options):
+        function = option(function)
+    return click.command(
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+        help="Serve trimtab sessions to Copilot SDK clients over JSON-RPC (TCP, or --stdio).",
+    )(function)
+
+
+@_command
+def _serve(**flags: Any) -> dict[str, Any]:
+    return flags
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.server") -> int:
-    """Parse arguments, serve until stopped; returns the exit status.
-
-    `trimtab serve` can delegate here (`main(args, prog="trimtab serve")`), so that the
-    flags, their defaults and the Copilot client flags it tolerates stay in one place.
-    """
-    args, unknown = _parser(prog).parse_known_args(argv)
+    """Parse arguments, check the store and provider, serve until stopped; the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        flags = _serve.main(args=args, prog_name=prog, standalone_mode=False)
+    except click.UsageError as exc:
+        _fail(exc.format_message(), f"see '{prog} --help'")
+        return EXIT_USAGE
+    except click.Abort:
+        return EXIT_ERROR
+    if not isinstance(flags, dict):
+        return int(flags or 0)  # --help was shown
     # The official clients log every stderr line as a warning: only trimtab's own records go
     # below WARNING, not those of the HTTP libraries under the providers.
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("trimtab").setLevel(_LOG_LEVELS[args.log_level])
-    if unknown:
-        logging.getLogger("trimtab.server").debug("ignoring arguments %s", unknown)
-    token = args.token
-    if token is None and not args.stdio:
+    logging.getLogger("trimtab").setLevel(_LOG_LEVELS[flags["log_level"]])
+    token = flags["token"]
+    if token is None and not flags["stdio"]:
         # What the official clients' `for_tcp` hands to the runtime they spawn.
-        token = os.environ.get("COPILOT_CONNECTION_TOKEN") or None
+        token = os.environ.get("COPILOT_CONNECTION_TOKEN")
     options: dict[str, Any] = {
-        "host": args.host,
-        "port": args.port,
-        "stdio": args.stdio,
-        "store": args.store,
-        "token": token,
-        "provider": args.provider,
-        "lease_ttl": args.lease_ttl,
+        "host": flags["host"],
+        "port": flags["port"],
+        "stdio": flags["stdio"],
+        "store": flags["store"],
+        "token": token or None,
+        "provider": flags["provider"],
+        "lease_ttl": flags["lease_ttl"],
+        "max_connections": flags["max_connections"],
+        "max_output": flags["max_output"],
+        "connect_timeout": flags["connect_timeout"],
+        "idle_timeout": flags["idle_timeout"],
+        "frame_timeout": flags["frame_timeout"],
     }
     try:
         asyncio.run(_run(options))
     except ValueError as exc:
-        print(f"trimtab serve: {exc}", file=sys.stderr)
-        return 2
+        _fail(str(exc), f"see '{prog} --help'")
+        return EXIT_USAGE
+    except ServeError as exc:
+        _fail(str(exc), "check --store and --provider (and that the database is reachable)")
+        return EXIT_ERROR
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _fail(message: str, hint: str) -> None:
+    """The command line's error format: one line, then a hint (stderr)."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    print(f"error: {first}\nhint: {hint}", file=sys.stderr)
 
 
 async def _run(options: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ so a method body reads as the mapping it is.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -57,14 +58,31 @@ class CopilotConnection:
     Args:
         conn: The JSON-RPC connection.
         hub: The server's open sessions.
-        token: The connection token a client must present in `connect`, or None.
+        token: The connection token a client must present in `connect`, or None. An empty
+            token is refused: it would let anyone in who sends an empty one.
+        connect_timeout: Seconds a client has to present the token before the connection is
+            closed (with a token only); None: no limit.
+        idle_timeout: Seconds a connection may stay idle (no frame from the client, no
+            request in flight, no session attached) before it is closed; None: no limit.
     """
 
-    def __init__(self, conn: Connection, hub: SessionHub, *, token: str | None) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        hub: SessionHub,
+        *,
+        token: str | None,
+        connect_timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
+        if token == "":
+            raise ValueError("an empty connection token authenticates nobody: pass None")
         self._conn = conn
         self._hub = hub
         self._token = token
         self._authenticated = token is None
+        self._connect_timeout = connect_timeout
+        self._idle_timeout = idle_timeout
         self._methods: dict[str, Method] = {
             "connect": self._connect,
             "ping": self._ping,
@@ -91,14 +109,39 @@ class CopilotConnection:
             "session.permissions.handlePendingPermissionRequest": self._handle_permission,
         }
 
+    @property
+    def peer(self) -> str:
+        """The client's address, for logs."""
+        return self._conn.peer
+
     async def serve(self) -> None:
         """Serve until the client goes away, then let go of its sessions."""
+        watchdog = asyncio.get_running_loop().create_task(self._watch())
         try:
             await self._conn.run(self.dispatch)
         finally:
+            watchdog.cancel()
             # A dropped connection may come back (here or on another server): runs it
             # started finish first, so that a reconnecting client finds them complete.
             await self._hub.release_all(self._conn, linger=True)
+
+    async def _watch(self) -> None:
+        """Close the connection once its client failed to authenticate in time, or idled."""
+        if not self._authenticated and self._connect_timeout is not None:
+            await asyncio.sleep(self._connect_timeout)
+            if not self._authenticated:
+                self._conn.abort(f"no valid connect within {self._connect_timeout:g} s")
+                return
+        limit = self._idle_timeout
+        if limit is None:
+            return
+        while not self._conn.closed:
+            # A session attached keeps the connection: its client may wait hours for input.
+            idle = 0.0 if self._hub.attached(self._conn) else self._conn.idle_seconds()
+            if idle >= limit:
+                self._conn.abort(f"idle for {limit:g} s")
+                return
+            await asyncio.sleep(limit - idle)
 
     async def dispatch(self, method: str, params: Params) -> Any:
         """Run one method; every runtime failure becomes a JSON-RPC error."""
@@ -124,6 +167,8 @@ class CopilotConnection:
             ) from None
         except ValueError as exc:
             raise RpcError(INVALID_PARAMS, f"Invalid params: {exc}") from None
+        except RecursionError:
+            raise RpcError(INVALID_PARAMS, "Invalid params: nested too deeply") from None
         except TrimtabError as exc:
             raise RpcError(RUN_FAILED, str(exc)) from None
 

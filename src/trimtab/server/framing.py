@@ -28,24 +28,48 @@ def encode_frame(body: bytes) -> bytes:
     return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
 
 
-async def read_frame(reader: asyncio.StreamReader, *, max_size: int = MAX_FRAME) -> bytes | None:
+async def read_frame(
+    reader: asyncio.StreamReader, *, max_size: int = MAX_FRAME, timeout: float | None = None
+) -> bytes | None:
     """The body of the next frame, or None when the stream ends cleanly between frames.
+
+    Waiting for a frame to begin is not limited; once its first byte has arrived, its header
+    must be complete within `timeout` seconds, and its body may not pause for longer than
+    that (None: no limit), so that a peer cannot hold a reader with a frame it never ends.
 
     Raises:
         FramingError: A header is malformed or missing `Content-Length`, the length is out of
-            range, or the stream ends inside a frame.
+            range, the stream ends inside a frame, or the frame stalls past `timeout`.
     """
+    while True:
+        first = await reader.read(1)
+        if not first:
+            return None
+        try:
+            async with asyncio.timeout(timeout):
+                length = await _read_header(reader, first)
+        except TimeoutError:
+            raise FramingError(f"a frame header took more than {timeout:g} s") from None
+        if length is None:
+            continue  # stray blank lines between frames are harmless
+        if length > max_size:
+            raise FramingError(f"Content-Length {length} exceeds the limit of {max_size} bytes")
+        return await _read_body(reader, length, timeout)
+
+
+async def _read_header(reader: asyncio.StreamReader, first: bytes) -> int | None:
+    """The `Content-Length` of a header whose first byte was `first`; None for a blank line."""
     length: int | None = None
     headers = 0
+    pending = first
     while True:
-        line = await _read_line(reader)
+        line = await _read_line(reader, pending)
+        pending = b""
         if line is None:
-            if headers == 0:
-                return None
             raise FramingError("the stream ended inside a frame header")
         if not line.strip():
             if headers == 0:
-                continue  # stray blank lines between frames are harmless
+                return None
             break
         headers += 1
         if headers > _MAX_HEADER_LINES:
@@ -53,22 +77,39 @@ async def read_frame(reader: asyncio.StreamReader, *, max_size: int = MAX_FRAME)
         length = _header_length(line, length)
     if length is None:
         raise FramingError("the frame has no Content-Length header")
-    if length > max_size:
-        raise FramingError(f"Content-Length {length} exceeds the limit of {max_size} bytes")
-    try:
-        return await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        raise FramingError(
-            f"the stream ended after {len(exc.partial)} of {length} body bytes"
-        ) from None
+    return length
 
 
-async def _read_line(reader: asyncio.StreamReader) -> bytes | None:
-    """One header line without its line end; None at a clean end of the stream."""
+async def _read_body(reader: asyncio.StreamReader, length: int, stall: float | None) -> bytes:
+    if stall is None:
+        try:
+            return await reader.readexactly(length)
+        except asyncio.IncompleteReadError as exc:
+            raise _cut(len(exc.partial), length) from None
+    body = bytearray()
+    while len(body) < length:
+        try:
+            async with asyncio.timeout(stall):
+                chunk = await reader.read(length - len(body))
+        except TimeoutError:
+            raise FramingError(f"a frame body paused for more than {stall:g} s") from None
+        if not chunk:
+            raise _cut(len(body), length)
+        body += chunk
+    return bytes(body)
+
+
+def _cut(received: int, length: int) -> FramingError:
+    return FramingError(f"the stream ended after {received} of {length} body bytes")
+
+
+async def _read_line(reader: asyncio.StreamReader, start: bytes = b"") -> bytes | None:
+    """One header line (beginning with `start`, already read) without its line end; None at
+    a clean end of the stream."""
     try:
-        line = await reader.readuntil(b"\n")
+        line = start if start == b"\n" else start + await reader.readuntil(b"\n")
     except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
+        if not (start or exc.partial):
             return None
         raise FramingError("the stream ended inside a frame header") from None
     except asyncio.LimitOverrunError:

@@ -5,6 +5,11 @@ the client) never blocks the reader: the client may call back into the server me
 (spec C11). Outbound frames go through one queue and one writer task, so notifications keep
 the order in which they were produced and frames never interleave. Requests this side sends
 use integer ids, which the official clients need to honour `$/cancelRequest`.
+
+A connection can be bounded for a peer that is not trusted to behave: the bytes queued for it
+and not yet sent (`max_output`: past it, the peer is cut off), the requests it has in flight
+(`max_requests`: more are refused with `TOO_MANY_REQUESTS`), and how long one of its frames
+may take (`frame_timeout`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
     "REQUEST_CANCELLED",
+    "TOO_MANY_REQUESTS",
     "Connection",
     "Dispatch",
     "Notify",
@@ -41,6 +47,8 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 REQUEST_CANCELLED = -32800
+TOO_MANY_REQUESTS = -32004
+"""A request beyond the connection's `max_requests` in flight: refused, not queued."""
 
 Params = dict[str, Any] | list[Any]
 """Structured params: by name (the Copilot protocol always) or by position."""
@@ -80,6 +88,13 @@ class Connection:
         cancellable: Methods whose running request a `$/cancelRequest` may cancel. Others run
             to completion: cancelling a handler halfway could leave work half done.
         max_frame: The largest frame body accepted.
+        max_output: Bytes of frames queued for the peer and not yet sent beyond which the
+            connection is closed (a peer that stopped reading); None: no limit. A single
+            frame is always sent when nothing else is waiting, however large.
+        max_requests: The peer's requests that may run at once; more are answered with
+            `TOO_MANY_REQUESTS`. None: no limit.
+        frame_timeout: Seconds a frame's header may take once it has begun, and the longest
+            pause inside its body (see `read_frame`); None: no limit.
     """
 
     def __init__(
@@ -89,12 +104,23 @@ class Connection:
         *,
         cancellable: Collection[str] = (),
         max_frame: int = MAX_FRAME,
+        max_output: int | None = None,
+        max_requests: int | None = None,
+        frame_timeout: float | None = None,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._cancellable = frozenset(cancellable)
         self._max_frame = max_frame
+        self._max_output = max_output
+        self._max_requests = max_requests
+        self._frame_timeout = frame_timeout
         self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._unsent = 0
+        """Bytes of frames queued or being written, until the transport took them."""
+        self._last_active = asyncio.get_running_loop().time()
+        self.peer = _peer_name(writer)
+        """The peer's address, for logs."""
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -108,6 +134,24 @@ class Connection:
     def closed(self) -> bool:
         """True once the connection has stopped reading; nothing more is sent."""
         return self._closed
+
+    def idle_seconds(self) -> float:
+        """Seconds since the peer last sent a frame or a request of either side ended; 0
+        while a request is in flight."""
+        if self._tasks or self._pending:
+            return 0.0
+        return asyncio.get_running_loop().time() - self._last_active
+
+    def abort(self, reason: str, *, level: int = logging.INFO) -> None:
+        """Drop the connection now, without flushing: what is queued is discarded. One line
+        at `level` says why."""
+        if self._closed:
+            return
+        log.log(level, "closing the connection of %s: %s", self.peer, reason)
+        self._closed = True
+        self._writer.transport.abort()
+        # Reading stops too (a pipe's reading end is not the transport just aborted).
+        self._reader.set_exception(ConnectionAbortedError(reason))
 
     # --- sending -------------------------------------------------------------------------
 
@@ -143,14 +187,20 @@ class Connection:
             return
         try:
             body = _encode(message)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             if not (isinstance(message, dict) and "result" in message):
                 log.exception("dropping a message that is not JSON-serialisable")
                 return
             # A result we cannot encode still gets an answer, or the peer would wait forever.
             error = RpcError(INTERNAL_ERROR, f"Internal error: unserialisable result: {exc}")
             body = _encode(_error_response(_valid_id(message), error))
-        self._outgoing.put_nowait(encode_frame(body))
+        frame = encode_frame(body)
+        limit = self._max_output
+        if limit is not None and self._unsent and self._unsent + len(frame) > limit:
+            self.abort(f"it left more than {limit} bytes of output unread", level=logging.WARNING)
+            return
+        self._unsent += len(frame)
+        self._outgoing.put_nowait(frame)
 
     async def _write_loop(self) -> None:
         while (frame := await self._outgoing.get()) is not None:
@@ -159,6 +209,7 @@ class Connection:
                 await self._writer.drain()
             except (ConnectionError, OSError):
                 return  # the peer is gone; the reader will see the end of the stream too
+            self._unsent -= len(frame)
 
     # --- receiving -----------------------------------------------------------------------
 
@@ -180,7 +231,9 @@ class Connection:
     async def _read_loop(self) -> None:
         while True:
             try:
-                body = await read_frame(self._reader, max_size=self._max_frame)
+                body = await read_frame(
+                    self._reader, max_size=self._max_frame, timeout=self._frame_timeout
+                )
             except FramingError as exc:
                 # Without a trustworthy length the stream cannot be resynchronised.
                 self._send(_error_response(None, RpcError(PARSE_ERROR, f"Parse error: {exc}")))
@@ -211,17 +264,15 @@ class Connection:
             pass
 
     def _receive(self, body: bytes) -> None:
+        self._last_active = asyncio.get_running_loop().time()
         try:
             message = json.loads(body, parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError) as exc:
             self._send(_error_response(None, RpcError(PARSE_ERROR, f"Parse error: {exc}")))
             return
-        if isinstance(message, list):
-            if not message:
-                error = RpcError(INVALID_REQUEST, "Invalid Request: empty batch")
-                self._send(_error_response(None, error))
-            else:
-                self._spawn(self._answer_batch(message), None)
+        except RecursionError:
+            error = RpcError(PARSE_ERROR, "Parse error: the JSON is nested too deeply")
+            self._send(_error_response(None, error))
             return
         if isinstance(message, dict) and _is_response(message):
             self._settle(message)
@@ -235,10 +286,31 @@ class Connection:
             except Exception:
                 log.exception("notification %s failed", message["method"])
             return
+        if self._over_limit(message):
+            return
+        if isinstance(message, list):
+            if not message:
+                error = RpcError(INVALID_REQUEST, "Invalid Request: empty batch")
+                self._send(_error_response(None, error))
+            else:
+                self._spawn(self._answer_batch(message), None)
+            return
         key = None
         if isinstance(message, dict) and message.get("method") in self._cancellable:
             key = _id_key(message.get("id"))
         self._spawn(self._answer_single(message), key)
+
+    def _over_limit(self, message: Any) -> bool:
+        """Refuse a request (or batch) beyond `max_requests`, rather than queue it: a peer that
+        sends faster than it is answered must not grow the server without bound."""
+        limit = self._max_requests
+        size = len(message) if isinstance(message, list) else 1
+        if limit is None or len(self._tasks) < limit and size <= limit:
+            return False
+        if not _is_notification(message):
+            error = RpcError(TOO_MANY_REQUESTS, f"Too many requests: more than {limit} at once")
+            self._send(_error_response(_valid_id(message), error))
+        return True
 
     def _spawn(self, work: Awaitable[None], key: str | None) -> None:
         task = asyncio.ensure_future(work)
@@ -247,6 +319,7 @@ class Connection:
             self._by_id[key] = task
 
         def done(finished: asyncio.Task[None]) -> None:
+            self._last_active = asyncio.get_running_loop().time()
             self._tasks.discard(finished)
             self._cancelled.discard(finished)
             if key is not None and self._by_id.get(key) is finished:
@@ -274,6 +347,9 @@ class Connection:
             method, params, request_id = _parse_request(message)
         except RpcError as exc:
             return _error_response(_valid_id(message), exc)
+        log.debug(
+            "%s: %.60s (id %.40r)", self.peer, method, None if request_id is _ABSENT else request_id
+        )
         try:
             assert self._dispatch is not None
             result = await self._dispatch(method, params)
@@ -319,6 +395,13 @@ class Connection:
         if task is not None and not task.done():
             self._cancelled.add(task)
             task.cancel()
+
+
+def _peer_name(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer) if peer else "the peer"
 
 
 def _encode(message: dict[str, Any] | list[dict[str, Any]]) -> bytes:

@@ -51,6 +51,26 @@ def _encodable(text: str) -> str:
 Text = Annotated[str, AfterValidator(_encodable)]
 """A string that can be stored: valid Unicode, no lone surrogates."""
 
+MAX_DEPTH = 64
+"""The deepest nesting of a JSON value that is stored (a tool's schema or metadata): deeper
+ones are refused before anything is created, rather than failing to serialise halfway."""
+
+
+def _shallow(value: Any) -> Any:
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            pending.extend((child, depth + 1) for child in children)
+    return value
+
+
+Json = Annotated[dict[str, Any], AfterValidator(_shallow)]
+"""A JSON object that can be stored: at most `MAX_DEPTH` levels deep."""
+
 
 class Wire(BaseModel):
     """Base of the wire models: camelCase aliases, unknown fields ignored."""
@@ -95,12 +115,12 @@ class WireTool(Wire):
 
     name: str = Field(min_length=1)
     description: str = ""
-    parameters: dict[str, Any] | None = None
+    parameters: Json | None = None
     is_terminal: bool = False
     defer: Literal["auto", "never"] | None = None
     skip_permission: bool = False
     overrides_built_in_tool: bool = False
-    metadata: dict[str, Any] | None = None
+    metadata: Json | None = None
 
     def definition(self) -> ToolDefinition:
         """The runtime's definition of this tool."""

@@ -55,6 +55,8 @@ class SessionRecord(BaseModel):
     """The runtime holding the session's lease, if the lease is live."""
     summary: str | None = None
     """The first user message, shortened: a human-readable label."""
+    lease_expires_at: datetime | None = None
+    """When the live lease expires unless its holder renews it (None without a live lease)."""
 
 
 @runtime_checkable
@@ -234,8 +236,8 @@ def to_datetime(moment: float | datetime) -> datetime:
 
 def record_of(row: Sequence[Any]) -> SessionRecord:
     """The `SessionRecord` of a row of the SQL backends: session id, creation and update
-    times, last sequence number, live lease owner, summary."""
-    session_id, created_at, updated_at, last_seq, lease_owner, summary = row
+    times, last sequence number, live lease owner, summary, and the live lease's expiry."""
+    session_id, created_at, updated_at, last_seq, lease_owner, summary, expires_at = row
     return SessionRecord(
         session_id=session_id,
         created_at=to_datetime(created_at),
@@ -243,6 +245,7 @@ def record_of(row: Sequence[Any]) -> SessionRecord:
         event_count=last_seq,
         lease_owner=lease_owner,
         summary=summary,
+        lease_expires_at=None if lease_owner is None else to_datetime(expires_at),
     )
 
 

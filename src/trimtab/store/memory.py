@@ -240,6 +240,9 @@ class MemoryStore:
             event_count=len(session.events),
             lease_owner=session.live_owner(now),
             summary=session.summary,
+            lease_expires_at=to_datetime(session.lease_expires_at)
+            if session.live_owner(now) is not None
+            else None,
         )
 
 

@@ -211,7 +211,7 @@ _APPEND_STATE = """
 # The lease owner is reported only while the lease is live.
 _RECORD_COLUMNS = """
     session_id, created_at, updated_at, last_seq,
-    CASE WHEN lease_expires_at > now() THEN lease_owner END, summary
+    CASE WHEN lease_expires_at > now() THEN lease_owner END, summary, lease_expires_at
 """
 
 # One row per session id: NULL when another runtime holds the lease; no row for an unknown

@@ -126,7 +126,7 @@ _SCHEMA_V3 = (
 # The lease owner is reported only while the lease is live; `?` is the current time.
 _RECORD_COLUMNS = """
     session_id, created_at, updated_at, last_seq,
-    CASE WHEN lease_expires_at > ? THEN lease_owner END, summary
+    CASE WHEN lease_expires_at > ? THEN lease_owner END, summary, lease_expires_at
 """
 
 
