@@ -120,6 +120,10 @@ def test_ctrl_c_stops_a_slow_reply_and_no_rejects_a_tool(cli: Cli) -> None:
     child.expect_exact("thinking")  # the spinner, on a terminal
     child.sendintr()
     child.expect_exact("(aborted)")
+    # The interrupted request leaves the window (spec L6): it is not answered later.
+    child.expect_exact("(the interrupted request is left out of the conversation)")
+    _say(child, "/events")
+    child.expect(r"session\.truncated")
     _say(child, "Add 1+1")
     child.expect(ASK)
     child.sendline("n")

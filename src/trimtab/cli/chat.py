@@ -158,6 +158,11 @@ class Chat:
 
     def _send(self, text: str) -> bool:
         outcome = self._bridge.drive(text)
+        if outcome.aborted and outcome.prompt_event is not None:
+            # Ctrl-C withdraws the request: the window forgets the interrupted exchange (the
+            # log keeps it), so the next prompt is not answered together with it (spec L6).
+            self._portal.call(self.session.history.truncate(outcome.prompt_event))
+            self._term.note("(the interrupted request is left out of the conversation)")
         if outcome.error is not None:
             error = outcome.error
             hint = session_error_hint(error, provider_type(self.session))

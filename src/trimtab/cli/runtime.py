@@ -39,6 +39,7 @@ from trimtab.events import (
     SessionErrorData,
     SessionErrorEvent,
     ToolExecutionCompleteEvent,
+    UserMessageEvent,
 )
 
 __all__ = [
@@ -237,6 +238,8 @@ class TurnOutcome:
     """The context was cleared during the run."""
     rejected: str | None = None
     """The tool whose call was rejected, which stopped the run (spec O2)."""
+    prompt_event: str | None = None
+    """The id of the run's own `user.message`, where an interrupted exchange starts."""
 
 
 class Bridge:
@@ -326,6 +329,8 @@ class Bridge:
                 outcome.cleared = True
             case ToolExecutionCompleteEvent() if event.data.outcome == "rejected":
                 outcome.rejected = event.data.tool_name or "tool"
+            case UserMessageEvent() if event.data.source != "context_cleared":
+                outcome.prompt_event = outcome.prompt_event or event.id
             case _:
                 pass  # only these change how the turn ended
         self._render(event)
