@@ -283,7 +283,8 @@ async def crashed_log(
     would leave it."""
     async with Client(store="memory") as first:
         tools = tools if isinstance(tools, list) else [tools]
-        session = await open_session(first, ScriptedModel([step]), *tools)
+        # `then`: the step answers every call, and a call the crash comes before is no leftover.
+        session = await open_session(first, ScriptedModel(then=lambda request: step), *tools)
         rec = Recorder(session)
         await session.send("go")
         await rec.wait_for(wait_for, count)

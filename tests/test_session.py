@@ -157,14 +157,17 @@ async def test_abort_cancels_the_running_handler_and_the_session_lives_on(client
 
 
 async def test_abort_during_the_model_call(client: Client) -> None:
+    called = asyncio.Event()
+
     async def never(request: Any) -> str:
+        called.set()
         await asyncio.Event().wait()
         return "never"
 
     session = await open_session(client, ScriptedModel([never]))
     rec = Recorder(session)
     run = asyncio.create_task(session.send_and_wait("go"))
-    await rec.wait_for("assistant.turn_start")
+    await called.wait()  # the model call is in progress
     await session.abort()
     assert (await run) is None
     assert rec.types[-3:] == ["assistant.turn_end", "abort", "session.idle"]
@@ -228,14 +231,16 @@ async def test_invocation_carries_ids_and_session(client: Client) -> None:
 
 
 async def test_disconnect_aborts_and_releases(client: Client) -> None:
+    called = asyncio.Event()
+
     async def never(request: Any) -> str:
+        called.set()
         await asyncio.Event().wait()
         return "never"
 
     session = await open_session(client, ScriptedModel([never]))
-    rec = Recorder(session)
     await session.send("go")
-    await rec.wait_for("assistant.turn_start")
+    await called.wait()  # the model call is in progress
     await session.disconnect()
     with pytest.raises(Exception, match="disconnected"):
         await session.send("more")

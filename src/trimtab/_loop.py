@@ -45,8 +45,6 @@ from trimtab.events import (
     SessionContextClearedEvent,
     SessionErrorData,
     SessionErrorEvent,
-    SessionIdleData,
-    SessionIdleEvent,
     SessionUsageInfoEvent,
     ToolExecutionCompleteData,
     ToolExecutionCompleteEvent,
@@ -162,14 +160,14 @@ class Interrupted:
 
 async def run(
     host: LoopHost,
-    prompt: str,
     message_id: str,
     *,
-    append_user: bool = True,
     interrupted: Interrupted | None = None,
     aborted: bool = False,
 ) -> RunResult:
-    """Run one `send` to its single `session.idle` (spec E1), including any seeded run (C8).
+    """Run one `send`, whose `user.message` the host has logged, to its end, including any
+    seeded run (C8). The host emits the run's one `session.idle` once this returns (spec E1),
+    outside the run's task, so that no abort can take it away.
 
     With `interrupted`, the run continues a crashed one instead: its unfinished calls run
     again, its open turn is closed, and the loop goes on from there. With `aborted` (an
@@ -179,8 +177,6 @@ async def run(
     state = host.state
     state.staged, state.discovered = None, _NO_TOOLS
     try:
-        if append_user:
-            await host.emit(user_message(prompt, message_id, "user"))
         if aborted:
             raise asyncio.CancelledError
         step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
@@ -210,16 +206,16 @@ async def run(
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        result.aborted = True
-        seed = host.pending_seed
-        if seed is not None and not seed[1]:
-            # A committed clear stays committed: its seed is kept in the fresh window (not
-            # answered: the user stopped the run), never silently lost.
-            await host.emit(user_message(seed[0], new_id(), "context_cleared"))
-        await host.emit(AbortEvent())
+        if host.running:  # (an abort that came after the run's last turn changes nothing)
+            result.aborted = True
+            seed = host.pending_seed
+            if seed is not None and not seed[1]:
+                # A committed clear stays committed: its seed is kept in the fresh window
+                # (not answered: the user stopped the run), never silently lost (C12).
+                await host.emit(user_message(seed[0], new_id(), "context_cleared"))
+            await host.emit(AbortEvent())
     finally:
         state.staged = None
-    await host.emit(SessionIdleEvent(data=SessionIdleData(aborted=result.aborted or None)))
     return result
 
 
@@ -258,8 +254,9 @@ async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
     await fit_window(host)
     model = host.config.model
     turn_id = host.next_turn_id()
-    await host.emit(AssistantTurnStartEvent(data=TurnData(turn_id=turn_id, model=model)))
     try:
+        # (An emit is never half done: aborted during it, the turn is started, and ends.)
+        await host.emit(AssistantTurnStartEvent(data=TurnData(turn_id=turn_id, model=model)))
         try:
             info = UsageInfoData(
                 token_limit=host.limits.context_window,
@@ -396,12 +393,13 @@ async def _run_batch(
 async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) -> CallOutcome:
     """One call from `tool.execution_start` to its single `tool.execution_complete` (O1)."""
     arguments = parse_arguments(call.arguments)
-    if not started:
-        start = ToolExecutionStartData(
-            tool_call_id=call.id, tool_name=call.name, arguments=arguments, turn_id=turn_id
-        )
-        await host.emit(ToolExecutionStartEvent(data=start))
     try:
+        if not started:
+            # (An emit is never half done: cancelled during it, the start is stored.)
+            start = ToolExecutionStartData(
+                tool_call_id=call.id, tool_name=call.name, arguments=arguments, turn_id=turn_id
+            )
+            await host.emit(ToolExecutionStartEvent(data=start))
         outcome = await _decide(host, call, arguments)
     except asyncio.CancelledError:
         await _complete(host, call, CallOutcome("cancelled", INTERRUPTED), turn_id)
@@ -458,12 +456,12 @@ async def _permission(
         args=invocation.arguments,
         tool_call_id=call.id,
     )
-    await host.emit(
-        PermissionRequestedEvent(
-            data=PermissionRequestedData(request_id=request_id, permission_request=request)
-        )
-    )
     try:
+        await host.emit(
+            PermissionRequestedEvent(
+                data=PermissionRequestedData(request_id=request_id, permission_request=request)
+            )
+        )
         verdict = await ask_permission(handler, request, invocation)
     except asyncio.CancelledError:
         # Aborted while asking: the request is closed too, so that clients stop showing it.

@@ -150,7 +150,9 @@ class Replay:
                 self._rebase(tuple(event.data.base))
             case SessionTruncatedEvent():
                 self._rebase(tuple(event.data.base))
-                self.pending_seed = None
+                # Runs only between runs: what it finds in progress is a run a crash left,
+                # which the rewound window no longer holds. It is over (it had no idle).
+                self.run_id = self.batch = self.pending_seed = None
             case AssistantUsageEvent():
                 used_in, used_out = self.tokens or (0, 0)
                 self.tokens = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import itertools
 import json
@@ -92,6 +93,9 @@ class _Pending:
     """Set when this run goes on from one a crash interrupted (spec P3, C10)."""
     aborted: bool = False
     """`abort()` came before the run started: it ends at once, as an abort."""
+    started: bool = False
+    """Its run's task has begun (cancelling a task before that would skip its body, and the
+    abort it logs)."""
     ended: asyncio.Event | None = None
     """Set once the run ended (created for whoever waits for that)."""
 
@@ -148,6 +152,7 @@ class Session:
         self._queue: list[_Pending | _Operation] = []
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunResult] | None = None
+        self._running: _Pending | None = None
         self._follower: asyncio.Task[None] | None = None
         self._idle_sent = False
         """While following: the idle of the owner's last run was delivered from its log."""
@@ -271,14 +276,28 @@ class Session:
         return (await self.emit_all((event,)))[0]
 
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
-        """`emit` for events that must be stored together (one atomic append) and in a row."""
+        """`emit` for events that must be stored together (one atomic append) and in a row.
+
+        Never half done: an abort that cancels the caller meanwhile takes effect once the
+        events are stored and delivered (a call's start without its end, or an end that is
+        stored but not known here, would break O1 and E3)."""
+        emitting = asyncio.ensure_future(self._emit_locked(events))
+        try:
+            return await asyncio.shield(emitting)
+        except asyncio.CancelledError:
+            while not emitting.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([emitting])
+            raise
+
+    async def _emit_locked(self, events: Sequence[Event]) -> list[Event]:
         async with self._writer:
             return await self._emit(events)
 
     async def _emit(self, events: Sequence[Event]) -> list[Event]:
         """`emit_all`, with the writer lock held by the caller."""
         replay = self._replay
-        if self._unsure and self._lease is not None:
+        if self._unsure and self._lease is not None and not all(e.ephemeral for e in events):
             await self._catch_up()
         stamped = chained(events, replay.last_id, replay.epoch)
         stored = [e for e in stamped if not e.ephemeral]
@@ -305,14 +324,14 @@ class Session:
         was unknown is simply repeated."""
         assert self._lease is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._store.timeout
+        started = loop.time()
         for attempt in itertools.count():
             try:
                 await self._store.append(self.session_id, events, lease=self._lease)
                 return
             except StoreUnavailableError:
                 delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]
-                if loop.time() + delay >= deadline:
+                if loop.time() + delay >= started + self._store.timeout:
                     # Given up, but it may still land (a frozen server that wakes): the next
                     # append first reads the log's tail, so that it follows whatever did.
                     self._unsure = True
@@ -321,10 +340,11 @@ class Session:
                 await asyncio.sleep(delay)
 
     async def _catch_up(self) -> None:
-        """Apply the events stored after what this session knows (appends that were given up
-        on, then landed), so that the next one follows the log's real tail (E3)."""
+        """Apply (and deliver) the events stored after what this session knows (appends given
+        up on or cancelled, that landed), so that the next one follows the log's tail (E3)."""
         for event in await self._store.read(self.session_id, after=self._replay.event_count):
             self._replay.apply(event)
+            self._subscribers.deliver(event)
         self._unsure = False
 
     # --- public API ----------------------------------------------------------------------
@@ -400,16 +420,18 @@ class Session:
         """Stop the current run, or the one about to start (right after `send`): running
         handlers are cancelled, the run ends with `abort` and `session.idle`. Messages queued
         behind it still run. Returns once the run has ended."""
-        current = self._current
-        if current is not None and not current.done():
-            current.cancel()
-            await asyncio.wait([current])
+        target = self._running
+        if target is None and self._worker is not None:
+            target = next((item for item in self._queue if isinstance(item, _Pending)), None)
+        if target is None:
             return
-        head = next((item for item in self._queue if isinstance(item, _Pending)), None)
-        if self._worker is not None and head is not None:
-            head.aborted = True
-            head.ended = head.ended or asyncio.Event()
-            await head.ended.wait()
+        current = self._current
+        if target.started and current is not None and not current.done():
+            current.cancel()
+        else:
+            target.aborted = True  # it ends as an abort as soon as it starts
+        target.ended = target.ended or asyncio.Event()
+        await target.ended.wait()
 
     @property
     def busy(self) -> bool:
@@ -543,28 +565,40 @@ class Session:
             self._worker = None
 
     async def _run(self, item: _Pending) -> None:
-        run = _loop.run(
-            self,
-            item.prompt,
-            item.message_id,
-            append_user=not item.appended,
-            interrupted=item.interrupted,
-            aborted=item.aborted,
-        )
-        self._current = asyncio.get_running_loop().create_task(run)
+        self._running = item
+        try:
+            if not item.appended:
+                # Stored from here, where no abort cancels: the input's message is logged
+                # (claiming it in the inbox) before its run can be stopped.
+                await self.emit(_loop.user_message(item.prompt, item.message_id, "user"))
+                item.appended = True
+        except Exception as exc:
+            self._running = None
+            self._failed(exc, item.message_id, item.waiter)
+            return
+        self._current = asyncio.get_running_loop().create_task(self._body(item))
         try:
             result = await asyncio.shield(self._current)
         except asyncio.CancelledError:
-            result = RunResult(aborted=True)
+            result = RunResult(aborted=True)  # aborted again while it stopped
         except Exception as exc:
             # The store failed or the lease was lost: nothing more can be logged, but no
             # waiter may hang, here or in a host following the session.
             self._failed(exc, item.message_id, item.waiter)
             return
         finally:
-            self._current = None
+            self._current = self._running = None
+        # The run's one idle (E1), from here: an abort cancels the run's task, not this one.
+        await self.emit(SessionIdleEvent(data=SessionIdleData(aborted=result.aborted or None)))
         if item.waiter is not None and not item.waiter.done():
             item.waiter.set_result(result)
+
+    async def _body(self, item: _Pending) -> RunResult:
+        """The run's task: it reads `item.aborted` only once it has started."""
+        item.started = True
+        return await _loop.run(
+            self, item.message_id, interrupted=item.interrupted, aborted=item.aborted
+        )
 
     def _drop_queue(self, reason: Exception) -> None:
         """Let go of the queued items: their stored inputs wait for the session's next owner."""

@@ -54,8 +54,9 @@ class FaultyStore:
         self.crashed = False
 
     def crash(self) -> None:
-        """From now on every call fails: the runtime using this store is dead."""
+        """From now on every call fails at once: the runtime using this store is dead."""
         self.crashed = True
+        self.timeout = 0.0  # nothing waits for a dead store (a session's retries included)
 
     async def _enter(self) -> None:
         if self.pause is not None:
@@ -82,8 +83,8 @@ class FaultyStore:
         return count
 
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
-        await self._enter()
-        await self.inner.publish(session_id, event, after=after)
+        if not self.crashed:  # best effort, as the protocol says: a dead runtime's is lost
+            await self.inner.publish(session_id, event, after=after)
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         await self._enter()

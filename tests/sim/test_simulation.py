@@ -1,0 +1,225 @@
+"""Deterministic fault simulation of the session core (spec E1, E3, O1, C6-C10, P3, P4, R1).
+
+A seeded Hypothesis state machine drives one session through sends, sends queued behind a run,
+tool batches with every outcome (terminal calls, clears that commit and clears that roll back,
+rejections, denials, gated calls), aborts, compactions, truncations, forks, disconnects and
+resumes, crashes at a chosen write (the write stored or not), and takeovers by a new runtime.
+After every step it checks what must always hold, and whenever it lets the world settle, every
+promise, from the log alone: one chain of distinct events; every acknowledged input ran exactly
+once; every run ended in one idle, where its log says it ended; the live window is the log's;
+a committed clear's seed logged once; a failed clear left no trace; every call completed once.
+
+The budget: `TRIMTAB_SIM_EXAMPLES` scenarios of up to `TRIMTAB_SIM_STEPS` steps (CI runs the
+defaults; raise them for a long local run). A failure prints the steps and the `@seed`/
+`@reproduce_failure` line that replays it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from tests.sim.world import World
+from trimtab.store import MemoryStore, SqliteStore, Store
+
+EXAMPLES = int(os.environ.get("TRIMTAB_SIM_EXAMPLES", "1000"))
+STEPS = int(os.environ.get("TRIMTAB_SIM_STEPS", "40"))
+
+CALLS = st.sampled_from(
+    [
+        "ok",
+        "boom",
+        "crashy",
+        "slow",
+        "idem",
+        "term",
+        "clear_context",
+        "clear_fail",
+        "guarded",
+        "denied",
+    ]
+)
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> list[tuple[str, dict[str, Any]]]:
+    names = draw(st.lists(CALLS, min_size=1, max_size=4))
+    batch = []
+    for index, name in enumerate(names):
+        arguments: dict[str, Any] = {"n": index}
+        if name in ("clear_context", "clear_fail"):
+            arguments = {"prompt": f"SEED-{draw(st.integers(0, 99))}"}
+        batch.append((name, arguments))
+    return batch
+
+
+PLANS = st.lists(st.one_of(batches(), st.just("text reply")), min_size=0, max_size=3)
+
+
+class Simulation(RuleBasedStateMachine):
+    """One session, driven and broken at random; see the module docstring."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.world = World()
+        self.sent = 0
+
+    def run(self, work: Any) -> Any:
+        return self.loop.run_until_complete(work)
+
+    def durable(self) -> Store:
+        """The store that outlives every runtime of a scenario."""
+        return MemoryStore()
+
+    @initialize(seed=st.integers(0, 2**32 - 1))
+    def start(self, seed: int) -> None:
+        self.world = World(self.durable(), seed=seed)
+        self.run(self.world.start())
+
+    @rule(plan=PLANS)
+    def send(self, plan: list[Any]) -> None:
+        self.sent += 1
+        self.run(self.world.send(f"prompt {self.sent}", plan))
+
+    @rule(yields=st.integers(0, 20))
+    def let_it_run(self, yields: int) -> None:
+        """Let the runtime make progress for a while (a few loop iterations)."""
+
+        async def spin() -> None:
+            for _ in range(yields):
+                await asyncio.sleep(0)
+
+        self.run(spin())
+
+    @rule()
+    def open_gates(self) -> None:
+        self.world.gates.opened.set()
+
+    # Rules that do not apply to the world's state are no-ops rather than preconditions: what
+    # the world's state is depends on the scenario's interleavings, which the rules drawn must
+    # not (Hypothesis replays a scenario by drawing the same rules).
+
+    @rule()
+    def abort(self) -> None:
+        session = self.world.owner.session
+        if session is not None and not self.world.owner.dead:
+            self.run(asyncio.wait_for(_quietly(session.abort()), 10))
+
+    @rule(continue_pending=st.booleans())
+    def disconnect_and_resume(self, continue_pending: bool) -> None:
+        async def cycle() -> None:
+            owner = self.world.owner
+            if owner.dead or owner.session is None:
+                return
+            await _quietly(owner.session.disconnect())
+            if not owner.dead:
+                await owner.client.stop()
+                await self.world.resume(continue_pending=continue_pending)
+
+        self.run(asyncio.wait_for(cycle(), 20))
+
+    @rule()
+    def follow(self) -> None:
+        self.run(asyncio.wait_for(self.world.follow(), 20))
+
+    @rule(at_write=st.one_of(st.none(), st.integers(1, 12)), durable=st.booleans())
+    def crash(self, at_write: int | None, durable: bool) -> None:
+        if not self.world.owner.dead:
+            self.run(self.world.crash(at_write, durable))
+
+    @rule(continue_pending=st.booleans())
+    def recover(self, continue_pending: bool) -> None:
+        if self.world.owner.dead:
+            work = self.world.take_over(continue_pending=continue_pending)
+            self.run(asyncio.wait_for(work, 20))
+
+    @rule(kind=st.sampled_from(["compact", "truncate", "fork"]), pick=st.integers(0, 1000))
+    def context_operation(self, kind: str, pick: int) -> None:
+        async def operate() -> None:
+            session = self.world.owner.session
+            if session is None or self.world.owner.dead:
+                return
+            if kind == "compact":
+                self.world.model.plans.appendleft("SUMMARY")
+                await _quietly(session.history.compact())
+                return
+            log = await self.world.log()
+            users = [e.id for e in log if e.type == "user.message"]
+            if kind == "fork":
+                fork = await _quietly(session.history.fork())
+                if fork is not None:
+                    self.world.forks.append(fork)
+            elif users:
+                await _quietly(session.history.truncate(users[pick % len(users)]))
+
+        # Operations queue behind a run: let gated calls through so that they can happen.
+        self.world.gates.opened.set()
+        self.run(asyncio.wait_for(operate(), 20))
+
+    @rule()
+    def settle(self) -> None:
+        self.run(self.world.settle())
+        self.run(self.world.check_settled())
+
+    @invariant()
+    def always(self) -> None:
+        self.run(self.world.check_always())
+
+    def teardown(self) -> None:
+        try:
+            self.run(self.world.settle())
+            self.run(self.world.check_settled())
+            for write, durable in self.world.crashes:
+                event(f"crash at write {min(write, 30)}{'+' if write > 30 else ''}")
+                event(f"crash, the write {'stored' if durable else 'lost'}")
+            event(f"{len(self.world.runtimes)} runtime(s)")
+        finally:
+            self.run(self.world.close())
+            self.run(self.world.durable.close())
+            self.loop.close()
+
+
+async def _quietly(work: Any) -> Any:
+    """The result of `work`, or None when the runtime refused it or died under it (a crashed
+    runtime's calls fail; a refused operation is an answer, not a broken promise)."""
+    from trimtab import TrimtabError
+
+    try:
+        return await work
+    except (TrimtabError, ValueError):
+        return None
+
+
+class SqliteSimulation(Simulation):
+    """The same scenarios on a SQLite file: real transactions, the same determinism (SQLite's
+    calls do not yield to the event loop unless another process holds the file)."""
+
+    def durable(self) -> Store:
+        self.directory = tempfile.TemporaryDirectory()
+        return SqliteStore(Path(self.directory.name) / "sim.db")
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            self.directory.cleanup()
+
+
+_SETTINGS = {
+    "stateful_step_count": STEPS,
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
+    "print_blob": True,
+}
+Simulation.TestCase.settings = settings(max_examples=EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
+SqliteSimulation.TestCase.settings = settings(max_examples=max(1, EXAMPLES // 6), **_SETTINGS)  # type: ignore[arg-type]
+test_fault_simulation = Simulation.TestCase
+test_fault_simulation_on_sqlite = SqliteSimulation.TestCase
