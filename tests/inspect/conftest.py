@@ -15,12 +15,14 @@ from trimtab import Client, Session
 from trimtab.store import Store, open_store
 from trimtab.testing import ScriptedModel, tool_call
 
-if not in_ci():  # CI installs every extra: there, a missing one fails the import
-    pytest.importorskip("starlette", reason="needs the trimtab[inspect] extra")
-    pytest.importorskip("uvicorn", reason="needs the trimtab[inspect] extra")
-    pytest.importorskip("jinja2", reason="needs the trimtab[inspect] extra")
 
-from trimtab.inspect import create_app  # noqa: E402
+def require_extra() -> None:
+    """Skip the calling test module without the `inspect` extra, except in CI (which installs
+    every extra: there, the import fails)."""
+    if not in_ci():
+        for module in ("starlette", "uvicorn", "jinja2"):
+            pytest.importorskip(module, reason="needs the trimtab[inspect] extra")
+
 
 SEED = "Reply with exactly FRESH_CONTEXT."
 ASK = f'Call clear_context with prompt "{SEED}" now.'
@@ -43,6 +45,8 @@ async def client(store: Store) -> AsyncIterator[Client]:
 @pytest.fixture
 async def inspector(store: Store) -> AsyncIterator[httpx.AsyncClient]:
     """The inspector's pages, requested through httpx's ASGI transport."""
+    from trimtab.inspect import create_app
+
     transport = httpx.ASGITransport(app=create_app(store))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
         yield http

@@ -13,14 +13,17 @@ from markupsafe import escape
 from pydantic import BaseModel
 
 from tests.conftest import clear_tool, echo_tool, open_session
-from tests.inspect.conftest import ASK, SEED, seed_scenario, visible
+from tests.inspect.conftest import ASK, SEED, require_extra, seed_scenario, visible
 from trimtab import Client, ProviderError, SessionError, define_tool
 from trimtab.events import SessionStartData, SessionStartEvent, UserMessageData, UserMessageEvent
-from trimtab.inspect.app import ENTRIES_PER_PAGE, SESSIONS_PER_PAGE
-from trimtab.inspect.windows import window_view
 from trimtab.providers import ModelRequest
 from trimtab.store import Store
 from trimtab.testing import ScriptedModel, ScriptStep, tool_call
+
+require_extra()
+
+from trimtab.inspect.app import ENTRIES_PER_PAGE, SESSIONS_PER_PAGE  # noqa: E402
+from trimtab.inspect.windows import window_view  # noqa: E402
 
 
 def url(session_id: str, rest: str = "") -> str:
