@@ -24,8 +24,9 @@ def run_inspector(resolved: Resolved, *, host: str, port: int, token: str | None
     except ImportError as exc:
         from trimtab.providers._install import install_command
 
+        missing = (exc.name or str(exc)).split(".")[0]
         raise CliError(
-            f"the inspector needs the inspect extra ({exc.name or exc} is missing)",
+            f"the inspector needs the inspect extra ({missing} is missing)",
             hint=f"install it with {install_command('inspect')}",
         ) from None
     try:

@@ -88,7 +88,11 @@ def _pretty(value: Any) -> str:
 
 
 def create_app(
-    store: Store, *, token: str | None = None, hosts: frozenset[str] | None = None
+    store: Store,
+    *,
+    token: str | None = None,
+    hosts: frozenset[str] | None = None,
+    stopping: asyncio.Event | None = None,
 ) -> Guard:
     """The inspector over `store`, which the caller opens and closes.
 
@@ -96,8 +100,10 @@ def create_app(
         store: Where the sessions are; only read.
         token: The token every request must carry (see `trimtab.inspect.guard`); None for none.
         hosts: The host names requests may be addressed to (loopback without a token).
+        stopping: Set it to end the live views: they never end by themselves, and an ASGI
+            server waits for its open responses before it stops.
     """
-    pages = _Pages(store)
+    pages = _Pages(store, stopping or asyncio.Event())
     app = Starlette(
         routes=[
             Route("/", pages.index),
@@ -115,8 +121,9 @@ def create_app(
 
 
 class _Pages:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, stopping: asyncio.Event) -> None:
         self.store = store
+        self.stopping = stopping
         self.logs = Logs(store)
         self.env = _environment()
         self.streams = 0
@@ -244,14 +251,13 @@ class _Pages:
         self.streams += 1
         queue: asyncio.Queue[Event | str] = asyncio.Queue(_LIVE_BUFFER)
         reader = asyncio.create_task(_follow(self.store, session_id, after, queue.put))
+        stop = asyncio.create_task(self.stopping.wait())
         seq = after
         try:
             yield "retry: 2000\n\n"
             while True:
-                try:
-                    async with asyncio.timeout(LIVE_KEEPALIVE):
-                        item = await queue.get()
-                except TimeoutError:
+                item = await _next(queue, stop)
+                if item is None:
                     yield ": keepalive\n\n"
                     continue
                 if isinstance(item, str):
@@ -265,6 +271,20 @@ class _Pages:
         finally:
             self.streams -= 1
             reader.cancel()
+            stop.cancel()
+
+
+async def _next(queue: asyncio.Queue[Event | str], stop: asyncio.Task[Any]) -> Event | str | None:
+    """The next item of a live view: an event, how it ended (`end` once `stop` is done), or
+    None after `LIVE_KEEPALIVE` seconds without either."""
+    getting = asyncio.ensure_future(queue.get())
+    done, _ = await asyncio.wait(
+        {getting, stop}, timeout=LIVE_KEEPALIVE, return_when=asyncio.FIRST_COMPLETED
+    )
+    if getting in done:
+        return getting.result()
+    getting.cancel()
+    return "end" if stop in done else None
 
 
 async def _follow(

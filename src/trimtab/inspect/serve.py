@@ -93,8 +93,10 @@ async def serve(
         await _check(opened, store_timeout)
         listener = _listen(host, port)
         hosts = LOOPBACK_NAMES | {host.lower()} if token is None else None
-        app = create_app(opened, token=token, hosts=hosts)
-        await _run(app, listener, inspector_url(host, listener.getsockname()[1], token), on_ready)
+        stopping = asyncio.Event()
+        app = create_app(opened, token=token, hosts=hosts, stopping=stopping)
+        url = inspector_url(host, listener.getsockname()[1], token)
+        await _run(app, stopping, listener, url, on_ready)
     finally:
         if opened is not store:
             await opened.close()
@@ -121,10 +123,19 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def _run(
-    app: Guard, listener: socket.socket, url: str, on_ready: Callable[[str], None] | None
+    app: Guard,
+    stopping: asyncio.Event,
+    listener: socket.socket,
+    url: str,
+    on_ready: Callable[[str], None] | None,
 ) -> None:
     # Imported here: a server is started once, and uvicorn is not needed to build the app.
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            stopping.set()  # the live views end first, or the shutdown would wait for them
+            await super().shutdown(sockets)
 
     config = uvicorn.Config(
         app,
@@ -137,7 +148,14 @@ async def _run(
     # The socket listens already: a browser that connects now waits in its backlog for the
     # server, which starts at once, so the URL can be given out before.
     (on_ready or _announce)(url)
+    server = Server(config)
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
     try:
-        await uvicorn.Server(config).serve(sockets=[listener])
+        await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        # Stopped as a task: shut down as on a signal, open responses included.
+        server.should_exit = True
+        await serving
+        raise
     finally:
         listener.close()
