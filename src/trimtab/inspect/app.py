@@ -107,6 +107,8 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/", pages.index),
+            # Browsers ask for it on every site: no icon, and no error in their consoles.
+            Route("/favicon.ico", lambda request: Response(status_code=204)),
             Route("/sessions/{session_id:path}/calls/{call:int}", pages.window),
             Route("/sessions/{session_id:path}/events/{seq:int}", pages.event),
             Route("/sessions/{session_id:path}/live", pages.live),
