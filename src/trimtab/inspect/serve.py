@@ -115,11 +115,19 @@ async def _check(store: Store, timeout: float) -> None:
 
 
 def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket, declared TCP: asyncio sets TCP_NODELAY on the connections of such
+    a socket only (`socket.create_server` declares none), and without it a response on a
+    kept-alive connection can wait some 40 ms for the browser's delayed ACK."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        return socket.create_server((host, port), family=family)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
     except OSError as exc:
+        sock.close()
         raise InspectError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    return sock
 
 
 async def _run(
