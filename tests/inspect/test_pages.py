@@ -168,7 +168,7 @@ async def test_issue19_session_page_shows_each_context_operation(
     assert ops[1][1].startswith("compacted (manual): ") and "messages removed" in ops[1][1]
     assert ops[2][1] == f"truncated at event {fourth.id}: 5 events removed"
     assert "THE SUMMARY" in html
-    assert "0 clears, 1 compactions, 1 truncations" in visible(html)
+    assert "0 clears, 1 compaction, 1 truncation" in visible(html)
     assert f"forked from session {session.session_id}" in forked
     assert f'<a class="mono" href="{url(session.session_id)}">' in forked
 

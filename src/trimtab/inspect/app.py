@@ -71,6 +71,7 @@ def _environment() -> Environment:
         url=lambda value: quote(str(value), safe=""),
         when=_when,
         count=lambda number: f"{number:,}",
+        times=lambda number, noun: f"{number:,} {noun}{'' if number == 1 else 's'}",
         pretty=_pretty,
     )
     return env
