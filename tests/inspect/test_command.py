@@ -298,3 +298,39 @@ async def test_issue19_live_views_end_when_the_inspector_stops(tmp_path: Path) -
                     await server
     assert first["data"]["type"] == "session.start"
     assert last["event"] == "end"
+
+
+async def test_issue19_live_views_are_kept_alive_and_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trimtab.inspect import app, serve
+
+    monkeypatch.setattr(app, "LIVE_KEEPALIVE", 0.05)
+    monkeypatch.setattr(app, "MAX_LIVE_STREAMS", 1)
+    store, session_id = await seeded_store(tmp_path)
+    ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(serve(store, on_ready=ready.set_result))
+    try:
+        url = await asyncio.wait_for(ready, 30)
+        stream_url = session_url(url, session_id, "/live?after=16")
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("GET", stream_url) as response:
+                lines = response.aiter_lines()
+                async with asyncio.timeout(30):
+                    while await anext(lines) != ": keepalive":
+                        pass
+                second = await http.get(stream_url)
+            # The closed view frees its slot once the server sees the disconnection.
+            statuses = []
+            for _ in range(200):
+                async with http.stream("GET", stream_url) as again:
+                    statuses.append(again.status_code)
+                if statuses[-1] == 200:
+                    break
+                await asyncio.sleep(0.05)
+    finally:
+        server.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await server
+    assert second.status_code == 503 and "too many live views" in second.text
+    assert statuses[-1] == 200

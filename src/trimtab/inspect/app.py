@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
@@ -291,7 +291,7 @@ async def _next(queue: asyncio.Queue[Event | str], stop: asyncio.Task[Any]) -> E
 
 
 async def _follow(
-    store: Store, session_id: str, after: int, put: Callable[[Event | str], Any]
+    store: Store, session_id: str, after: int, put: Callable[[Event | str], Awaitable[None]]
 ) -> None:
     """Hand the session's events to `put`, then how the subscription ended: `gone` (the
     session was deleted), `end` (the store closed) or `error`."""

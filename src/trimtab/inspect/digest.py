@@ -59,7 +59,8 @@ class Summary:
 class Digest:
     """Folds a log, one event at a time, into a `Summary`."""
 
-    replay: Replay = field(default_factory=lambda: replay(()))
+    state: Replay = field(default_factory=lambda: replay(()))
+    """The runtime's own replay: it says when a run ends, and what it used."""
     event_count: int = 0
     model: str | None = None
     provider: str | None = None
@@ -72,7 +73,7 @@ class Digest:
 
     def apply(self, event: Event) -> None:
         """Take the next persisted event into account."""
-        ended = self.replay.apply(event)
+        ended = self.state.apply(event)
         self.event_count += 1
         match event:
             case SessionStartEvent():
@@ -105,7 +106,7 @@ class Digest:
 
     def summary(self) -> Summary:
         """The figures so far."""
-        usage = self.replay.usage
+        usage = self.state.usage
         return Summary(
             event_count=self.event_count,
             model=self.model,
@@ -114,7 +115,7 @@ class Digest:
             model_calls=self.model_calls,
             input_tokens=usage.input_tokens or 0,
             output_tokens=usage.output_tokens or 0,
-            clears=self.replay.epoch,
+            clears=self.state.epoch,
             compactions=self.compactions,
             truncations=self.truncations,
             run_open=self.run_open,
