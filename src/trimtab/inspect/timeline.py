@@ -177,10 +177,6 @@ class Timeline:
         """The open turn's calls by id (emptied when it ends: ids are unique per turn)."""
         self._runs = 0
 
-    @property
-    def event_count(self) -> int:
-        return self.digest.event_count
-
     def add(self, event: Event) -> None:
         """Fold the next persisted event."""
         self.digest.apply(event)
