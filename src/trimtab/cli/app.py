@@ -161,6 +161,41 @@ def serve(args: tuple[str, ...]) -> int:
     return serve_main(list(args), prog="trimtab serve")
 
 
+@cli.command("inspect")
+@click.option(
+    "--host",
+    metavar="ADDRESS",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on. Any but loopback needs a token.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="TCP port; 0 picks a free one.",
+)
+@click.option(
+    "--token",
+    metavar="TOKEN",
+    envvar="TRIMTAB_INSPECT_TOKEN",
+    help="Token a browser must present; the printed URL carries it [env"
+    " TRIMTAB_INSPECT_TOKEN]. Empty means none.",
+)
+@_common_options
+def inspect_sessions(host: str, port: int, token: str | None, **settings: Any) -> int:
+    """Serve a read-only web page to inspect the stored sessions.
+
+    Runs, tool calls, context operations, the window the model saw at each call, token usage,
+    and a live view of a running session. Prints the URL to open; Ctrl-C stops it. Needs the
+    inspect extra.
+    """
+    from trimtab.cli.inspector import run_inspector
+
+    return run_inspector(_resolve(settings), host=host, port=port, token=token)
+
+
 @cli.group()
 def sessions() -> None:
     """List, inspect and delete stored sessions."""

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     # Not imported at run time: it brings in the testing helpers, for a hidden provider.
     from trimtab.cli.script import CliScriptedModel
 
-__all__ = ["SessionHost", "in_use", "persisted_config"]
+__all__ = ["SessionHost", "in_use", "persisted_config", "store_file"]
 
 _REBUILDABLE = frozenset({"openai", "azure", "anthropic", "local"})
 """Provider types a resumed session can rebuild from its log (credentials from the
@@ -112,7 +112,7 @@ class SessionHost:
 
     async def _open_store(self) -> Store:
         config = self._resolved.config
-        file = _store_file(config.store, config.home)
+        file = store_file(config.store, config.home)
         if self._read_only and file is not None and not file.exists():
             if config.store is not None:
                 raise CliError(
@@ -293,7 +293,7 @@ class SessionHost:
         raise CliError("there is no session to resume", hint="start one with 'trimtab chat'")
 
 
-def _store_file(spec: str | None, home: Path) -> Path | None:
+def store_file(spec: str | None, home: Path) -> Path | None:
     """The SQLite file a store spec names (as `open_store` reads it), or None for another
     kind of store."""
     if spec is None:

@@ -1,0 +1,131 @@
+"""`Digest`: what the sessions page tells about one session, folded from its log.
+
+The state follows the rules of `trimtab sessions list`: a run that has not ended is `running`
+while a process holds the session's lease and `interrupted` once none does; a run that ended
+in `session.error` leaves the session `failed` until the next message. When a run ends is the
+replay's to say (`Replay.apply`), so that the inspector and the runtime never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from trimtab._replay import Replay, replay
+from trimtab.events import (
+    AbortEvent,
+    AssistantTurnStartEvent,
+    AssistantUsageEvent,
+    Event,
+    SessionCompactionCompleteEvent,
+    SessionErrorEvent,
+    SessionResumeEvent,
+    SessionStartEvent,
+    SessionTruncatedEvent,
+    UserMessageEvent,
+)
+
+__all__ = ["Digest", "Status", "Summary", "summarize"]
+
+Status: TypeAlias = Literal["idle", "running", "failed", "interrupted"]
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A session's figures at one length of its log (`event_count`)."""
+
+    event_count: int
+    model: str | None
+    provider: str | None
+    forked_from: str | None
+    model_calls: int
+    input_tokens: int
+    output_tokens: int
+    clears: int
+    compactions: int
+    truncations: int
+    run_open: bool
+    failed: bool
+
+    def status(self, *, held: bool) -> Status:
+        """The session's state, given whether a live process holds its lease."""
+        if self.run_open:
+            return "running" if held else "interrupted"
+        return "failed" if self.failed else "idle"
+
+
+@dataclass(slots=True)
+class Digest:
+    """Folds a log, one event at a time, into a `Summary`."""
+
+    state: Replay = field(default_factory=lambda: replay(()))
+    """The runtime's own replay: it says when a run ends, and what it used."""
+    event_count: int = 0
+    model: str | None = None
+    provider: str | None = None
+    forked_from: str | None = None
+    model_calls: int = 0
+    compactions: int = 0
+    truncations: int = 0
+    run_open: bool = False
+    failed: bool = False
+
+    def apply(self, event: Event) -> None:
+        """Take the next persisted event into account."""
+        ended = self.state.apply(event)
+        self.event_count += 1
+        match event:
+            case SessionStartEvent():
+                config = event.data.config
+                self.model, self.forked_from = config.model, event.data.forked_from
+                self.provider = str((config.provider or {}).get("type") or "") or None
+            case SessionResumeEvent() if event.data.config is not None:
+                self.model = event.data.config.model or self.model
+            case UserMessageEvent():
+                self.run_open = True
+                if event.data.source != "context_cleared":
+                    self.failed = False
+            case AssistantTurnStartEvent():
+                self.model_calls += 1
+                self.model = event.data.model or self.model
+            case AssistantUsageEvent():
+                self.model = self.model or event.data.model
+            case SessionCompactionCompleteEvent() if event.data.success:
+                self.compactions += 1
+            case SessionTruncatedEvent():
+                self.truncations += 1
+            case SessionErrorEvent():
+                self.run_open, self.failed = False, True
+            case AbortEvent():
+                self.run_open = False
+            case _:
+                pass
+        if ended:
+            self.run_open = False
+
+    def summary(self) -> Summary:
+        """The figures so far."""
+        usage = self.state.usage
+        return Summary(
+            event_count=self.event_count,
+            model=self.model,
+            provider=self.provider,
+            forked_from=self.forked_from,
+            model_calls=self.model_calls,
+            input_tokens=usage.input_tokens or 0,
+            output_tokens=usage.output_tokens or 0,
+            clears=self.state.epoch,
+            compactions=self.compactions,
+            truncations=self.truncations,
+            run_open=self.run_open,
+            failed=self.failed,
+        )
+
+
+def summarize(events: Iterable[Event]) -> Summary:
+    """The summary of a whole log."""
+    digest = Digest()
+    for event in events:
+        digest.apply(event)
+    return digest.summary()
