@@ -38,7 +38,6 @@ from trimtab.events import (
     Event,
     PermissionCompletedData,
     PermissionCompletedEvent,
-    PermissionRequestData,
     PermissionRequestedData,
     PermissionRequestedEvent,
     PermissionResultData,
@@ -143,6 +142,10 @@ class LoopHost(CompactionHost, Protocol):
         ...
 
     def deferred(self) -> frozenset[str]: ...
+    async def refresh_tools(self) -> None:
+        """Take in changes of the session's tool source (its MCP servers) between turns."""
+        ...
+
     def next_turn_id(self) -> str: ...
     def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation: ...
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
@@ -228,6 +231,7 @@ async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
     the turn it left open, and go on as the log says (the seed of a clear committed before
     the crash comes next, C10)."""
     try:
+        await host.refresh_tools()
         if interrupted.calls:
             await _run_batch(host, interrupted.calls, interrupted.turn_id or "", started=True)
     finally:
@@ -255,6 +259,7 @@ _Step = Literal["end", "continue"] | _Seed
 
 async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
     """One model call and its batch, bracketed by turn_start / turn_end."""
+    await host.refresh_tools()
     await fit_window(host)
     model = host.config.model
     turn_id = host.next_turn_id()
@@ -452,12 +457,7 @@ async def _permission(
     if handler is None:
         return NO_HANDLER
     request_id = new_id()
-    request = PermissionRequestData(
-        tool_name=tool.name,
-        tool_description=tool.definition.description,
-        args=invocation.arguments,
-        tool_call_id=call.id,
-    )
+    request = tool.permission_request(invocation.arguments, call.id)
     await host.emit(
         PermissionRequestedEvent(
             data=PermissionRequestedData(request_id=request_id, permission_request=request)
