@@ -3,9 +3,8 @@
 A local server is `{"type": "stdio" | "local", "command", "args", "env", "working_directory",
 "tools", "timeout"}` (the wire says `cwd`), a remote one `{"type": "http" | "sse", "url",
 "headers", "tools", "timeout"}`. Keys are snake_case in Python and camelCase on the wire; both
-are accepted. `timeout` is in milliseconds, as in the Copilot SDK. Two trimtab keys go beyond
-the Copilot shapes: `defer` (`"auto"`, the default, or `"never"`) and `terminal_tools` (the
-server's tools whose successful call ends the run, spec T1; none by default).
+are accepted. `timeout` is in milliseconds, as in the Copilot SDK. One trimtab key goes beyond
+the Copilot shapes: `defer` (`"auto"`, the default, or `"never"`).
 """
 
 from __future__ import annotations
@@ -46,8 +45,6 @@ class _Common(BaseModel):
     defer: Literal["auto", "never"] = "auto"
     """`auto`: the server's tools go behind `tool_search` when the session has more tools
     than the threshold; `never`: always sent."""
-    terminal_tools: list[str] = []
-    """The server's tools (by their MCP names) that end the run when they succeed (T1)."""
 
     def offers(self, tool: str) -> bool:
         """Whether the config lets the session see the server's tool `tool`."""

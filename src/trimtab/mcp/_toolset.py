@@ -166,7 +166,6 @@ class McpToolset:
             name=name,
             description=tool.description or tool.title or "",
             parameters=schema,
-            is_terminal=tool.name in config.terminal_tools,
             defer="never" if config.defer == "never" else None,
             timeout=config.timeout / 1000,
         )
