@@ -21,9 +21,7 @@ FAULTY = SERVERS / "faulty.py"
 REPO = Path(__file__).resolve().parents[2]
 EVERYTHING_VERSION = "2026.8.31"
 """The pinned `@modelcontextprotocol/server-everything` that `.ci/run` installs."""
-EVERYTHING = (
-    REPO / ".cache/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
-)
+EVERYTHING = REPO / ".cache/npm/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 
 
 def stdio(script: Path, *args: str, pids: Path | None = None, **config: Any) -> dict[str, Any]:

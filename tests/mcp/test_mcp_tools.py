@@ -68,12 +68,16 @@ async def test_mcp1_tools_of_a_stdio_server_are_called_with_typed_outcomes(pids:
 
     async with Client(store="memory") as client:
         servers = {"demo": stdio(DEMO, pids=pids)}
-        session = await open_session(client, model, mcp_servers=servers, on_permission_request=approve)
+        session = await open_session(
+            client, model, mcp_servers=servers, on_permission_request=approve
+        )
         reply = await session.send_and_wait("go")
         events = await session.get_events()
     assert reply is not None and reply.data.content == "done"
     calls = by_call(events)
-    done = {name: calls[f"c{i}"] for i, name in enumerate(("add", "echo", "fail", "picture", "bad"), 1)}
+    done = {
+        name: calls[f"c{i}"] for i, name in enumerate(("add", "echo", "fail", "picture", "bad"), 1)
+    }
     assert done["add"] == ("demo__add", "success", "5")
     assert done["echo"] == ("demo__echo", "success", "hi")
     assert done["fail"][1] == "failure" and "no such file" in done["fail"][2]
@@ -196,7 +200,11 @@ async def test_mcp6_an_older_servers_list_changed_notification_reaches_the_next_
 
 async def test_mcp4_a_servers_tools_are_deferred_behind_tool_search(pids: Path) -> None:
     model = ScriptedModel(
-        [tool_call("tool_search", {"query": "add two numbers"}), tool_call("demo__add", {"a": 1, "b": 1}), "2"]
+        [
+            tool_call("tool_search", {"query": "add two numbers"}),
+            tool_call("demo__add", {"a": 1, "b": 1}),
+            "2",
+        ]
     )
     async with Client(store="memory") as client:
         session = await open_session(
@@ -217,7 +225,9 @@ async def test_mcp4_defer_never_keeps_a_servers_tools_loaded(pids: Path) -> None
     model = ScriptedModel(["hi"])
     async with Client(store="memory") as client:
         servers = {"demo": stdio(DEMO, pids=pids, defer="never")}
-        session = await open_session(client, model, mcp_servers=servers, tool_search={"defer_threshold": 3})
+        session = await open_session(
+            client, model, mcp_servers=servers, tool_search={"defer_threshold": 3}
+        )
         await session.send_and_wait("go")
     assert "demo__add" in {t.name for t in model.requests[0].tools}
     assert "tool_search" not in {t.name for t in model.requests[0].tools}
@@ -235,7 +245,10 @@ async def test_mcp4_mcp_tools_are_never_terminal(pids: Path) -> None:
 async def test_mcp4_the_tools_filter_chooses_what_the_model_sees(pids: Path) -> None:
     model = ScriptedModel(["hi"])
     async with Client(store="memory") as client:
-        servers = {"demo": stdio(DEMO, pids=pids, tools=["add", "echo"]), "off": stdio(FAULTY, "ok", pids=pids, tools=[])}
+        servers = {
+            "demo": stdio(DEMO, pids=pids, tools=["add", "echo"]),
+            "off": stdio(FAULTY, "ok", pids=pids, tools=[]),
+        }
         session = await open_session(client, model, mcp_servers=servers)
         await session.send_and_wait("go")
     assert sorted(t.name for t in model.requests[0].tools) == ["demo__add", "demo__echo"]
@@ -250,7 +263,10 @@ async def test_mcp2_names_never_clash_and_fit_provider_limits(pids: Path) -> Non
     long_name = "a-server-whose-name-is-long-enough-to-push-the-name-past-64"
     model = ScriptedModel([[tool_call("demo__add")], "ok"])
     async with Client(store="memory") as client:
-        servers = {"demo": stdio(DEMO, pids=pids), long_name: stdio(DEMO, pids=pids, tools=["echo"])}
+        servers = {
+            "demo": stdio(DEMO, pids=pids),
+            long_name: stdio(DEMO, pids=pids, tools=["echo"]),
+        }
         session = await open_session(client, model, mcp_servers=servers, tools=[host])
         await session.send_and_wait("go")
         done = outcomes(await session.get_events())
@@ -326,7 +342,14 @@ async def test_mcp1_remote_servers_over_streamable_http_and_sse(
     transport: str, http_server: Any, pids: Path
 ) -> None:
     server = http_server(transport)
-    model = ScriptedModel([tool_call("web__add", {"a": 20, "b": 22}), tool_call("web__grow", {"name": "more"}), tool_call("web__more"), "42"])
+    model = ScriptedModel(
+        [
+            tool_call("web__add", {"a": 20, "b": 22}),
+            tool_call("web__grow", {"name": "more"}),
+            tool_call("web__more"),
+            "42",
+        ]
+    )
     servers = {"web": {"type": transport, "url": server.url, "headers": {"X-Test": "1"}}}
     async with Client(store="memory") as client:
         session = await open_session(client, model, mcp_servers=servers)

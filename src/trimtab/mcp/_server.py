@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import mcp
     import mcp_types
 
-__all__ = ["START_TIMEOUT", "McpServer", "ServerError"]
+__all__ = ["START_TIMEOUT", "Backoff", "McpServer", "ServerError"]
 
 log = logging.getLogger("trimtab.mcp")
 
@@ -52,6 +52,10 @@ _GUARD = Path(__file__).with_name("_guard.py")
 
 class ServerError(Exception):
     """The server could not serve the request; the text is for the model and the log."""
+
+
+class Backoff(ServerError):
+    """The server failed a moment ago: the next start waits for its backoff to pass."""
 
 
 class _Tail:
@@ -176,7 +180,7 @@ class McpServer:
             delay = self._retry_at - asyncio.get_running_loop().time()
             if delay > 0:
                 if not wait:
-                    raise ServerError(f"failed; next start in {delay:.1f} s")
+                    raise Backoff(f"failed; next start in {delay:.1f} s")
                 await asyncio.sleep(delay)
             try:
                 self._client = await self._start()

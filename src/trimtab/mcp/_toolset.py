@@ -21,7 +21,7 @@ from trimtab.events import PermissionRequestData, ToolDefinition
 from trimtab.mcp._config import ServerConfig
 from trimtab.mcp._names import assign_names
 from trimtab.mcp._results import tool_result
-from trimtab.mcp._server import McpServer, ServerError
+from trimtab.mcp._server import Backoff, McpServer, ServerError
 
 if TYPE_CHECKING:
     import mcp_types
@@ -138,6 +138,8 @@ class McpToolset:
         server, config = self._servers[name], self.configs[name]
         try:
             tools = await server.tools(config.timeout / 1000)
+        except Backoff:
+            return None  # it failed a moment ago (and said so then); a later turn tries again
         except ServerError as exc:
             text = f"MCP server {name!r} {exc}: its tools are not available"
             if self._warned.get(name) == str(exc).split(";")[0]:
