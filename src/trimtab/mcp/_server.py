@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 from trimtab.mcp._config import RemoteServerConfig, ServerConfig, StdioServerConfig
 
 if TYPE_CHECKING:
-    import mcp
     import mcp_types
+
+    import mcp
 
 __all__ = ["START_TIMEOUT", "Backoff", "McpServer", "ServerError"]
 
