@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import in_ci
+from tests.server.conftest import start_server  # noqa: F401 (a fixture of the wire tests)
 
 SERVERS = Path(__file__).parent / "servers"
 DEMO = SERVERS / "demo.py"

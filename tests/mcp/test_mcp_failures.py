@@ -18,7 +18,9 @@ from trimtab.mcp._results import MAX_RESULT_CHARS
 from trimtab.testing import ScriptedModel, tool_call
 
 
-async def run(pids: Path, mode: str, *calls: str, timeout: int = 60_000) -> tuple[list, list]:
+async def run(
+    pids: Path, mode: str, *calls: str, timeout: int = 60_000
+) -> tuple[list[tuple[str, str, str]], list[str]]:
     """Run one prompt whose model calls `calls` of the `mode` server, one per turn."""
     model = ScriptedModel([*(tool_call(f"bad__{name}") for name in calls), "still going"])
     async with Client(store="memory") as client:

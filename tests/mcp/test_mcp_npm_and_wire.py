@@ -18,7 +18,6 @@ from tests.server.conftest import (
     call,
     conversation,
     provider,
-    start_server,  # noqa: F401 (the fixture)
     tool,
     user,
 )
@@ -55,7 +54,11 @@ async def test_mcp1_the_npm_everything_server_through_the_scripted_model() -> No
 
 
 async def run_over_serve(
-    start_server: StartServer, servers: dict[str, Any], name: str, arguments: dict[str, Any], result: str
+    start_server: StartServer,
+    servers: dict[str, Any],
+    name: str,
+    arguments: dict[str, Any],
+    result: str,
 ) -> list[Any]:
     """One run over `trimtab serve`, configured by the official client's `mcp_servers`."""
     recorded = conversation(
@@ -76,7 +79,7 @@ async def run_over_serve(
     try:
         async with ReplayServer([recorded]) as model:
             session = await client.create_session(
-                provider=provider(model),
+                provider=provider(model),  # type: ignore[arg-type]
                 model="test-model",
                 on_permission_request=permission,
                 mcp_servers=servers,
@@ -85,7 +88,7 @@ async def run_over_serve(
             await session.disconnect()
     finally:
         await client.force_stop()
-    assert reply is not None and reply.data.content == f"It said {result}."
+    assert reply is not None and getattr(reply.data, "content", None) == f"It said {result}."
     return asked
 
 
