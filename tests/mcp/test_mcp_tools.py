@@ -278,7 +278,7 @@ async def test_mcp2_names_never_clash_and_fit_provider_limits(pids: Path) -> Non
     assert any(n.startswith("a-server-whose-name") and len(n) == 64 for n in names)
 
 
-async def test_mcp_invalid_configs_are_refused_before_anything_is_stored(tmp_path: Path) -> None:
+async def test_mcp7_invalid_configs_are_refused_before_anything_is_stored(tmp_path: Path) -> None:
     cases: list[tuple[dict[str, dict[str, Any]], str]] = [
         ({"x": {"type": "stdio"}}, "MCP server 'x': command"),
         ({"x": {"type": "http", "url": "ftp://h"}}, "MCP server 'x': url"),
