@@ -37,6 +37,7 @@ from trimtab.providers import Provider, ProviderConfig, make_provider
 from trimtab.store import DEFAULT_TIMEOUT, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
+    from trimtab.mcp import ServerPool
     from trimtab.remote import RemoteClient
 
 __all__ = ["Client", "SessionOptions"]
@@ -71,6 +72,10 @@ class SessionOptions(TypedDict, total=False):
     """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
     max_turns: int
     """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
+    mcp_servers: dict[str, dict[str, Any]]
+    """MCP servers whose tools the session gets, in the Copilot SDK's shapes (`trimtab.mcp`):
+    started on the session's first run, shared by the sessions of this client. Not logged
+    (their env and headers may hold secrets): pass them again on resume, as tools."""
 
 
 _validate_options = TypeAdapter(SessionOptions)
@@ -116,6 +121,8 @@ class Client:
         self._sessions: dict[str, Session] = {}
         self._providers: dict[str, Provider] = {}
         self._maintainer: asyncio.Task[None] | None = None
+        self._mcp: ServerPool | None = None
+        """The MCP servers of this client's sessions, created with the first that has any."""
 
     @classmethod
     def connect(cls, url: str, *, token: str | None = None) -> RemoteClient:
@@ -165,6 +172,8 @@ class Client:
         providers, self._providers = list(self._providers.values()), {}
         for provider in providers:
             await provider.aclose()
+        if self._mcp is not None:
+            await self._mcp.close()
         if self._store is not None and not isinstance(self._store_spec, Store):
             await self._store.close()
         self._store = None
@@ -292,9 +301,19 @@ class Client:
             permission_handler=opts.get("on_permission_request"),
             on_close=self._forget,
             on_fork=self._fork,
+            tool_source=self._mcp_tools(opts.get("mcp_servers"), frozenset(tools)),
         )
         self._sessions[session_id] = session
         return session
+
+    def _mcp_tools(self, servers: dict[str, Any] | None, reserved: frozenset[str]) -> Any:
+        """The session's MCP toolset (`trimtab.mcp`, imported only when servers are named)."""
+        if not servers:
+            return None
+        from trimtab import mcp
+
+        self._mcp = self._mcp or mcp.ServerPool()
+        return mcp.toolset(servers, self._mcp, reserved)
 
     async def _fork(self, source: Session, events: list[Event]) -> Session:
         """A new session holding a copy of `events` (the source's log after its start event).
@@ -302,7 +321,9 @@ class Client:
         Inert: the copy gets events of its own (new ids) and is brought to rest, so that it
         never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
-        opts: SessionOptions = {"tools": list(source._tools.values())}
+        opts: SessionOptions = {"tools": list(source._own_tools.values())}
+        if source._tool_source is not None:
+            opts["mcp_servers"] = getattr(source._tool_source, "raw", {})  # the same servers
         if source.permission_handler is not None:
             opts["on_permission_request"] = source.permission_handler
         data = SessionStartData(
@@ -459,9 +480,14 @@ async def _open_replay(store: Store, session_id: str) -> Replay:
 
 def _checked(options: Mapping[str, Any]) -> SessionOptions:
     try:
-        return _validate_options.validate_python(options)
+        checked = _validate_options.validate_python(options)
     except ValidationError as exc:
         raise ValueError(f"invalid session options: {exc}") from None
+    if checked.get("mcp_servers"):
+        from trimtab import mcp
+
+        mcp.check(checked["mcp_servers"])  # before anything is stored or leased
+    return checked
 
 
 def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:

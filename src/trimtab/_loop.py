@@ -38,7 +38,6 @@ from trimtab.events import (
     Event,
     PermissionCompletedData,
     PermissionCompletedEvent,
-    PermissionRequestData,
     PermissionRequestedData,
     PermissionRequestedEvent,
     PermissionResultData,
@@ -141,6 +140,10 @@ class LoopHost(CompactionHost, Protocol):
         ...
 
     def deferred(self) -> frozenset[str]: ...
+    async def refresh_tools(self) -> None:
+        """Take in changes of the session's tool source (its MCP servers) between turns."""
+        ...
+
     def next_turn_id(self) -> str: ...
     def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation: ...
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
@@ -224,6 +227,7 @@ async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
     the turn it left open, and go on as the log says (the seed of a clear committed before
     the crash comes next, C10)."""
     try:
+        await host.refresh_tools()
         if interrupted.calls:
             await _run_batch(host, interrupted.calls, interrupted.turn_id or "", started=True)
     finally:
@@ -251,6 +255,7 @@ _Step = Literal["end", "continue"] | _Seed
 
 async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
     """One model call and its batch, bracketed by turn_start / turn_end."""
+    await host.refresh_tools()
     await fit_window(host)
     model = host.config.model
     turn_id = host.next_turn_id()
@@ -396,8 +401,13 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
     try:
         if not started:
             # (An emit is never half done: cancelled during it, the start is stored.)
+            tool = host.tools.get(call.name)
             start = ToolExecutionStartData(
-                tool_call_id=call.id, tool_name=call.name, arguments=arguments, turn_id=turn_id
+                tool_call_id=call.id,
+                tool_name=call.name,
+                arguments=arguments,
+                turn_id=turn_id,
+                is_terminal=(tool is not None and tool.definition.is_terminal) or None,
             )
             await host.emit(ToolExecutionStartEvent(data=start))
         outcome = await _decide(host, call, arguments)
@@ -450,12 +460,7 @@ async def _permission(
     if handler is None:
         return NO_HANDLER
     request_id = new_id()
-    request = PermissionRequestData(
-        tool_name=tool.name,
-        tool_description=tool.definition.description,
-        args=invocation.arguments,
-        tool_call_id=call.id,
-    )
+    request = tool.permission_request(invocation.arguments, call.id)
     try:
         await host.emit(
             PermissionRequestedEvent(

@@ -57,10 +57,12 @@ class Batch(BaseModel):
     calls: dict[str, str] | None = None
     """Call id -> tool name, once the turn's `assistant.message` is logged (None before)."""
     outcomes: dict[str, ToolOutcome] = {}
+    terminal: list[str] = []
+    """The calls of terminal tools (their `tool.execution_start` says so)."""
     cleared: bool = False
     """A clear committed in this turn: the seeded run follows (spec C8)."""
 
-    def ends_run(self, terminal: frozenset[str]) -> bool | None:
+    def ends_run(self) -> bool | None:
         """Whether the run ends with this turn: the model answered without calls, a terminal
         call succeeded (T1, T3) or a call was rejected (O2), and no clear committed (C8).
         None when the model never answered: an error or an abort follows and ends the run."""
@@ -70,10 +72,7 @@ class Batch(BaseModel):
             return False
         if not self.calls or "rejected" in self.outcomes.values():
             return True
-        return any(
-            self.outcomes.get(call_id) == "success" and name in terminal
-            for call_id, name in self.calls.items()
-        )
+        return any(self.outcomes.get(call_id) == "success" for call_id in self.terminal)
 
 
 class ReplaySnapshot(BaseModel):
@@ -185,6 +184,8 @@ class Replay:
                     batch.calls = {r.tool_call_id: r.name for r in requests}
             case ToolExecutionStartEvent():
                 self.unfinished_calls[event.data.tool_call_id] = event.data
+                if batch is not None and event.data.is_terminal:
+                    batch.terminal = [*batch.terminal, event.data.tool_call_id]
             case ToolExecutionCompleteEvent():
                 self.unfinished_calls.pop(event.data.tool_call_id, None)
                 if batch is not None:
@@ -193,7 +194,7 @@ class Replay:
                 batch.cleared = True
             case AssistantTurnEndEvent():
                 self.open_turn, self.batch = None, None
-                if batch is not None and batch.ends_run(self._terminal()):
+                if batch is not None and batch.ends_run():
                     return self._end_run()
             case SessionErrorEvent() | AbortEvent():
                 return self._end_run()
@@ -205,9 +206,6 @@ class Replay:
         ended = self.run_id is not None
         self.run_id = self.batch = self.pending_seed = None
         return ended
-
-    def _terminal(self) -> frozenset[str]:
-        return frozenset(t.name for t in self.config.tools if t.is_terminal)
 
     def _rebase(self, base: tuple[Message, ...]) -> None:
         self.base, self.projection = base, Projection()

@@ -28,7 +28,7 @@ from trimtab._permissions import PermissionHandlerFn
 from trimtab._replay import Replay
 from trimtab._runs import RunLedger
 from trimtab._subscribers import EventHandler, Subscribers
-from trimtab._tools import Tool, ToolInvocation, valid_text
+from trimtab._tools import Tool, ToolInvocation, ToolSource, valid_text
 from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
 from trimtab._window import ContextWindow, context_window
 from trimtab.events import (
@@ -45,12 +45,14 @@ from trimtab.events import (
     SessionIdleEvent,
     SessionResumeData,
     SessionResumeEvent,
+    SessionWarningEvent,
     ToolDefinition,
     ToolExecutionCompleteData,
     ToolExecutionCompleteEvent,
     ToolResultError,
     TurnData,
     UserMessageEvent,
+    WarningData,
     new_id,
 )
 from trimtab.providers import Message, Provider, ToolCall, Usage
@@ -126,6 +128,7 @@ class Session:
         permission_handler: PermissionHandlerFn | None,
         on_close: Callable[[Session], None] | None = None,
         on_fork: Callable[[Session, list[Event]], Awaitable[Session]] | None = None,
+        tool_source: ToolSource | None = None,
     ) -> None:
         self.session_id = session_id
         self.state = LoopState()
@@ -138,6 +141,9 @@ class Session:
         self._provider = provider
         # The client hands over a dict of its own: no copy (~200 bytes per idle session).
         self._tools = tools if type(tools) is dict else dict(tools)
+        self._own_tools = self._tools
+        """The tools the session was given; `_tools` adds the tool source's to them."""
+        self._tool_source = tool_source
         self._hidden: tuple[SessionConfigData, frozenset[str], dict[str, Tool]] | None = None
         self._permission_handler = permission_handler
         self._on_close = on_close
@@ -196,6 +202,27 @@ class Session:
                 tools = {**tools, TOOL_SEARCH: make_tool_search(self._tools, hidden)}
             self._hidden = (config, hidden, tools)
         return self._hidden[1], self._hidden[2]
+
+    async def refresh_tools(self) -> None:
+        """Take in what changed in the tool source (MCP servers started, their lists
+        changed) before a turn: never during one, so a batch sees one set of tools."""
+        if self._tool_source is None:
+            return
+        try:
+            tools, warnings = await self._tool_source.refresh()
+        except Exception:
+            log.exception("the tool source of session %s failed", self.session_id)
+            return
+        if warnings:
+            await self.emit_all(
+                [
+                    SessionWarningEvent(data=WarningData(warning_type="mcp", message=valid_text(w)))
+                    for w in warnings
+                ]
+            )
+        if tools is not None:
+            self._tools = {**tools, **self._own_tools}
+            self._hidden = None
 
     def model_tools(self) -> list[ToolDefinition]:
         """The tool definitions sent to the model on its next call."""
@@ -486,6 +513,8 @@ class Session:
                 )
             await self._store.release_lease(self._lease)
             self._lease = None
+        if self._tool_source is not None:
+            await self._tool_source.close()
         if self._on_close is not None:
             self._on_close(self)
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, overload
 
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from trimtab._errors import ToolError
-from trimtab.events import ToolDefinition, ToolOutcome
+from trimtab.events import PermissionRequestData, ToolDefinition, ToolOutcome
 
 if TYPE_CHECKING:
     from trimtab._session import Session
@@ -30,6 +30,7 @@ __all__ = [
     "ToolHandler",
     "ToolInvocation",
     "ToolResult",
+    "ToolSource",
     "define_tool",
     "parse_arguments",
     "valid_text",
@@ -93,6 +94,15 @@ class Tool:
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, is_terminal={self.definition.is_terminal})"
+
+    def permission_request(self, arguments: Any, tool_call_id: str) -> PermissionRequestData:
+        """What the permission handler is asked about a call of this tool."""
+        return PermissionRequestData(
+            tool_name=self.name,
+            tool_description=self.definition.description,
+            args=arguments,
+            tool_call_id=tool_call_id,
+        )
 
     def validate(self, arguments: Any) -> BaseModel | dict[str, Any] | CallOutcome:
         """The handler's first argument, or an `invalid_arguments` outcome."""
@@ -161,6 +171,20 @@ class Tool:
         if self._pass_invocation:
             return self.handler(params, invocation)
         return self.handler(params)
+
+
+class ToolSource(Protocol):
+    """Tools a session gets from outside its own list (its MCP servers), which may change
+    between turns."""
+
+    async def refresh(self) -> tuple[Mapping[str, Tool] | None, Sequence[str]]:
+        """The source's tools when they changed since the last call (else None), and
+        warnings for the log (a server that could not start)."""
+        ...
+
+    async def close(self) -> None:
+        """The session is done with the source."""
+        ...
 
 
 _FAILED = CallOutcome("failure", "Failed to execute '{name}': tool execution failed.")

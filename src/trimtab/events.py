@@ -271,6 +271,9 @@ class ToolExecutionStartData(WireModel):
     tool_name: str
     arguments: Any = None
     turn_id: str | None = None
+    is_terminal: bool | None = None
+    """The called tool was terminal (spec T1): logged with the call, so that the log alone
+    tells whether its success ends the run, whatever the tool's source (None: it was not)."""
 
 
 class ToolResultContent(WireModel):
@@ -313,11 +316,19 @@ class ExternalToolCompletedData(WireModel):
 
 
 class PermissionRequestData(WireModel):
-    kind: Literal["custom-tool"] = "custom-tool"
+    kind: Literal["custom-tool", "mcp"] = "custom-tool"
+    """`mcp` for a tool of an MCP server, whose request also names the server."""
     tool_name: str
+    """The tool's name; for `mcp`, as its server names it (not the session-wide name)."""
     tool_description: str = ""
     args: Any = None
     tool_call_id: str | None = None
+    server_name: str | None = None
+    """`mcp`: the server's name in the session's `mcp_servers`."""
+    tool_title: str | None = None
+    """`mcp`: the tool's title (its name when it has none)."""
+    read_only: bool | None = None
+    """`mcp`: the server says the tool changes nothing (`readOnlyHint`)."""
 
 
 class PermissionRequestedData(WireModel):

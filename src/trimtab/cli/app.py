@@ -63,6 +63,14 @@ def _provider_options(command: F) -> F:
             help="Fail a model call that waits this long for data (default: 120 streamed, "
             "300 unstreamed) [env TRIMTAB_TIMEOUT].",
         ),
+        click.option(
+            "--mcp",
+            "mcp",
+            metavar="NAME=COMMAND",
+            multiple=True,
+            help="An MCP server whose tools the session gets, started as COMMAND (repeatable); "
+            "also the [mcp_servers] table of trimtab.toml.",
+        ),
         # The scripted provider is a testing aid: replies from a JSON or YAML file.
         click.option("--script", metavar="FILE", hidden=True),
     ]
@@ -72,8 +80,10 @@ def _provider_options(command: F) -> F:
 
 
 def _resolve(settings: dict[str, Any]) -> Resolved:
-    from trimtab.cli.config import resolve
+    from trimtab.cli.config import mcp_flags, resolve
 
+    if "mcp" in settings:
+        settings["mcp_servers"] = mcp_flags(settings.pop("mcp"))
     return resolve(settings)
 
 

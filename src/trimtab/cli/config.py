@@ -9,8 +9,9 @@ messages name, so that a bad value is traced to the place to fix it.
 from __future__ import annotations
 
 import os
+import shlex
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
@@ -28,6 +29,7 @@ __all__ = [
     "CliConfig",
     "ProviderName",
     "Resolved",
+    "mcp_flags",
     "resolve",
 ]
 
@@ -60,6 +62,9 @@ class CliConfig(BaseModel):
     """The replies of the `scripted` provider (JSON or YAML)."""
     system_message: str | None = None
     """The system message of new sessions."""
+    mcp_servers: dict[str, dict[str, Any]] = {}
+    """MCP servers whose tools sessions get (`--mcp NAME=COMMAND`, the `[mcp_servers]` table),
+    in the shapes of `create_session(mcp_servers=...)`."""
     timeout: float | None = Field(default=None, gt=0)
     """Seconds a model call may wait for data: the provider's `timeout` and `stall_timeout`
     both (None: their defaults, 300 s and 120 s)."""
@@ -91,14 +96,24 @@ class CliConfig(BaseModel):
             )
         return value.rstrip("/")
 
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_servers(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from trimtab.mcp import parse_servers
+
+        parse_servers(value)
+        return value
+
     @property
     def api_key_value(self) -> str | None:
         """The API key in clear, for the provider config only."""
         return self.api_key.get_secret_value() if self.api_key is not None else None
 
 
-ENV_NAMES = {name: f"TRIMTAB_{name.upper()}" for name in CliConfig.model_fields}
-"""The environment variable of each setting."""
+ENV_NAMES = {
+    name: f"TRIMTAB_{name.upper()}" for name in CliConfig.model_fields if name != "mcp_servers"
+}
+"""The environment variable of each setting (a table of servers has none)."""
 
 FLAG_NAMES = {
     "provider": "--provider",
@@ -110,6 +125,7 @@ FLAG_NAMES = {
     "script": "--script",
     "system_message": "--system",
     "timeout": "--timeout",
+    "mcp_servers": "--mcp",
     "debug": "--debug",
 }
 """The flag of each setting that has one."""
@@ -161,12 +177,38 @@ def resolve(
             values[name], sources[name] = env[variable], variable
     for name, value in flags.items():
         if value is not None:
+            if name == "mcp_servers":  # `--mcp` adds servers to the file's table
+                value = {**values.get(name, {}), **value}
             values[name], sources[name] = value, FLAG_NAMES.get(name, name)
     try:
         config = CliConfig.model_validate(values)
     except ValidationError as exc:
         raise _invalid(exc, sources) from None
     return Resolved(config, sources, config_file)
+
+
+def mcp_flags(given: Sequence[str]) -> dict[str, dict[str, Any]] | None:
+    """The servers of `--mcp NAME=COMMAND` flags (COMMAND split as a shell would), or None.
+
+    Raises:
+        CliError: A flag without `=`, a name or a command.
+    """
+    servers: dict[str, dict[str, Any]] = {}
+    for flag in given:
+        name, _, command = flag.partition("=")
+        try:
+            argv = shlex.split(command)
+        except ValueError:
+            argv = []
+        if not name.strip() or not argv:
+            raise CliError(
+                f"invalid value {flag!r} for --mcp",
+                hint="--mcp NAME=COMMAND, such as --mcp files='npx -y "
+                "@modelcontextprotocol/server-filesystem .'",
+                exit_code=EXIT_USAGE,
+            )
+        servers[name.strip()] = {"command": argv[0], "args": argv[1:]}
+    return servers or None
 
 
 def _find_config_file(cwd: Path, home: Path) -> Path | None:

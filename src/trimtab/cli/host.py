@@ -181,6 +181,8 @@ class SessionHost:
         config = self._resolved.config
         options = self._provider_options(choice)
         options.update(self._common_options(bridge, demo=config.tools == "demo"))
+        if config.mcp_servers:
+            options["mcp_servers"] = config.mcp_servers
         if config.system_message:
             options["system_message"] = config.system_message
         session = self._open_session(
@@ -207,6 +209,8 @@ class SessionHost:
             and {tool.name for tool in persisted.tools} <= DEMO_TOOL_NAMES
         )
         options.update(self._common_options(bridge, demo=demo))
+        if self._resolved.config.mcp_servers:
+            options["mcp_servers"] = self._resolved.config.mcp_servers
         session = self._open_session(
             self.client.resume_session(session_id, **options), provider, "resuming"
         )

@@ -171,6 +171,8 @@ class Approver:
     def decide(self, request: PermissionRequestData) -> PermissionDecision:
         """The decision for one request."""
         name = request.tool_name
+        if request.kind == "mcp":
+            name = f"{request.tool_name} (MCP server {request.server_name})"
         if self.mode == "yes":
             return PermissionDecision(kind="approve-once")
         if self._is_requested_clear(request):
@@ -189,6 +191,7 @@ class Approver:
         args = request.args
         return (
             self.requested_clear is not None
+            and request.kind == "custom-tool"
             and request.tool_name == CLEAR_CONTEXT
             and isinstance(args, dict)
             and args.get("prompt") == self.requested_clear

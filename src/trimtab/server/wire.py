@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from trimtab.events import ToolDefinition
+from trimtab.mcp import wire_servers
 from trimtab.providers import ProviderConfig
 
 __all__ = [
@@ -152,6 +153,8 @@ class SessionOptionsParams(SessionParams):
     streaming: bool | None = None
     request_permission: bool = False
     hooks: bool = False
+    mcp_servers: Json | None = None
+    """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
 
     def options(self) -> dict[str, Any]:
         """Keyword options for `Client.create_session` / `resume_session` (tools apart)."""
@@ -168,6 +171,8 @@ class SessionOptionsParams(SessionParams):
             options["developer_messages"] = self.developer_messages
         if self.streaming is not None:
             options["streaming"] = self.streaming
+        if self.mcp_servers:
+            options["mcp_servers"] = wire_servers(self.mcp_servers)
         return options
 
 
