@@ -27,8 +27,8 @@ from trimtab.events import (
     ToolDefinition,
     new_id,
 )
+from trimtab.protocol.wire import HandleToolCallParams, PermissionAnswer, ToolResultAnswer
 from trimtab.server.hooks import Hooks
-from trimtab.server.wire import HandleToolCallParams, PermissionAnswer, ToolResultAnswer
 
 __all__ = ["Bridge", "permission_decision", "tool_result"]
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pydantic_core
 
-from trimtab import ToolResult
-from trimtab.server.rpc import Connection, RpcError
+from trimtab import PromptBlockedError, ToolResult
+from trimtab.protocol.jsonrpc import Connection, RpcError
 
-__all__ = ["HOOK_TIMEOUT", "Hooks", "PreToolUse", "PromptBlocked"]
+__all__ = ["HOOK_TIMEOUT", "Hooks", "PreToolUse"]
 
 log = logging.getLogger("trimtab.server")
 
@@ -36,10 +36,6 @@ def _storable(value: Any) -> bool:
     except pydantic_core.PydanticSerializationError:
         return False
     return True
-
-
-class PromptBlocked(Exception):
-    """A `userPromptSubmitted` hook answered `decision: "block"`."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +99,10 @@ class Hooks:
         return result
 
     async def user_prompt_submitted(self, prompt: str) -> str:
-        """`userPromptSubmitted`: the prompt to send (`modifiedPrompt`), or `PromptBlocked`."""
+        """`userPromptSubmitted`: the prompt to send (`modifiedPrompt`), or `PromptBlockedError`."""
         output = await self.invoke("userPromptSubmitted", {"prompt": prompt})
         if output.get("decision") == "block":
-            raise PromptBlocked(str(output.get("reason") or "blocked by a hook"))
+            raise PromptBlockedError(str(output.get("reason") or "blocked by a hook"))
         modified = output.get("modifiedPrompt")
         return modified if isinstance(modified, str) and modified.strip() else prompt
 

@@ -18,17 +18,15 @@ from typing import Any
 
 from trimtab import Client, Session, SessionNotFoundError
 from trimtab.events import Event
+from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
+from trimtab.protocol.jsonrpc import Connection, RpcError
+from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
 from trimtab.server.bridge import Bridge
 from trimtab.server.hooks import Hooks
-from trimtab.server.rpc import Connection, RpcError
-from trimtab.server.wire import ResumeParams, SessionOptionsParams
 
-__all__ = ["SESSION_NOT_FOUND", "SessionHub", "SharedSession"]
+__all__ = ["SessionHub", "SharedSession"]
 
 log = logging.getLogger("trimtab.server")
-
-SESSION_NOT_FOUND = -32002
-"""Error code for a session id that is not open on this connection (or not stored at all)."""
 
 
 def _event_payload(event: Event) -> dict[str, Any]:
@@ -120,8 +118,7 @@ class SessionHub:
         """The session `peer` has attached, else a `SESSION_NOT_FOUND` error."""
         shared = self._open.get(session_id)
         if shared is None or peer not in shared.peers:
-            message = f"session {session_id} is not open on this connection (create or resume it)"
-            raise RpcError(SESSION_NOT_FOUND, message, {"code": "session_not_found"})
+            raise session_not_open(session_id)
         return shared
 
     def runs(self, session_id: str) -> bool:
