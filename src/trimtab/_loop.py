@@ -17,10 +17,11 @@ from typing import Literal, Protocol
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError
 from trimtab._permissions import (
+    APPROVED,
     CANCELLED,
     NO_HANDLER,
+    Approval,
     PermissionHandlerFn,
-    Verdict,
     ask_permission,
 )
 from trimtab._tools import CallOutcome, Tool, ToolInvocation, parse_arguments, valid_text
@@ -436,9 +437,9 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     if isinstance(params, CallOutcome):
         return params
     invocation = host.invocation(call, arguments)
-    verdict = await _permission(host, tool, call, invocation)
-    if not verdict.allowed:
-        return CallOutcome(verdict.outcome, verdict.text)
+    approval = await _permission(host, tool, call, invocation)
+    if approval.refusal is not None:
+        return approval.refusal
     host.state.in_flight[call.id] = call.name
     token = current_tool_call.set((host.session_id, call.id))
     try:
@@ -453,27 +454,27 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
 
 async def _permission(
     host: LoopHost, tool: Tool, call: ToolCall, invocation: ToolInvocation
-) -> Verdict:
+) -> Approval:
     if tool.definition.skip_permission or tool.name in host.approved_tools:
-        return Verdict(True, "success", "approved", "")
+        return APPROVED
     handler = host.permission_handler
     if handler is None:
         return NO_HANDLER
     request_id = new_id()
-    request = tool.permission_request(invocation.arguments, call.id)
+    request = tool.permission_request(invocation.arguments, call.id, request_id)
     try:
         await host.emit(
             PermissionRequestedEvent(
                 data=PermissionRequestedData(request_id=request_id, permission_request=request)
             )
         )
-        verdict = await ask_permission(handler, request, invocation)
+        approval = await ask_permission(handler, request, invocation)
     except asyncio.CancelledError:
         # Aborted while asking: the request is closed too, so that clients stop showing it.
         await host.emit(_permission_completed(request_id, call.id, CANCELLED))
         raise
-    await host.emit(_permission_completed(request_id, call.id, verdict.wire_kind))
-    return verdict
+    await host.emit(_permission_completed(request_id, call.id, approval.kind))
+    return approval
 
 
 def _permission_completed(request_id: str, call_id: str, kind: str) -> PermissionCompletedEvent:

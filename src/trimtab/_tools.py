@@ -95,13 +95,16 @@ class Tool:
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, is_terminal={self.definition.is_terminal})"
 
-    def permission_request(self, arguments: Any, tool_call_id: str) -> PermissionRequestData:
+    def permission_request(
+        self, arguments: Any, tool_call_id: str, request_id: str
+    ) -> PermissionRequestData:
         """What the permission handler is asked about a call of this tool."""
         return PermissionRequestData(
             tool_name=self.name,
             tool_description=self.definition.description,
             args=arguments,
             tool_call_id=tool_call_id,
+            request_id=request_id,
         )
 
     def validate(self, arguments: Any) -> BaseModel | dict[str, Any] | CallOutcome:

@@ -329,6 +329,8 @@ class PermissionRequestData(WireModel):
     """`mcp`: the tool's title (its name when it has none)."""
     read_only: bool | None = None
     """`mcp`: the server says the tool changes nothing (`readOnlyHint`)."""
+    request_id: str | None = None
+    """The id of the `permission.requested` event that asks it: what an answer names."""
 
 
 class PermissionRequestedData(WireModel):

@@ -27,45 +27,10 @@ from trimtab.events import (
     ToolDefinition,
     new_id,
 )
-from trimtab.protocol.wire import HandleToolCallParams, PermissionAnswer, ToolResultAnswer
+from trimtab.protocol.wire import HandleToolCallParams, ToolResultAnswer
 from trimtab.server.hooks import Hooks
 
-__all__ = ["Bridge", "permission_decision", "tool_result"]
-
-_APPROVE_ONCE = {"approve-once", "approved", "approve-for-location"}
-_APPROVE_FOR_SESSION = {
-    "approve-for-session",
-    "approve-read-only-for-session",
-    "approve-permanently",
-}
-_REJECT = {"reject", "denied-interactively-by-user"}
-_NOT_AVAILABLE = {
-    "user-not-available",
-    "denied-no-approval-rule-and-could-not-request-from-user",
-    "denied-by-rules",
-    "denied-by-content-exclusion-policy",
-}
-
-
-def permission_decision(answer: PermissionAnswer) -> PermissionDecision:
-    """The trimtab decision for a Copilot decision kind (protocol section 4.3).
-
-    Location-scoped approvals count once; read-only and permanent ones count for the session,
-    which is as long as trimtab remembers approvals.
-
-    Raises:
-        ValueError: An unknown kind.
-    """
-    kind = answer.kind
-    if kind in _APPROVE_ONCE:
-        return PermissionDecision(kind="approve-once")
-    if kind in _APPROVE_FOR_SESSION:
-        return PermissionDecision(kind="approve-for-session")
-    if kind in _REJECT:
-        return PermissionDecision(kind="reject", feedback=answer.feedback)
-    if kind in _NOT_AVAILABLE:
-        return PermissionDecision(kind="user-not-available")
-    raise ValueError(f"unknown permission decision kind {kind!r}")
+__all__ = ["Bridge", "tool_result"]
 
 
 def tool_result(answer: HandleToolCallParams, name: str, arguments: Any) -> ToolResult:
@@ -119,7 +84,6 @@ class Bridge:
         """Whether some attached client declared the tool (set by the session's owner)."""
         self._calls: dict[str, _PendingCall] = {}
         self._permissions: dict[str, asyncio.Future[PermissionDecision]] = {}
-        self._permission_by_call: dict[str, str] = {}
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -188,29 +152,22 @@ class Bridge:
     def observe(self, event: Event) -> None:
         """Open a pending permission request when the loop announces one."""
         if isinstance(event, PermissionRequestedEvent):
-            data = event.data
             future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
-            self._permissions[data.request_id] = future
-            if data.permission_request.tool_call_id is not None:
-                self._permission_by_call[data.permission_request.tool_call_id] = data.request_id
+            self._permissions[event.data.request_id] = future
         self.ledger.observe(event)
 
     async def ask_permission(
         self, request: PermissionRequestData, invocation: ToolInvocation
     ) -> PermissionDecision:
-        """The session's permission handler: wait for a client's decision.
-
-        The loop emits `permission.requested` (which `observe` saw) just before calling this,
-        so the request id is found through the tool call id.
-        """
-        request_id = self._permission_by_call.pop(invocation.tool_call_id, None)
-        future = self._permissions.get(request_id) if request_id is not None else None
-        if request_id is None or future is None:
+        """The session's permission handler: wait for a client's decision on the request the
+        loop announced (`observe` saw its `permission.requested`, of the same request id)."""
+        future = self._permissions.get(request.request_id or "")
+        if future is None:
             return PermissionDecision(kind="user-not-available")
         try:
             return await future
         finally:
-            self._permissions.pop(request_id, None)
+            self._permissions.pop(request.request_id or "", None)
 
     def answer_permission(self, request_id: str, decision: PermissionDecision) -> bool:
         """Settle a pending permission request; False if it is unknown or already settled."""

@@ -15,7 +15,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trimtab import PromptBlockedError, SessionError, SessionNotFoundError, __version__
+from trimtab import (
+    PermissionDecision,
+    PromptBlockedError,
+    SessionError,
+    SessionNotFoundError,
+    __version__,
+)
 from trimtab.events import SessionWarningEvent, WarningData
 from trimtab.protocol.errors import AUTHENTICATION_FAILED, rpc_error
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Connection, Params, RpcError
@@ -47,7 +53,6 @@ from trimtab.protocol.wire import (
     event_payload,
     metadata_of,
 )
-from trimtab.server.bridge import permission_decision
 from trimtab.server.hub import SessionHub, SharedSession
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
@@ -327,7 +332,7 @@ class CopilotConnection:
     async def _handle_permission(self, params: dict[str, Any]) -> SuccessResult:
         answer = HandlePermissionParams.model_validate(params)
         shared = self._hub.get(self._conn, answer.session_id)
-        decision = permission_decision(answer.result)
+        decision = PermissionDecision(kind=answer.result.kind, feedback=answer.result.feedback)
         return SuccessResult(success=shared.bridge.answer_permission(answer.request_id, decision))
 
 
