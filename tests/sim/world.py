@@ -248,8 +248,8 @@ class World:
             runtime.buried = True
             runtime.store.timeout = 0.0  # its appends give up at once, with no sleep
             self.crashes.append((runtime.store.writes, runtime.store.durable))
-            session = runtime.session
-            for task in (session._worker, session._current, session._follower):
+            runner = runtime.session._runner
+            for task in (runner._worker, runner._current, runtime.session.ownership._follower):
                 if task is not None:
                     task.cancel()
 
@@ -268,8 +268,7 @@ class World:
             self.SESSION, follower.client._owner, follower.client._lease_ttl
         )
         assert lease is not None
-        await follower.session._adopt(lease)
-        await follower.session._take_inputs()
+        await follower.session.ownership.adopt(lease)
 
     async def follow(self) -> None:
         """A second runtime opens the session while its owner runs it: remote (R1)."""
@@ -318,7 +317,7 @@ class World:
                 if self.owner.dead:
                     continue
                 if await self.durable.pending_inputs(self.SESSION):
-                    await session._take_inputs()  # as the upkeep would
+                    await session.ownership.take_inputs()  # as the upkeep would
                 elif not session.busy:
                     break
         self.gates.opened = asyncio.Event()

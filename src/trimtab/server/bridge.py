@@ -1,8 +1,8 @@
 """What the runtime waits for from clients: tool results, permission decisions, run ends.
 
-A tool declared over the wire becomes a `trimtab.Tool` whose handler hands the call to the
-clients (`external_tool.requested`), waits for one of them to answer
-(`session.tools.handlePendingToolCall`) and says it is settled (`external_tool.completed`).
+A tool declared over the wire becomes an `ExternalTool`: the loop announces each call
+(`external_tool.requested`), its handler here waits for a client to answer
+(`session.tools.handlePendingToolCall`), and the loop settles it (`external_tool.completed`).
 Permission requests wait the same way for `handlePendingPermissionRequest`.
 """
 
@@ -11,24 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from trimtab import PermissionDecision, Tool, ToolInvocation, ToolResult
+from trimtab import PermissionDecision, ToolInvocation, ToolResult
 from trimtab._runs import RunLedger
+from trimtab._tools import ExternalTool
 from trimtab.events import (
     Event,
-    ExternalToolCompletedData,
-    ExternalToolCompletedEvent,
-    ExternalToolRequestedData,
     ExternalToolRequestedEvent,
     PermissionRequestData,
     PermissionRequestedEvent,
     ToolDefinition,
-    new_id,
 )
 from trimtab.protocol.wire import HandleToolCallParams, ToolResultAnswer
-from trimtab.server.hooks import Hooks
 
 __all__ = ["Bridge", "tool_result"]
 
@@ -65,95 +60,64 @@ def _from_object(result: ToolResultAnswer) -> ToolResult:
     )
 
 
-@dataclass
-class _PendingCall:
-    tool_name: str
-    future: asyncio.Future[HandleToolCallParams] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
-
-
 class Bridge:
     """A session's open questions to its clients: external tool calls and permissions."""
 
-    def __init__(self, session_id: str, hooks: Hooks) -> None:
+    def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self.hooks = hooks
         self.ledger = RunLedger()
         self.provided: Callable[[str], bool] = lambda name: True
         """Whether some attached client declared the tool (set by the session's owner)."""
-        self._calls: dict[str, _PendingCall] = {}
+        self._calls: dict[str, tuple[str, asyncio.Future[HandleToolCallParams]]] = {}
         self._permissions: dict[str, asyncio.Future[PermissionDecision]] = {}
 
     # --- tools ---------------------------------------------------------------------------
 
-    def tool(self, definition: ToolDefinition) -> Tool:
-        """A tool whose calls are answered by a client."""
+    def tool(self, definition: ToolDefinition) -> ExternalTool:
+        """A tool whose calls a client answers (the loop announces and settles each call)."""
+        name = definition.name
 
         async def handler(arguments: dict[str, Any], invocation: ToolInvocation) -> ToolResult:
-            return await self._call_external(definition.name, arguments, invocation)
+            request_id = invocation.request_id or ""
+            pending = self._calls.get(request_id)
+            if pending is None:  # not announced here: nobody could answer it
+                return ToolResult(text_result_for_llm="", result_type="failure")
+            try:
+                return tool_result(await pending[1], name, arguments)
+            finally:
+                self._calls.pop(request_id, None)
 
-        return Tool(definition, handler, None)
-
-    async def _call_external(
-        self, name: str, arguments: dict[str, Any], invocation: ToolInvocation
-    ) -> ToolResult:
-        if not self.provided(name):
-            # Its client left: nobody would ever answer.
-            text = f"No connected client provides the tool '{name}'."
-            return ToolResult(text_result_for_llm=text, result_type="failure")
-        pre = await self.hooks.pre_tool_use(name, arguments)
-        if pre.denied is not None:
-            return ToolResult(text_result_for_llm=pre.denied, result_type="denied")
-        arguments = pre.arguments
-        request_id = new_id()
-        call = self._calls[request_id] = _PendingCall(name)
-        session = invocation.session
-        try:
-            await session.emit(
-                ExternalToolRequestedEvent(
-                    data=ExternalToolRequestedData(
-                        request_id=request_id,
-                        session_id=self.session_id,
-                        tool_call_id=invocation.tool_call_id,
-                        tool_name=name,
-                        arguments=arguments,
-                    )
-                )
-            )
-            answer = await call.future
-        finally:
-            # Also on abort: the event tells clients to cancel the handler and not answer.
-            del self._calls[request_id]
-            completed = ExternalToolCompletedData(request_id=request_id)
-            await session.emit(ExternalToolCompletedEvent(data=completed))
-        return await self.hooks.post_tool_use(name, arguments, tool_result(answer, name, arguments))
+        return ExternalTool(definition, handler, provided=lambda: self.provided(name))
 
     def abandon_unprovided(self) -> None:
         """Fail the pending calls of tools no attached client declares any more."""
-        for request_id, call in self._calls.items():
-            if not call.future.done() and not self.provided(call.tool_name):
+        for request_id, (name, answer) in self._calls.items():
+            if not answer.done() and not self.provided(name):
                 error = "the client that provides this tool disconnected"
-                answer = HandleToolCallParams(
-                    session_id=self.session_id, request_id=request_id, error=error
+                answer.set_result(
+                    HandleToolCallParams(
+                        session_id=self.session_id, request_id=request_id, error=error
+                    )
                 )
-                call.future.set_result(answer)
 
     def answer_tool(self, answer: HandleToolCallParams) -> bool:
         """Settle a pending external call; False if it is unknown or already settled."""
-        call = self._calls.get(answer.request_id)
-        if call is None or call.future.done():
+        pending = self._calls.get(answer.request_id)
+        if pending is None or pending[1].done():
             return False
-        call.future.set_result(answer)
+        pending[1].set_result(answer)
         return True
 
     # --- permissions ---------------------------------------------------------------------
 
     def observe(self, event: Event) -> None:
-        """Open a pending permission request when the loop announces one."""
+        """Open a pending question when the loop announces one: before any client hears of
+        it, so that no answer can come first."""
+        loop = asyncio.get_running_loop()
         if isinstance(event, PermissionRequestedEvent):
-            future: asyncio.Future[PermissionDecision] = asyncio.get_running_loop().create_future()
-            self._permissions[event.data.request_id] = future
+            self._permissions[event.data.request_id] = loop.create_future()
+        elif isinstance(event, ExternalToolRequestedEvent):
+            self._calls[event.data.request_id] = (event.data.tool_name, loop.create_future())
         self.ledger.observe(event)
 
     async def ask_permission(

@@ -17,12 +17,10 @@ from pydantic import BaseModel
 
 from trimtab import (
     PermissionDecision,
-    PromptBlockedError,
     SessionError,
     SessionNotFoundError,
     __version__,
 )
-from trimtab.events import SessionWarningEvent, WarningData
 from trimtab.protocol.errors import AUTHENTICATION_FAILED, rpc_error
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Connection, Params, RpcError
 from trimtab.protocol.wire import (
@@ -245,14 +243,7 @@ class CopilotConnection:
 
     async def _prompt(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
         request = SendParams.model_validate(params)
-        shared = self._hub.get(self._conn, request.session_id)
-        try:
-            return shared, await shared.bridge.hooks.user_prompt_submitted(request.prompt)
-        except PromptBlockedError as exc:
-            # No run, no user message; clients see why (ephemeral, as in the official runtime).
-            data = WarningData(warning_type="policy_blocked", message=str(exc))
-            await shared.session.emit(SessionWarningEvent(data=data, ephemeral=True))
-            raise
+        return self._hub.get(self._conn, request.session_id), request.prompt
 
     async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:
         await self._session(params).session.abort()

@@ -22,7 +22,7 @@ from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
 from trimtab.server.bridge import Bridge
-from trimtab.server.hooks import Hooks
+from trimtab.server.hooks import ClientHooks
 
 __all__ = ["SessionHub", "SharedSession"]
 
@@ -39,6 +39,8 @@ class SharedSession:
 
     session: Session
     bridge: Bridge
+    hooks: ClientHooks | None = None
+    """The hooks of the client that asked for them, if one did."""
     peers: list[Connection] = field(default_factory=list)
     _tools: dict[Connection, frozenset[str]] = field(default_factory=dict)
     """The tools each attached connection declared (and so can run)."""
@@ -57,11 +59,11 @@ class SharedSession:
         return self.session.session_id
 
     def _on_event(self, event: Event) -> None:
+        self.bridge.observe(event)  # first: a question is open before a client hears of it
         if self._buffer is not None:
             self._buffer.append(event)  # held until the catch-up of `open` is sent
         else:
             self._fan_out(event)
-        self.bridge.observe(event)
 
     def _fan_out(self, event: Event) -> None:
         params = {"sessionId": self.session_id, "event": _event_payload(event)}
@@ -85,16 +87,17 @@ class SharedSession:
         if peer not in self.peers:
             self.peers.append(peer)
         self._tools[peer] = frozenset(t.name for t in params.tools or ())
-        if params.hooks:
-            self.bridge.hooks.target = peer
+        if params.hooks and self.hooks is not None:
+            self.hooks.target = peer
 
     def release(self, peer: Connection) -> bool:
         """Detach `peer`; True when no connection is left."""
         if peer in self.peers:
             self.peers.remove(peer)
         self._tools.pop(peer, None)
-        if self.bridge.hooks.target is peer:
-            self.bridge.hooks.target = None
+        # The last one out keeps the hooks until the session is let go (sessionEnd).
+        if self.hooks is not None and self.hooks.target is peer and self.peers:
+            self.hooks.target = None
         self.bridge.abandon_unprovided()
         return not self.peers
 
@@ -147,11 +150,13 @@ class SessionHub:
                 shared.attach(peer, params)
                 return shared
             since = await self._event_count(session_id) if resume else 0
-            hooks = Hooks(session_id)
-            bridge = Bridge(session_id, hooks)
+            bridge = Bridge(session_id)
+            hooks = ClientHooks(session_id, peer) if params.hooks else None
             options = params.options()
             options["tools"] = [bridge.tool(t.definition()) for t in params.tools or ()]
             options["on_permission_request"] = bridge.ask_permission
+            if hooks is not None:
+                options["hooks"] = hooks.handlers()
             if resume:
                 pending = isinstance(params, ResumeParams) and params.continue_pending_work
                 session = await self.client.resume_session(
@@ -161,10 +166,9 @@ class SessionHub:
                 session = await self.client.create_session(session_id=session_id, **options)
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
-            shared = self._open[session_id] = SharedSession(session, bridge)
+            shared = self._open[session_id] = SharedSession(session, bridge, hooks)
             shared.attach(peer, params)
             await shared.catch_up(since)
-        await hooks.session_start("resume" if resume else "new")
         return shared
 
     async def _event_count(self, session_id: str) -> int:
@@ -183,8 +187,6 @@ class SessionHub:
             shared = self._open.get(session_id)
             if shared is None or peer not in shared.peers:
                 return
-            if shared.bridge.hooks.target is peer:
-                await shared.bridge.hooks.session_end("user_exit")
             if shared.release(peer):
                 if linger and shared.session.busy:
                     shared.lingering = asyncio.get_running_loop().create_task(
