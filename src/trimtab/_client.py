@@ -20,8 +20,8 @@ from trimtab._history import at_rest
 from trimtab._hooks import Hooks, SessionHooks
 from trimtab._log import SessionLog, chained
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._replay import Replay, ReplaySnapshot, replay
 from trimtab._session import Session
+from trimtab._state import SessionState, StateSnapshot, state_of
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
 from trimtab._toolsearch import TOOL_SEARCH
@@ -223,7 +223,7 @@ class Client:
             lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
             if lease is None:
                 raise TrimtabError(f"session {session_id!r} was taken by another runtime")
-            return self._session(session_id, store, lease, replay(events), provider, opts)
+            return self._session(session_id, store, lease, state_of(events), provider, opts)
         except BaseException:
             await _undo_create(store, session_id)
             raise
@@ -249,7 +249,7 @@ class Client:
         opts = _checked(options)
         _check_headers(opts.get("provider"))
         store = await self._open_store()
-        replayed = await _open_replay(store, session_id)
+        replayed = await _open_state(store, session_id)
         provider, public = self._provider(opts.get("provider"), replayed.config.provider)
         config = _storable(_config(replayed.config.model_copy(update={"provider": public}), opts))
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
@@ -288,7 +288,7 @@ class Client:
         session_id: str,
         store: Store,
         lease: Lease | None,
-        state: Replay,
+        state: SessionState,
         provider: Provider,
         opts: SessionOptions,
     ) -> tuple[Session, Hooks]:
@@ -350,7 +350,7 @@ class Client:
             )
         )
         copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
-        copies += at_rest(replay(copies))
+        copies += at_rest(state_of(copies))
         session, hooks = await self._created(session_id, copies, provider, opts)
         await hooks.session_start("new")
         return session
@@ -424,7 +424,7 @@ class Client:
 
 async def _undo_create(store: Store, session_id: str) -> None:
     """Remove a session whose creation failed halfway (best effort: the store may be what
-    failed; a log without its `session.start` is never opened, see `_open_replay`)."""
+    failed; a log without its `session.start` is never opened, see `_open_state`)."""
     try:
         await store.delete(session_id)
     except Exception:
@@ -470,21 +470,21 @@ def _storable(config: SessionConfigData) -> SessionConfigData:
     return config
 
 
-async def _open_replay(store: Store, session_id: str) -> Replay:
+async def _open_state(store: Store, session_id: str) -> SessionState:
     """The session's state: from its snapshot and the events after it when the snapshot fits
     the log, else by replaying the whole log (spec P1)."""
     saved = await store.load_snapshot(session_id)
     if saved is not None:
         count, data = saved
         try:
-            snapshot = ReplaySnapshot.model_validate_json(data)
+            snapshot = StateSnapshot.model_validate_json(data)
         except ValidationError:
             snapshot = None  # written by another version: the log is the truth
         if snapshot is not None and snapshot.event_count == count > 0:
             # The snapshot's last event must be the log's event at that position.
             tail = await store.read(session_id, after=count - 1)
             if tail and tail[0].id == snapshot.last_id:
-                replayed = Replay.restore(snapshot)
+                replayed = SessionState.restore(snapshot)
                 for event in tail[1:]:
                     replayed.apply(event)
                 return replayed
@@ -492,7 +492,7 @@ async def _open_replay(store: Store, session_id: str) -> Replay:
     if not events or not isinstance(events[0], SessionStartEvent):
         # A create that died before storing its start: nothing was ever acknowledged.
         raise SessionNotFoundError(session_id)
-    return replay(events)
+    return state_of(events)
 
 
 def _checked(options: Mapping[str, Any]) -> SessionOptions:

@@ -18,8 +18,8 @@ from trimtab import _loop
 from trimtab._compaction import CompactResult, compact, summarize_for_handoff
 from trimtab._errors import ClearContextError, TrimtabError
 from trimtab._ownership import cancelled
-from trimtab._replay import Replay, replay
 from trimtab._runner import Runner
+from trimtab._state import SessionState, state_of
 from trimtab._tools import valid_text
 from trimtab.events import (
     AbortEvent,
@@ -144,7 +144,7 @@ class History:
             data = TruncatedData(
                 event_id=event_id,
                 events_removed=len(events) - cut,
-                base=replay(events[:cut]).conversation(),
+                base=state_of(events[:cut]).conversation(),
             )
             await runner.emit(SessionTruncatedEvent(data=data))
             return TruncateResult(events_removed=data.events_removed)
@@ -195,7 +195,7 @@ class History:
         return await runner.exclusive(apply)
 
 
-def at_rest(state: Replay) -> list[Event]:
+def at_rest(state: SessionState) -> list[Event]:
     """The events that bring a copied log to rest without running anything (a fork is
     inert): calls left unfinished end `cancelled`, an open turn is closed, a committed
     clear's seed is kept in the window, and a run left in progress ends as aborted."""

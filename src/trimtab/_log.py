@@ -1,7 +1,7 @@
 """`SessionLog`: the only writer of a session's log, and what the session knows from it.
 
 Every event of a session passes here: stamped into the log's one chain (spec E3), stored
-(unless ephemeral, E2), applied to the session's state (`Replay`), then delivered to the
+(unless ephemeral, E2), applied to the session's state (`SessionState`), then delivered to the
 session's subscribers, in that order and one batch at a time. A runtime that only follows the
 session (R1) feeds the owner's events through `follow` instead, which delivers each run's one
 idle where the log says the run ended (E5).
@@ -16,7 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 from trimtab._errors import LeaseLostError, StoreUnavailableError
-from trimtab._replay import Replay
+from trimtab._state import SessionState
 from trimtab._subscribers import Subscribers
 from trimtab.events import (
     AbortEvent,
@@ -40,7 +40,9 @@ ends in a `store` error (and the lease may be gone)."""
 class SessionLog:
     """A session's log, as this runtime writes or follows it."""
 
-    def __init__(self, session_id: str, store: Store, lease: Lease | None, state: Replay) -> None:
+    def __init__(
+        self, session_id: str, store: Store, lease: Lease | None, state: SessionState
+    ) -> None:
         self.session_id = session_id
         self.store = store
         self.lease = lease

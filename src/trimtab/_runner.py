@@ -297,6 +297,9 @@ class Runner:
             self._failed(exc, item.message_id)
             return
         self._current = asyncio.get_running_loop().create_task(self._body(item))
+        # When this waiter is cancelled (close), the run's task may still fail on its own:
+        # its failure was already reported by the loop, so it is read here, not left to warn.
+        self._current.add_done_callback(_retrieve)
         try:
             end = await asyncio.shield(self._current)
         except asyncio.CancelledError:
@@ -409,3 +412,8 @@ def _cause(exc: BaseException) -> Exception:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def _retrieve(task: asyncio.Task[RunEnd]) -> None:
+    if not task.cancelled():
+        task.exception()

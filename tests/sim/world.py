@@ -28,7 +28,7 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
-from trimtab._replay import replay
+from trimtab._state import state_of
 from trimtab.events import Event, PermissionRequestData
 from trimtab.providers import ModelRequest, ModelResponse, ProviderEvent, ToolCall, Usage
 from trimtab.store import MemoryStore, SqliteStore, Store
@@ -363,7 +363,7 @@ class World:
             )
         session = self.owner.session
         assert session is not None
-        assert session.window() == replay(log).window(), "the live window is not the log's"
+        assert session.window() == state_of(log).window(), "the live window is not the log's"
         for runtime in [*self.runtimes, *([self.follower] if self.follower else [])]:
             if not runtime.dead:
                 assert_one_idle_per_run(runtime, log)
@@ -426,7 +426,7 @@ def assert_request(request: ModelRequest) -> None:
 def assert_one_idle_per_run(runtime: Runtime, log: list[Event]) -> None:
     """E1, E5: every run this runtime ran or followed ends in exactly one idle, right after the
     stored event that ended it in the log (the loop and the log agree on where a run ends)."""
-    state = replay([])
+    state = state_of([])
     ending = {event.id for event in log if state.apply(event)}
     seen = runtime.seen
     for index, event in enumerate(seen):

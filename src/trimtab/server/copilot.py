@@ -224,7 +224,7 @@ class CopilotConnection:
         shared, prompt = await self._prompt(params)
         # On a remote session the owner runs it; the ledger follows its events from here.
         message_id = await shared.session.send(prompt)
-        run = await shared.bridge.ledger.wait(message_id)
+        run = await shared.questions.ledger.wait(message_id)
         idle = run.idle.id if run.idle is not None else None
         if run.error is not None:
             data = run.error.data
@@ -318,13 +318,15 @@ class CopilotConnection:
     async def _handle_tool_call(self, params: dict[str, Any]) -> SuccessResult:
         answer = HandleToolCallParams.model_validate(params)
         shared = self._hub.get(self._conn, answer.session_id)
-        return SuccessResult(success=shared.bridge.answer_tool(answer))
+        return SuccessResult(success=shared.questions.answer_tool(answer))
 
     async def _handle_permission(self, params: dict[str, Any]) -> SuccessResult:
         answer = HandlePermissionParams.model_validate(params)
         shared = self._hub.get(self._conn, answer.session_id)
         decision = PermissionDecision(kind=answer.result.kind, feedback=answer.result.feedback)
-        return SuccessResult(success=shared.bridge.answer_permission(answer.request_id, decision))
+        return SuccessResult(
+            success=shared.questions.answer_permission(answer.request_id, decision)
+        )
 
 
 def _raw(text: str) -> bytes:

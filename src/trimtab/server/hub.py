@@ -21,8 +21,8 @@ from trimtab.events import Event
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
-from trimtab.server.bridge import Bridge
 from trimtab.server.hooks import ClientHooks
+from trimtab.server.questions import ClientQuestions
 
 __all__ = ["SessionHub", "SharedSession"]
 
@@ -35,10 +35,10 @@ def _event_payload(event: Event) -> dict[str, Any]:
 
 @dataclass(eq=False)
 class SharedSession:
-    """One open session, its bridge to the clients and the connections attached to it."""
+    """One open session, its open questions to the clients and the connections attached to it."""
 
     session: Session
-    bridge: Bridge
+    questions: ClientQuestions
     hooks: ClientHooks | None = None
     """The hooks of the client that asked for them, if one did."""
     peers: list[Connection] = field(default_factory=list)
@@ -51,7 +51,7 @@ class SharedSession:
 
     def __post_init__(self) -> None:
         self._unsubscribe = self.session.on(self._on_event)
-        self.bridge.provided = lambda name: any(name in t for t in self._tools.values())
+        self.questions.provided = lambda name: any(name in t for t in self._tools.values())
 
     @property
     def session_id(self) -> str:
@@ -59,7 +59,7 @@ class SharedSession:
         return self.session.session_id
 
     def _on_event(self, event: Event) -> None:
-        self.bridge.observe(event)  # first: a question is open before a client hears of it
+        self.questions.observe(event)  # first: a question is open before a client hears of it
         if self._buffer is not None:
             self._buffer.append(event)  # held until the catch-up of `open` is sent
         else:
@@ -98,7 +98,7 @@ class SharedSession:
         # The last one out keeps the hooks until the session is let go (sessionEnd).
         if self.hooks is not None and self.hooks.target is peer and self.peers:
             self.hooks.target = None
-        self.bridge.abandon_unprovided()
+        self.questions.abandon_unprovided()
         return not self.peers
 
     def close(self) -> None:
@@ -106,7 +106,7 @@ class SharedSession:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        self.bridge.close(RpcError(SESSION_NOT_FOUND, f"session {self.session_id} was closed"))
+        self.questions.close(RpcError(SESSION_NOT_FOUND, f"session {self.session_id} was closed"))
 
 
 class SessionHub:
@@ -150,11 +150,11 @@ class SessionHub:
                 shared.attach(peer, params)
                 return shared
             since = await self._event_count(session_id) if resume else 0
-            bridge = Bridge(session_id)
+            questions = ClientQuestions(session_id)
             hooks = ClientHooks(session_id, peer) if params.hooks else None
             options = params.options()
-            options["tools"] = [bridge.tool(t.definition()) for t in params.tools or ()]
-            options["on_permission_request"] = bridge.ask_permission
+            options["tools"] = [questions.tool(t.definition()) for t in params.tools or ()]
+            options["on_permission_request"] = questions.ask_permission
             if hooks is not None:
                 options["hooks"] = hooks.handlers()
             if resume:
@@ -166,7 +166,7 @@ class SessionHub:
                 session = await self.client.create_session(session_id=session_id, **options)
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
-            shared = self._open[session_id] = SharedSession(session, bridge, hooks)
+            shared = self._open[session_id] = SharedSession(session, questions, hooks)
             shared.attach(peer, params)
             await shared.catch_up(since)
         return shared

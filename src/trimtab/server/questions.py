@@ -25,7 +25,7 @@ from trimtab.events import (
 )
 from trimtab.protocol.wire import HandleToolCallParams, ToolResultAnswer
 
-__all__ = ["Bridge", "tool_result"]
+__all__ = ["ClientQuestions", "tool_result"]
 
 
 def tool_result(answer: HandleToolCallParams, name: str, arguments: Any) -> ToolResult:
@@ -60,7 +60,7 @@ def _from_object(result: ToolResultAnswer) -> ToolResult:
     )
 
 
-class Bridge:
+class ClientQuestions:
     """A session's open questions to its clients: external tool calls and permissions."""
 
     def __init__(self, session_id: str) -> None:
