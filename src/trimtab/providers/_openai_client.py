@@ -93,9 +93,15 @@ class OpenAIClient:
     (organisation, project, `OPENAI_CUSTOM_HEADERS`) are switched off too.
     """
 
-    def __init__(self, config: ProviderConfig, environment: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        environment: Mapping[str, str],
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.config = config
         self._environment = environment
+        self._transport = transport
         self._client: openai.AsyncOpenAI | None = None
 
     def model(self, requested: str) -> str:
@@ -149,6 +155,9 @@ class OpenAIClient:
         headers = self._headers()
         # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
         timeout = openai.Timeout(**attempt_timeout(config.deadline(stream=False)))
+        http_client = None
+        if self._transport is not None:
+            http_client = openai.DefaultAsyncHttpxClient(transport=self._transport)
         if config.type == "azure":
             # No `azure_deployment`: the client then puts the request's model, which is the
             # deployment (see `model`), in the path of the endpoints that need it.
@@ -159,6 +168,7 @@ class OpenAIClient:
                 timeout=timeout,
                 max_retries=config.max_retries,
                 default_headers=headers,
+                http_client=http_client,
             )
         return openai.AsyncOpenAI(
             api_key=api_key,
@@ -166,6 +176,7 @@ class OpenAIClient:
             timeout=timeout,
             max_retries=config.max_retries,
             default_headers=headers,
+            http_client=http_client,
         )
 
 
@@ -218,9 +229,15 @@ class ChatClient:
     is where credentials may come from (see `credentials_environment`).
     """
 
-    def __init__(self, config: ProviderConfig, environment: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        environment: Mapping[str, str],
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.config = config
         self._environment = environment
+        self._transport = transport
         self._client: httpx2.AsyncClient | None = None
 
     def model(self, requested: str) -> str:
@@ -330,6 +347,7 @@ class ChatClient:
             limits=_LIMITS,
             follow_redirects=True,
             verify=verify,
+            transport=self._transport,
         )
 
 
