@@ -97,7 +97,7 @@ INTERRUPTED = "The tool call was interrupted before it completed."
 
 
 _NO_TOOLS: frozenset[str] = frozenset()
-"""Shared: `frozenset()` is not a singleton, and an empty one takes ~200 bytes."""
+"""One empty set for every session (docs/performance.md, memory per idle session)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +118,7 @@ class LoopState:
     discovered: frozenset[str] = _NO_TOOLS
     """Deferred tools found by `tool_search`, callable for the rest of the window's run.
 
-    A frozen set, replaced on change: an empty one is shared, where an empty `set()` takes
-    ~200 bytes in every idle session."""
+    A frozen set, replaced on change, so that the empty one is shared."""
 
 
 class LoopHost(CompactionHost, Protocol):

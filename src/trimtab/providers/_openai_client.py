@@ -332,9 +332,9 @@ class ChatClient:
         ):
             if value := self._environment.get(variable):
                 headers[name] = value
-        # Loading the certificate store costs ~1 MB and ~20 ms, for nothing when the server is
-        # reached over plain HTTP (a local model). HTTPS there (a redirect, a TLS proxy) then
-        # fails verification instead of being trusted.
+        # The certificate store is loaded only for HTTPS (docs/performance.md, the `openai`
+        # package): not for a server reached over plain HTTP (a local model). HTTPS there (a
+        # redirect, a TLS proxy) then fails verification instead of being trusted.
         verify: ssl.SSLContext | bool = True
         if base_url.startswith("http://"):
             verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
