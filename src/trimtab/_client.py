@@ -10,7 +10,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -125,6 +125,7 @@ class Client:
         self._poll_interval = poll_interval
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._sessions: dict[str, Session] = {}
+        self._owner_of_sessions = _SessionOwner(self)
         self._providers: dict[str, Provider] = {}
         self._maintainer: asyncio.Task[None] | None = None
         self._mcp: ServerPool | None = None
@@ -302,18 +303,13 @@ class Client:
             )
         log = SessionLog(session_id, store, lease, state)
         hooks = Hooks(session_id, opts.get("hooks"))
-
-        async def fork(events: list[Event]) -> Session:
-            return await self._fork(session_id, log.state.config, events, provider, opts)
-
         session = Session(
             log,
             provider=provider,
             toolbox=Toolbox(tools, self._mcp_tools(opts.get("mcp_servers"), frozenset(tools))),
             permission_handler=opts.get("on_permission_request"),
             hooks=hooks,
-            on_close=self._forget,
-            fork=fork,
+            owner=self._owner_of_sessions,
         )
         self._sessions[session_id] = session
         return session, hooks
@@ -327,31 +323,28 @@ class Client:
         self._mcp = self._mcp or mcp.ServerPool()
         return mcp.toolset(servers, self._mcp, reserved)
 
-    async def _fork(
-        self,
-        source: str,
-        config: SessionConfigData,
-        events: list[Event],
-        provider: Provider,
-        opts: SessionOptions,
-    ) -> Session:
+    async def _fork(self, source: Session, events: list[Event]) -> Session:
         """A new session holding a copy of `events` (the source's log after its start event),
-        with the source's configuration, tools, handlers and MCP servers.
+        with the source's configuration, provider, tools, handlers and MCP servers.
 
         Inert: the copy gets events of its own (new ids) and is brought to rest in the same
         transaction, so that it never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
+        config = source.config
         start = SessionStartEvent(
             data=SessionStartData(
                 session_id=session_id,
                 selected_model=config.model,
                 config=config,
-                forked_from=source,
+                forked_from=source.session_id,
             )
         )
+        opts = cast("SessionOptions", source.options())
         copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
         copies += at_rest(state_of(copies))
-        session, hooks = await self._created(session_id, copies, provider, opts)
+        session, hooks = await self._created(
+            session_id, copies, cast("Provider", opts["provider"]), opts
+        )
         await hooks.session_start("new")
         return session
 
@@ -533,3 +526,18 @@ def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
         if key in opts:
             update[key] = model.model_validate(opts[key])  # type: ignore[literal-required]
     return base.model_copy(update=update)
+
+
+class _SessionOwner:
+    """The `Client` as its sessions see it (`SessionOwner`): one per client."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def fork_session(self, source: Session, events: list[Event]) -> Session:
+        return await self._client._fork(source, events)
+
+    def forget_session(self, session: Session) -> None:
+        self._client._forget(session)

@@ -79,6 +79,25 @@ class _Operation:
 class Runner:
     """The runs of one session, and what the loop sees of it (`LoopHost`)."""
 
+    __slots__ = (
+        "_current",
+        "_ledger",
+        "_ledger_users",
+        "_stop_ledger",
+        "_permission_handler",
+        "_provider",
+        "_queue",
+        "_running",
+        "_worker",
+        "closed",
+        "hooks",
+        "log",
+        "session",
+        "session_id",
+        "state",
+        "toolbox",
+    )
+
     def __init__(
         self,
         session: Session,
@@ -88,7 +107,6 @@ class Runner:
         toolbox: Toolbox,
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
-        on_lease_lost: Callable[[], None],
     ) -> None:
         self.session = session
         self.session_id = session.session_id
@@ -98,7 +116,6 @@ class Runner:
         self.hooks = hooks
         self._provider = provider
         self._permission_handler = permission_handler
-        self._on_lease_lost = on_lease_lost
         # A list, not a deque: an idle session holds an empty queue (a deque is much bigger),
         # and a queue holds a message or two.
         self._queue: list[Pending | _Operation] = []
@@ -106,6 +123,8 @@ class Runner:
         self._current: asyncio.Task[RunEnd] | None = None
         self._running: Pending | None = None
         self._ledger: RunLedger | None = None
+        self._ledger_users = 0
+        self._stop_ledger: Callable[[], None] | None = None
         self.closed = False
 
     # --- what the loop sees (LoopHost) ---------------------------------------------------
@@ -204,12 +223,26 @@ class Runner:
             await asyncio.wait([worker])
 
     def ledger(self) -> RunLedger:
-        """The ledger of this session's runs, following every event from its first use (a
-        session nobody waits on keeps none)."""
+        """The ledger of this session's runs, following every event while someone waits for
+        a run's end (an idle session keeps none); `release_ledger` when done with it."""
+        self._ledger_users += 1
         if self._ledger is None:
             self._ledger = RunLedger()
-            self.log.subscribers.add(self._ledger.observe, None)
+            self._stop_ledger = self.log.subscribers.add(self._ledger.observe, None)
         return self._ledger
+
+    def release_ledger(self) -> None:
+        self._ledger_users -= 1
+        if self._ledger_users == 0 and self._stop_ledger is not None:
+            self._stop_ledger()
+            self._ledger = self._stop_ledger = None
+
+    async def run_end(self, ledger: RunLedger, message_id: str) -> RunEnd:
+        """The end of the run of `message_id`, then `release_ledger`."""
+        try:
+            return await ledger.wait(message_id)
+        finally:
+            self.release_ledger()
 
     async def submit(self, prompt: str, message_id: str) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
@@ -324,7 +357,7 @@ class Runner:
     def _failed(self, exc: Exception, message_id: str) -> None:
         cause = _cause(exc)
         if isinstance(cause, LeaseLostError):
-            self._on_lease_lost()
+            self.session.ownership.lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
         if self._ledger is not None:
             self._ledger.fail(message_id, cause)
