@@ -25,6 +25,7 @@ from trimtab._state import SessionState, StateSnapshot, state_of
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
 from trimtab._toolsearch import TOOL_SEARCH
+from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
     InfiniteSessions,
@@ -41,6 +42,8 @@ from trimtab.providers import Provider, ProviderConfig, make_provider
 from trimtab.store import DEFAULT_TIMEOUT, Lease, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from trimtab.mcp import ServerPool
     from trimtab.remote import RemoteClient
 
@@ -104,6 +107,12 @@ class Client:
         store_timeout: seconds within which every call of the store this client opens
             completes or raises `StoreUnavailableError` (spec W1); a `Store` passed in keeps
             its own `timeout`.
+        tracing: emit OpenTelemetry spans of runs, model calls and tool calls once the
+            application has loaded OpenTelemetry (spec OT1); None reads `TRIMTAB_TRACING`
+            (on unless `0`).
+        trace_content: put message contents, tool arguments and results on the spans; None
+            reads `TRIMTAB_TRACING_CONTENT` (off unless `1`).
+        tracer_provider: the OpenTelemetry `TracerProvider` to use instead of the global one.
     """
 
     def __init__(
@@ -114,6 +123,9 @@ class Client:
         lease_ttl: float = 30.0,
         poll_interval: float = 1.0,
         store_timeout: float = DEFAULT_TIMEOUT,
+        tracing: bool | None = None,
+        trace_content: bool | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         if lease_ttl <= 0 or poll_interval <= 0 or store_timeout <= 0:
             raise ValueError("lease_ttl, poll_interval and store_timeout must be positive")
@@ -123,6 +135,7 @@ class Client:
         self._default_provider = provider
         self._lease_ttl = lease_ttl
         self._poll_interval = poll_interval
+        self._tracing = Tracing(tracing, content=trace_content, provider=tracer_provider)
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._sessions: dict[str, Session] = {}
         self._owner_of_sessions = _SessionOwner(self)
@@ -541,3 +554,7 @@ class _SessionOwner:
 
     def forget_session(self, session: Session) -> None:
         self._client._forget(session)
+
+    @property
+    def tracing(self) -> Tracing:
+        return self._client._tracing

@@ -33,6 +33,7 @@ from trimtab.events import (
 
 if TYPE_CHECKING:
     from trimtab._session import Session
+    from trimtab._tracing import Tracing
 
 __all__ = ["ClearContextResult", "CompactResult", "History", "TruncateResult", "at_rest"]
 
@@ -49,6 +50,11 @@ class SessionOwner(Protocol):
 
     def forget_session(self, session: Session) -> None:
         """`session` has closed."""
+        ...
+
+    @property
+    def tracing(self) -> Tracing:
+        """How the owner's sessions trace (spec OT1)."""
         ...
 
 

@@ -23,6 +23,7 @@ from trimtab._permissions import PermissionHandlerFn
 from trimtab._runs import RunEnd, RunLedger
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, ToolInvocation, valid_text
+from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
     ModelLimits,
@@ -39,6 +40,8 @@ from trimtab.providers import Message, Provider, ToolCall
 from trimtab.providers._limits import limits_for
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
     from trimtab._session import Session
 
 __all__ = ["Pending", "Runner"]
@@ -66,6 +69,8 @@ class Pending:
     abort it logs)."""
     ended: asyncio.Event | None = None
     """Set once the run ended (created for whoever waits for that)."""
+    parent: Context | None = None
+    """The trace context of whoever sent it (spec OT2)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -185,6 +190,14 @@ class Runner:
             return None
         return state.pending_seed, state.seed_recorded
 
+    @property
+    def tracing(self) -> Tracing:
+        return self.session.tracing
+
+    @property
+    def epoch(self) -> int:
+        return self.log.state.epoch
+
     def next_turn_id(self) -> str:
         return str(self.log.state.turns)
 
@@ -207,10 +220,14 @@ class Runner:
         return self.log.state.conversation()
 
     async def emit(self, event: Event) -> Event:
-        return await self.log.emit(event)
+        stored = await self.log.emit(event)
+        self.tracing.note((stored,))
+        return stored
 
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
-        return await self.log.emit_all(events)
+        stored = await self.log.emit_all(events)
+        self.tracing.note(stored)
+        return stored
 
     # --- inputs --------------------------------------------------------------------------
 
@@ -248,17 +265,18 @@ class Runner:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
         log_ = self.log
+        parent = self.tracing.parent()
         async with log_.exclusive():
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
                 await log_.emit_unlocked((_loop.user_message(prompt, message_id, "user"),))
-                self._queue.append(Pending(prompt, message_id, appended=True))
+                self._queue.append(Pending(prompt, message_id, appended=True, parent=parent))
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
                 # acknowledged may be lost to a crash); its run stores its message.
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
-                self._queue.append(Pending(prompt, message_id, appended=False))
+                self._queue.append(Pending(prompt, message_id, appended=False, parent=parent))
             self._start_worker()
 
     async def take_inputs(self) -> None:
@@ -351,7 +369,11 @@ class Runner:
         """The run's task: it reads `item.aborted` only once it has started."""
         item.started = True
         return await _loop.run(
-            self, item.message_id, interrupted=item.interrupted, aborted=item.aborted
+            self,
+            item.message_id,
+            interrupted=item.interrupted,
+            aborted=item.aborted,
+            parent=item.parent,
         )
 
     def _failed(self, exc: Exception, message_id: str) -> None:

@@ -24,6 +24,7 @@ from trimtab._runs import RunEnd
 from trimtab._subscribers import EventHandler
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
+from trimtab._tracing import OFF, Tracing
 from trimtab._window import ContextWindow, context_window
 from trimtab.events import (
     AssistantMessageEvent,
@@ -134,6 +135,11 @@ class Session:
     def is_remote(self) -> bool:
         """Another runtime holds this session's lease: it may be read, not driven (spec R1)."""
         return not self._log.writable
+
+    @property
+    def tracing(self) -> Tracing:
+        """How this session traces: its client's setting (spec OT1)."""
+        return self._owner.tracing if self._owner is not None else OFF
 
     @property
     def context_epoch(self) -> int:
