@@ -50,6 +50,15 @@ _ours: ContextVar[Span | None] = ContextVar("trimtab_span", default=None)
 (never a host's span, which trimtab does not own)."""
 
 
+def _version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trimtab")
+    except PackageNotFoundError:  # (run from a source tree)
+        return None
+
+
 def _env_flag(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     if value is None or not value.strip():
@@ -89,11 +98,9 @@ class Tracing:
             return None  # the application has not loaded OpenTelemetry: no SDK, no parent
         from opentelemetry import trace
 
-        from trimtab import __version__
-
         # (A tracer of the global provider proxies to whatever SDK is configured later.)
         provider = self._provider or trace.get_tracer_provider()
-        self._tracer = provider.get_tracer("trimtab", __version__)
+        self._tracer = provider.get_tracer("trimtab", _version())
         return self._tracer
 
     def parent(self) -> Context | None:
