@@ -536,6 +536,7 @@ async def _run_external(
         tool_call_id=invocation.tool_call_id,
         tool_name=invocation.tool_name,
         arguments=invocation.arguments,
+        **host.tracing.carrier(),
     )
     await host.emit(ExternalToolRequestedEvent(data=request))
     try:

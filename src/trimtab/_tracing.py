@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from trimtab.providers import Message, ModelRequest, ModelResponse, ToolCall
 
-__all__ = ["OFF", "ChatSpan", "RunTrace", "Tracing"]
+__all__ = ["OFF", "ChatSpan", "RunTrace", "Tracing", "outgoing", "remote_parent"]
 
 _PROVIDERS = {"openai-responses": "openai", "scripted": "trimtab.scripted"}
 """`Provider.name` -> `gen_ai.provider.name`, where the two differ."""
@@ -111,22 +111,10 @@ class Tracing:
 
         return context.get_current()
 
-    @contextmanager
-    def remote_parent(self, traceparent: str | None, tracestate: str | None) -> Iterator[None]:
-        """Make a W3C trace context received over the wire current (spec OT5)."""
-        if not traceparent or self.tracer() is None:
-            yield
-            return
-        from opentelemetry import context, propagate
-
-        carrier = {"traceparent": traceparent}
-        if tracestate:
-            carrier["tracestate"] = tracestate
-        token = context.attach(propagate.extract(carrier))
-        try:
-            yield
-        finally:
-            context.detach(token)
+    def carrier(self) -> dict[str, str]:
+        """The current trace context as W3C headers, for a tool call a client runs: its
+        handler's spans nest under the call's span (OT5)."""
+        return outgoing() if self.tracer() is not None else {}
 
     def run(self, session_id: str, provider: str, parent: Context | None) -> RunTrace:
         tracer = self.tracer()
@@ -253,6 +241,37 @@ class Tracing:
                     )
                 case _:
                     pass
+
+
+def outgoing() -> dict[str, str]:
+    """The current trace context as W3C headers (`traceparent`, `tracestate`) for the wire;
+    none while the application has not loaded OpenTelemetry (OT5)."""
+    if "opentelemetry.trace" not in sys.modules:
+        return {}
+    from opentelemetry import propagate
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return {k: v for k, v in headers.items() if k in ("traceparent", "tracestate")}
+
+
+@contextmanager
+def remote_parent(traceparent: str | None, tracestate: str | None) -> Iterator[None]:
+    """Make a W3C trace context received over the wire current, so that a `send` made inside
+    captures it as its run's parent (spec OT5)."""
+    if not traceparent or "opentelemetry.trace" not in sys.modules:
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    token = context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 OFF = Tracing(False)
