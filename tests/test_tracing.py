@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -327,6 +328,30 @@ async def test_ot6_tool_search_is_a_span_event(client: Client, traced: Traced) -
     (event,) = search.events
     assert event.name == "tool_search"
     assert "weather_forecast" in attrs(event)["trimtab.tools_found"]
+
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+"""Fresh ids differ between any two runs."""
+
+
+async def test_ot7_the_log_is_the_same_with_tracing_on_or_off(traced: Traced) -> None:
+    logs = []
+    for tracing in (True, False):
+        async with Client(
+            store="memory", tracer_provider=traced.provider, tracing=tracing
+        ) as client:
+            model = ScriptedModel([tool_call("echo", {"text": "x"}, id="c1"), "done"])
+            session = await open_session(client, model, echo_tool())
+            await session.send_and_wait("go")
+            logs.append(
+                [
+                    (e.type, UUID.sub("ID", e.data.model_dump_json(exclude={"duration"})))
+                    for e in await session.get_events()
+                    if e.type not in ("session.start",)
+                ]
+            )
+    assert traced.named("invoke_agent")  # the first was traced
+    assert logs[0] == logs[1]
 
 
 _SUBPROCESS = textwrap.dedent(
