@@ -35,6 +35,8 @@ from trimtab.events import (
 )
 
 if TYPE_CHECKING:
+    from contextvars import Token
+
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
@@ -117,22 +119,23 @@ class Tracing:
         return outgoing() if self.tracer() is not None else {}
 
     def run(self, session_id: str, provider: str, parent: Context | None) -> RunTrace:
+        """The spans of one `send`'s runs, under `parent` (OT2)."""
         tracer = self.tracer()
         if tracer is None:
             return _OFF_RUN
-        return RunTrace(
-            tracer, self.content, session_id, _PROVIDERS.get(provider, provider), parent
-        )
+        return RunTrace(tracer, session_id, _PROVIDERS.get(provider, provider), parent)
 
     def chat(self, request: ModelRequest, tokens: int, session_id: str, provider: str) -> ChatSpan:
         """The `chat` span of one model call (OT3)."""
         tracer = self.tracer()
         if tracer is None:
             return _OFF_CHAT
+        from opentelemetry.trace import SpanKind
+
         provider = _PROVIDERS.get(provider, provider)
         span = tracer.start_span(
             f"chat {request.model}",
-            kind=_client_kind(),
+            kind=SpanKind.CLIENT,
             attributes={
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": provider,
@@ -281,33 +284,18 @@ OFF = Tracing(False)
 class RunTrace:
     """The `invoke_agent` spans of one `send` (OT2): its run, and a seeded run after a clear."""
 
-    __slots__ = (
-        "_content",
-        "_parent",
-        "_previous",
-        "_provider",
-        "_session",
-        "_span",
-        "_token",
-        "_tracer",
-    )
+    __slots__ = ("_parent", "_previous", "_provider", "_session", "_span", "_tokens", "_tracer")
 
     def __init__(
-        self,
-        tracer: Tracer | None,
-        content: bool,
-        session_id: str,
-        provider: str,
-        parent: Context | None,
+        self, tracer: Tracer | None, session_id: str, provider: str, parent: Context | None
     ) -> None:
         self._tracer = tracer
-        self._content = content
         self._session = session_id
         self._provider = provider
         self._parent = parent
         self._span: Span | None = None
         self._previous: Span | None = None
-        self._token: Any = None
+        self._tokens: tuple[Token[Context], Token[Span | None]] | None = None
 
     def start(self, epoch: int, model: str | None, *, seeded: bool = False) -> None:
         """Open a run's span (ending the one before: a seeded run follows its clear's) and make
@@ -339,10 +327,10 @@ class RunTrace:
             set_status_on_exception=False,
         )
         self._span = span
-        self._token = (context.attach(trace.set_span_in_context(span)), _ours.set(span))
+        self._tokens = (context.attach(trace.set_span_in_context(span)), _ours.set(span))
 
     def end(self, *, error: str | None = None, aborted: bool = False) -> None:
-        """Close the last run's span: an error sets its status (OT7), an abort is marked."""
+        """Close the last run's span: an error sets its status, an abort is marked (OT2)."""
         span = self._span
         if span is None:
             return
@@ -353,19 +341,19 @@ class RunTrace:
         self._close()
 
     def _close(self) -> None:
-        span = self._span
-        if span is None:
+        span, tokens = self._span, self._tokens
+        if span is None or tokens is None:
             return
         from opentelemetry import context
 
-        attached, ours = self._token
+        attached, ours = tokens
         _ours.reset(ours)
         context.detach(attached)
         span.end()
-        self._previous, self._span, self._token = span, None, None
+        self._previous, self._span, self._tokens = span, None, None
 
 
-_OFF_RUN = RunTrace(None, False, "", "", None)
+_OFF_RUN = RunTrace(None, "", "", None)
 
 
 class ChatSpan:
@@ -377,7 +365,7 @@ class ChatSpan:
     def __init__(self, span: Span | None, content: bool) -> None:
         self._span = span
         self._content = content
-        self._token: object = None
+        self._token: Token[Context] | None = None
 
     def __enter__(self) -> ChatSpan:
         if self._span is not None:
@@ -387,12 +375,12 @@ class ChatSpan:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
-        span = self._span
-        if span is None:
+        span, token = self._span, self._token
+        if span is None or token is None:
             return
         from opentelemetry import context
 
-        context.detach(self._token)  # type: ignore[arg-type]
+        context.detach(token)
         if isinstance(exc, asyncio.CancelledError):
             span.set_attribute("trimtab.run.aborted", True)  # an abort is not the model's error
         elif exc is not None:
@@ -405,10 +393,11 @@ class ChatSpan:
             return
         usage = response.usage
         attributes: dict[str, Any] = {
-            "gen_ai.response.finish_reasons": [response.finish_reason or "stop"],
             "trimtab.response.chars": len(response.content),
             "trimtab.response.tool_calls": len(response.tool_calls),
         }
+        if response.finish_reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
         if usage.input_tokens is not None:
             attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
         if usage.output_tokens is not None:
@@ -428,12 +417,6 @@ def _fail(span: Span, error_type: str, exc: BaseException | None = None) -> None
     span.set_status(Status(StatusCode.ERROR, str(exc) if exc is not None else error_type))
 
 
-def _client_kind() -> Any:
-    from opentelemetry.trace import SpanKind
-
-    return SpanKind.CLIENT
-
-
 def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
@@ -451,20 +434,20 @@ def _message(message: Message) -> dict[str, Any]:
         )
     elif message.content:
         parts.append({"type": "text", "content": message.content})
-    parts.extend(
-        {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
-        for c in message.tool_calls
-    )
-    return {"role": message.role, "parts": parts}
+    return {"role": message.role, "parts": parts + _calls(message.tool_calls)}
 
 
 def _output(response: ModelResponse) -> str:
-    parts: list[dict[str, Any]] = []
-    if response.content:
-        parts.append({"type": "text", "content": response.content})
-    parts.extend(
-        {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}
-        for c in response.tool_calls
-    )
-    message = {"role": "assistant", "parts": parts, "finish_reason": response.finish_reason}
+    parts = [{"type": "text", "content": response.content}] if response.content else []
+    message = {
+        "role": "assistant",
+        "parts": parts + _calls(response.tool_calls),
+        "finish_reason": response.finish_reason,
+    }
     return _json([message])
+
+
+def _calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+    ]
