@@ -409,6 +409,23 @@ def _run_subprocess(mode: str, **env: str) -> dict[str, Any]:
     return result
 
 
+def test_the_tracing_example_prints_the_seed_scenarios_tree() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "04_tracing.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "request",
+        "  invoke_agent trimtab  (epoch=0, seeded=False)",
+        "    chat demo-model",
+        "    execute_tool clear_context  (outcome=success)  [session.context_cleared]",
+        "      handler: clear",
+        "  invoke_agent trimtab  (epoch=1, seeded=True)",
+        "    chat demo-model",
+    ]
+
+
 def test_ot1_no_opentelemetry_loaded_when_the_application_does_not_use_it() -> None:
     result = _run_subprocess("plain", TRIMTAB_TRACING="")
     assert result == {"loaded_on_import": False, "loaded": False, "spans": []}
