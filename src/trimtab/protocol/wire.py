@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -41,8 +41,10 @@ __all__ = [
     "SessionIdResult",
     "SessionListResult",
     "SessionMetadata",
+    "SectionOverride",
     "SessionParams",
     "SuccessResult",
+    "SystemMessage",
     "ToolResultAnswer",
     "TruncateParams",
     "TruncateResultWire",
@@ -152,12 +154,21 @@ class WireTool(Wire):
         return cls.model_validate(definition.model_dump(include=set(cls.model_fields)))
 
 
-class SystemMessage(Wire):
-    """The SDKs' `systemMessage` object."""
+class SectionOverride(Wire):
+    """How `customize` changes one section of the default system message."""
 
-    content: str | None = None
-    mode: str | None = None
-    """`append`, `replace` or `customize`: trimtab has no built-in prompt, so all mean the same."""
+    action: Literal["replace", "remove", "append", "prepend", "preserve", "transform"]
+    content: Text | None = None
+
+
+class SystemMessage(Wire):
+    """The SDKs' `systemMessage` object (how the server composes it: spec D1, D2)."""
+
+    content: Text | None = None
+    mode: Literal["append", "replace", "customize"] | None = None
+    """None is `append`."""
+    sections: dict[str, SectionOverride] | None = None
+    """`customize` only: the overrides, by section id."""
 
 
 class SessionOptionsParams(SessionParams):
@@ -167,6 +178,8 @@ class SessionOptionsParams(SessionParams):
     provider: dict[str, Any] | None = None
     tools: list[WireTool] | None = None
     system_message: SystemMessage | str | None = None
+    creates: ClassVar[bool] = False
+    """Whether the params create a session (else they resume one)."""
     developer_messages: list[str] | None = None
     """A trimtab extension (the Copilot SDKs have no developer messages); sent by
     `trimtab.Client.connect` clients."""
@@ -177,16 +190,13 @@ class SessionOptionsParams(SessionParams):
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
 
     def options(self) -> dict[str, Any]:
-        """Keyword options for `Client.create_session` / `resume_session` (tools apart)."""
+        """Keyword options for `Client.create_session` / `resume_session` (tools and the
+        system message apart: the server composes it, see `system_message_config`)."""
         options: dict[str, Any] = {}
         if self.model is not None:
             options["model"] = self.model
         if self.provider is not None:
             options["provider"] = provider_config(self.provider)
-        message = self.system_message
-        content = message.content if isinstance(message, SystemMessage) else message
-        if content is not None:
-            options["system_message"] = content
         if self.developer_messages is not None:
             options["developer_messages"] = self.developer_messages
         if self.streaming is not None:
@@ -194,6 +204,13 @@ class SessionOptionsParams(SessionParams):
         if self.mcp_servers:
             options["mcp_servers"] = wire_servers(self.mcp_servers)
         return options
+
+    def system_message_config(self) -> SystemMessage | None:
+        """The `systemMessage` in its object form (a bare string replaces the default)."""
+        message = self.system_message
+        if isinstance(message, str):
+            return SystemMessage(content=message, mode="replace")
+        return message
 
     @classmethod
     def of(cls, session_id: str, options: Mapping[str, Any]) -> Self:
@@ -214,9 +231,11 @@ class SessionOptionsParams(SessionParams):
             if key in options
         }
         if (message := options.get("system_message")) is not None:
-            fields["system_message"] = SystemMessage(
-                content=message if isinstance(message, str) else message.get("content")
-            )
+            # In-process sessions have no default prompt to append to: the content is all.
+            content = message if isinstance(message, str) else message.get("content")
+            fields["system_message"] = SystemMessage(content=content, mode="replace")
+        elif cls.creates:
+            fields["system_message"] = SystemMessage(content="", mode="replace")  # none
         if (provider := options.get("provider")) is not None:
             if not isinstance(provider, Mapping):
                 raise TypeError(
@@ -247,6 +266,8 @@ _REMOTE_OPTIONS = frozenset(
 
 class CreateParams(SessionOptionsParams):
     """`session.create`: the client chooses the session id."""
+
+    creates: ClassVar[bool] = True
 
 
 class ResumeParams(SessionOptionsParams):

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from trimtab import Client, Session, SessionNotFoundError
@@ -22,11 +23,15 @@ from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
 from trimtab.server.hooks import ClientHooks
+from trimtab.server.prompt import system_prompt
 from trimtab.server.questions import ClientQuestions
 
 __all__ = ["SessionHub", "SharedSession"]
 
 log = logging.getLogger("trimtab.server")
+
+TRANSFORM_TIMEOUT = 30.0
+"""Seconds a client has to rewrite the system message's sections at create or resume."""
 
 
 def _event_payload(event: Event) -> dict[str, Any]:
@@ -153,6 +158,11 @@ class SessionHub:
             questions = ClientQuestions(session_id)
             hooks = ClientHooks(session_id, peer) if params.hooks else None
             options = params.options()
+            if params.creates or params.system_message is not None:
+                # Resumed without one, a session keeps the system message it was created with.
+                transform = partial(_transform, peer, session_id)
+                message = params.system_message_config()
+                options["system_message"] = await system_prompt(message, transform)
             options["tools"] = [questions.tool(t.definition()) for t in params.tools or ()]
             options["on_permission_request"] = questions.ask_permission
             if hooks is not None:
@@ -228,6 +238,25 @@ class SessionHub:
             await shared.session.disconnect()
         finally:
             shared.close()
+
+
+async def _transform(peer: Connection, session_id: str, sections: dict[str, str]) -> dict[str, str]:
+    """The sections as the client rewrote them (`systemMessage.transform`, spec D2)."""
+    params = {"sessionId": session_id, "sections": {s: {"content": t} for s, t in sections.items()}}
+    try:
+        answer = await peer.request("systemMessage.transform", params, timeout=TRANSFORM_TIMEOUT)
+    except (TimeoutError, ConnectionError):
+        raise ValueError(
+            f"systemMessage.transform: no answer from the client within {TRANSFORM_TIMEOUT:g} s"
+        ) from None
+    rewritten = answer.get("sections") if isinstance(answer, dict) else None
+    if not isinstance(rewritten, dict):
+        raise ValueError("systemMessage.transform: the client answered without sections")
+    return {
+        section: value["content"]
+        for section, value in rewritten.items()
+        if isinstance(value, dict) and isinstance(value.get("content"), str)
+    }
 
 
 class _KeyedLocks:

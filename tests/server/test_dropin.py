@@ -1,0 +1,190 @@
+"""Copilot drop-in behaviour (spec "Copilot drop-in behaviour", D rules): what programs written
+for the reference runtime rely on, checked through the official client against a real
+`trimtab serve` subprocess."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from copilot import CopilotClient, RuntimeConnection
+from copilot.session import PermissionHandler
+
+import trimtab
+from tests.server.conftest import (
+    ServerProcess,
+    assistant,
+    conversation,
+    provider,
+    user,
+)
+from trimtab.server.prompt import DEFAULT_SECTIONS
+from trimtab.testing import ReplayServer
+
+DEFAULT = "\n\n".join(DEFAULT_SECTIONS.values())
+HELLO = conversation(user("Say hello"), assistant("Hello!"))
+
+
+@pytest.fixture
+async def official(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
+    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await client.start()
+    yield client
+    await client.force_stop()
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[ReplayServer]:
+    async with ReplayServer([HELLO]) as replay:
+        yield replay
+
+
+def system_sent(model: ReplayServer, index: int = 0) -> str | None:
+    """The system message of the model's request number `index`, if it had one."""
+    messages = model.requests[index]["messages"]
+    found = [m["content"] for m in messages if m["role"] == "system"]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+async def say_hello(client: CopilotClient, model: ReplayServer, **options: Any) -> str | None:
+    session = await client.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+        **options,
+    )
+    reply = await session.send_and_wait("Say hello", timeout=30)
+    assert reply is not None and reply.data.content == "Hello!"  # type: ignore[union-attr]
+    await session.disconnect()
+    return system_sent(model)
+
+
+# --- D1, D2: the system message ------------------------------------------------------------
+
+
+async def test_D1_a_session_without_system_message_sends_the_default(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    assert await say_hello(official, model) == DEFAULT
+    assert "trimtab" in DEFAULT and len(DEFAULT) < 600  # short, and says what runs it
+
+
+async def test_D1_append_adds_to_the_default(official: CopilotClient, model: ReplayServer) -> None:
+    suffix = "End each answer with 'Have a nice day!'"
+    sent = await say_hello(official, model, system_message={"mode": "append", "content": suffix})
+    assert sent == f"{DEFAULT}\n\n{suffix}"
+
+
+async def test_D1_replace_replaces_the_default(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    mine = "You are Testy. Reply succinctly."
+    sent = await say_hello(official, model, system_message={"mode": "replace", "content": mine})
+    assert sent == mine
+
+
+async def test_D2_customize_edits_sections_and_appends_content(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    customized = {
+        "mode": "customize",
+        "sections": {
+            "tone": {"action": "replace", "content": "Be warm and thorough."},
+            "tool_efficiency": {"action": "remove"},
+            "identity": {"action": "prepend", "content": "FIRST."},
+            "safety": {"action": "append", "content": "Never share secrets."},
+            "code_change_rules": {"action": "remove"},  # a section trimtab has not: no-op
+        },
+        "content": "Mention quarterly earnings.",
+    }
+    sent = await say_hello(official, model, system_message=customized)
+    assert sent == "\n\n".join(
+        [
+            "FIRST.",
+            DEFAULT_SECTIONS["identity"],
+            "Be warm and thorough.",
+            "Never share secrets.",
+            "Mention quarterly earnings.",
+        ]
+    )
+
+
+async def test_D2_removing_the_identity_group_keeps_what_is_preserved(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    customized = {
+        "mode": "customize",
+        "sections": {"identity": {"action": "remove"}, "tone": {"action": "preserve"}},
+    }
+    assert await say_hello(official, model, system_message=customized) == DEFAULT_SECTIONS["tone"]
+
+
+async def test_D2_a_transform_section_is_rewritten_by_the_client(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    seen: list[str] = []
+
+    async def shout(content: str) -> str:
+        seen.append(content)
+        return content.upper()
+
+    customized = {"mode": "customize", "sections": {"tone": {"action": shout}}}
+    sent = await say_hello(official, model, system_message=customized)
+    assert seen == [DEFAULT_SECTIONS["tone"]]
+    assert sent is not None and DEFAULT_SECTIONS["tone"].upper() in sent
+    assert DEFAULT_SECTIONS["identity"] in sent
+
+
+async def test_D2_an_unknown_action_is_refused_before_anything_is_created(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    customized = {"mode": "customize", "sections": {"tone": {"action": "shuffle"}}}
+    with pytest.raises(Exception, match="action"):
+        await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+            system_message=customized,  # type: ignore[arg-type]
+        )
+    assert model.requests == []
+
+
+async def test_D1_resume_keeps_the_system_message_unless_given_a_new_one(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    again = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([again]) as model:
+        first: Any = {"mode": "replace", "content": "FIRST"}
+        options: dict[str, Any] = {
+            "provider": provider(model),
+            "on_permission_request": PermissionHandler.approve_all,
+        }
+        session = await official.create_session(system_message=first, **options)
+        await session.send_and_wait("Say hello", timeout=30)
+        await session.disconnect()
+        resumed = await official.resume_session(session.session_id, **options)
+        await resumed.send_and_wait("Again", timeout=30)
+        await resumed.disconnect()
+        assert [system_sent(model, i) for i in (0, 1)] == ["FIRST", "FIRST"]
+
+        second: Any = {"mode": "append", "content": "SECOND"}
+        resumed = await official.resume_session(
+            session.session_id, system_message=second, **options
+        )
+        # Recorded answers end after "Again": the request itself is what is checked.
+        with pytest.raises(Exception):  # noqa: B017 - the replay has no answer for it
+            await resumed.send_and_wait("And again", timeout=30)
+        await resumed.disconnect()
+        assert system_sent(model, 2) == f"{DEFAULT}\n\nSECOND"
+
+
+async def test_D1_trimtab_remote_sessions_have_no_default(
+    shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    # trimtab's own client behaves as in-process sessions do: no system message unless given.
+    async with trimtab.Client.connect(shared_server.url) as client:
+        session = await client.create_session(provider=provider(model))
+        reply = await session.send_and_wait("Say hello", timeout=30)
+        assert reply is not None and reply.data.content == "Hello!"
+        await session.disconnect()
+    assert system_sent(model) is None
