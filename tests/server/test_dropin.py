@@ -4,7 +4,9 @@ for the reference runtime rely on, checked through the official client against a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,3 +190,45 @@ async def test_D1_trimtab_remote_sessions_have_no_default(
         assert reply is not None and reply.data.content == "Hello!"
         await session.disconnect()
     assert system_sent(model) is None
+
+
+# --- D4: failures a client reports ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--bogus-flag"], "No such option '--bogus-flag'"),
+        (["--store", "{bad}"], "cannot open the session store: file is not a database"),
+    ],
+)
+async def test_D4_a_server_that_cannot_start_fails_the_clients_start(
+    stdio_executable: Path, tmp_path: Path, args: list[str], reason: str
+) -> None:
+    bad = tmp_path / "not-a-database.db"
+    bad.write_text("this is no SQLite file\n")
+    args = [str(bad) if a == "{bad}" else a for a in args]
+    connection = RuntimeConnection.for_stdio(path=str(stdio_executable), args=args)
+    client = CopilotClient(connection=connection, log_level="none")
+    with pytest.raises(RuntimeError, match="process exited") as caught:
+        await asyncio.wait_for(client.start(), 60)
+    assert reason in str(caught.value)
+    await client.force_stop()
+
+
+async def test_D4_unknown_sessions_are_session_not_found(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    await session.disconnect()
+    with pytest.raises(Exception, match=f"Session not found: {session.session_id}"):
+        await session.get_events()
+    with pytest.raises(Exception, match="Session not found: no-such-session"):
+        await official.resume_session(
+            "no-such-session", on_permission_request=PermissionHandler.approve_all
+        )
+    with pytest.raises(Exception, match="Failed to delete session no-such-session"):
+        await official.delete_session("no-such-session")
