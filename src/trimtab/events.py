@@ -221,6 +221,8 @@ class SessionResumeData(WireModel):
     selected_model: str | None = None
     config: SessionConfigData | None = None
     """The configuration from this point on, when the resume changed it."""
+    continue_pending_work: bool | None = None
+    """Whether the resume asked to run again what a crash interrupted (spec P3)."""
 
 
 class UserMessageData(WireModel):

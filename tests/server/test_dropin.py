@@ -232,3 +232,36 @@ async def test_D4_unknown_sessions_are_session_not_found(
         )
     with pytest.raises(Exception, match="Failed to delete session no-such-session"):
         await official.delete_session("no-such-session")
+
+
+# --- D5: resume ----------------------------------------------------------------------------
+
+
+def resumes(events: list[Any]) -> list[bool | None]:
+    """`continuePendingWork` of each `session.resume` event."""
+    return [e.data.continue_pending_work for e in events if e.type.value == "session.resume"]
+
+
+async def test_D5_every_resume_logs_one_resume_event_with_continue_pending_work(
+    official: CopilotClient, shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    options: Any = {
+        "provider": provider(model),
+        "on_permission_request": PermissionHandler.approve_all,
+    }
+    session = await official.create_session(**options)
+    await session.send_and_wait("Say hello", timeout=30)
+    await session.disconnect()
+    # Cold: the session is opened from the store again.
+    cold = await official.resume_session(session.session_id, continue_pending_work=True, **options)
+    assert resumes(await cold.get_events()) == [True]
+    # Warm: a second client resumes the session while the first still has it open.
+    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await second.start()
+    try:
+        warm = await second.resume_session(session.session_id, **options)
+        assert resumes(await warm.get_events()) == [True, False]
+        assert resumes(await cold.get_events()) == [True, False]
+    finally:
+        await second.force_stop()
+    await cold.disconnect()
