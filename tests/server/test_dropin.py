@@ -11,14 +11,20 @@ from typing import Any
 
 import pytest
 from copilot import CopilotClient, RuntimeConnection
+from copilot.rpc import HandlePendingToolCallRequest
 from copilot.session import PermissionHandler
+from copilot.tools import define_tool
+from pydantic import BaseModel
 
 import trimtab
 from tests.server.conftest import (
     ServerProcess,
+    StartServer,
     assistant,
+    call,
     conversation,
     provider,
+    tool,
     user,
 )
 from trimtab.server.prompt import DEFAULT_SECTIONS
@@ -265,3 +271,123 @@ async def test_D5_every_resume_logs_one_resume_event_with_continue_pending_work(
     finally:
         await second.force_stop()
     await cold.disconnect()
+
+
+# --- D6: tool calls outlive their client's connection ----------------------------------------
+
+
+class LookupArgs(BaseModel):
+    value: str
+
+
+LOOKUP = conversation(
+    user("Look up beta"),
+    assistant(None, call("c1", "lookup", value="beta")),
+    tool("c1", "RESUMED-BETA"),
+    assistant("It is RESUMED-BETA."),
+)
+
+
+class Blocked:
+    """A client whose `lookup` tool never answers, stopped once the call reached it."""
+
+    def __init__(self, port: int) -> None:
+        self.client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{port}"))
+        self.started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.requests: list[str] = []
+
+    async def start_call(self, model: ReplayServer) -> str:
+        """Create a session, have the model call `lookup`, drop the connection; the id."""
+
+        async def never(params: LookupArgs, invocation: Any) -> str:
+            self.started.set_result(params.value)
+            await asyncio.Event().wait()
+            return "never"
+
+        def on_event(event: Any) -> None:
+            if event.type.value == "external_tool.requested":
+                self.requests.append(event.data.request_id)
+
+        await self.client.start()
+        session = await self.client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            tools=[lookup(never)],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        session.on(on_event)
+        await session.send("Look up beta")
+        assert await asyncio.wait_for(self.started, 30) == "beta"
+        await self.client.force_stop()  # the connection drops; the call stays pending
+        return session.session_id
+
+
+def lookup(handler: Any) -> Any:
+    return define_tool(
+        "lookup", description="Look a value up", params_type=LookupArgs, handler=handler
+    )
+
+
+async def last_reply(session: Any, timeout: float = 30) -> str:
+    """The content of the session's next `assistant.message` with text."""
+    reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def on_event(event: Any) -> None:
+        if event.type.value == "assistant.message" and event.data.content and not reply.done():
+            reply.set_result(event.data.content)
+
+    session.on(on_event)
+    return await asyncio.wait_for(reply, timeout)
+
+
+async def test_D6_a_resuming_client_answers_a_call_by_request_id(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    async with ReplayServer([LOOKUP]) as model:
+        blocked = Blocked(shared_server.port)
+        session_id = await blocked.start_call(model)
+        resumed = await official.resume_session(
+            session_id,
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+            continue_pending_work=True,
+        )
+        reply = asyncio.create_task(last_reply(resumed))
+        answer = await resumed.rpc.tools.handle_pending_tool_call(
+            HandlePendingToolCallRequest(request_id=blocked.requests[0], result="RESUMED-BETA")
+        )
+        assert answer.success
+        assert await reply == "It is RESUMED-BETA."
+        await resumed.disconnect()
+
+
+async def test_D6_a_pending_call_is_redelivered_to_a_resuming_client_with_the_tool(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    async with ReplayServer([LOOKUP]) as model:
+        session_id = await Blocked(shared_server.port).start_call(model)
+        resumed = await official.resume_session(
+            session_id,
+            provider=provider(model),  # type: ignore[arg-type]
+            tools=[lookup(lambda params, invocation: f"RESUMED-{params.value.upper()}")],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        assert await last_reply(resumed) == "It is RESUMED-BETA."
+        await resumed.disconnect()
+
+
+async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
+    start_server: StartServer,
+) -> None:
+    server = start_server(None, "--pending-timeout", "1")
+    async with ReplayServer([LOOKUP]) as model:
+        session_id = await Blocked(server.port).start_call(model)
+        for _ in range(300):  # nobody resumes: the call fails and the run goes on
+            if len(model.requests) > 1:
+                break
+            await asyncio.sleep(0.1)
+        [*_, last] = model.requests[1]["messages"]
+        assert last["role"] == "tool" and "Failed to execute `lookup`" in last["content"]
+    async with trimtab.Client.connect(server.url) as client:
+        events = await (await client.resume_session(session_id)).get_events()
+    completed = [e for e in events if e.type == "external_tool.completed"]
+    assert len(completed) == 1

@@ -30,6 +30,10 @@ __all__ = ["SessionHub", "SharedSession"]
 
 log = logging.getLogger("trimtab.server")
 
+PENDING_TIMEOUT = 120.0
+"""Default seconds the tool calls of a client whose connection dropped wait for a client that
+resumes the session to answer them (spec D6)."""
+
 TRANSFORM_TIMEOUT = 30.0
 """Seconds a client has to rewrite the system message's sections at create or resume."""
 
@@ -53,6 +57,8 @@ class SharedSession:
     _unsubscribe: Callable[[], None] | None = None
     lingering: asyncio.Task[None] | None = None
     """Closes the session once its runs end, after its last connection went away."""
+    _orphaned: asyncio.TimerHandle | None = None
+    """Fails the calls a dropped client left unanswered, unless a client answers them first."""
 
     def __post_init__(self) -> None:
         self._unsubscribe = self.session.on(self._on_event)
@@ -95,30 +101,58 @@ class SharedSession:
         if params.hooks and self.hooks is not None:
             self.hooks.target = peer
 
-    def release(self, peer: Connection) -> bool:
-        """Detach `peer`; True when no connection is left."""
+    def redeliver(self, peer: Connection) -> None:
+        """Send `peer` the tool calls still waiting for an answer: a client that resumes the
+        session runs those of its tools, or answers them by request id (spec D6)."""
+        for event in self.questions.unanswered_tool_requests():
+            peer.notify(
+                "session.event", {"sessionId": self.session_id, "event": _event_payload(event)}
+            )
+
+    def release(self, peer: Connection, *, grace: float | None = None) -> bool:
+        """Detach `peer`; True when no connection is left.
+
+        The calls of tools no attached client declares fail at once, or, with `grace` (the
+        connection dropped), after that many seconds unless a client answers them first.
+        """
         if peer in self.peers:
             self.peers.remove(peer)
         self._tools.pop(peer, None)
         # The last one out keeps the hooks until the session is let go (sessionEnd).
         if self.hooks is not None and self.hooks.target is peer and self.peers:
             self.hooks.target = None
-        self.questions.abandon_unprovided()
+        if grace is None:
+            self.questions.abandon_unprovided()
+        else:
+            if self._orphaned is not None:
+                self._orphaned.cancel()
+            loop = asyncio.get_running_loop()
+            self._orphaned = loop.call_later(grace, self._orphan)
         return not self.peers
+
+    def _orphan(self) -> None:
+        """No client came back in time: fail what the dropped ones left unanswered."""
+        self.questions.abandon_unprovided()
+        if not self.peers:
+            self.questions.abandon_permissions()
 
     def close(self) -> None:
         """Stop following the session and fail whoever still waits on it."""
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        if self._orphaned is not None:
+            self._orphaned.cancel()
         self.questions.close(RpcError(SESSION_NOT_FOUND, f"session {self.session_id} was closed"))
 
 
 class SessionHub:
     """Opens, shares and closes the sessions of one server's `Client`."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, pending_timeout: float = PENDING_TIMEOUT) -> None:
         self.client = client
+        self.pending_timeout = pending_timeout
+        """Seconds a dropped client's unanswered tool calls wait for another client."""
         self._open: dict[str, SharedSession] = {}
         self._locks = _KeyedLocks()
 
@@ -154,6 +188,7 @@ class SessionHub:
                     raise ValueError(f"a session with id {session_id!r} already exists")
                 shared.attach(peer, params)
                 await _log_resume(shared.session, params)
+                shared.redeliver(peer)
                 return shared
             since = await self._event_count(session_id) if resume else 0
             questions = ClientQuestions(session_id)
@@ -198,7 +233,7 @@ class SessionHub:
             shared = self._open.get(session_id)
             if shared is None or peer not in shared.peers:
                 return
-            if shared.release(peer):
+            if shared.release(peer, grace=self.pending_timeout if linger else None):
                 if linger and shared.session.busy:
                     shared.lingering = asyncio.get_running_loop().create_task(
                         self._close_when_idle(shared)
