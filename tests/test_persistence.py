@@ -144,7 +144,7 @@ async def test_p3_call_in_flight_at_a_crash_is_cancelled_on_resume(tmp_path: Pat
         window = roles(model, 0)
         assert window[2:] == [
             ("assistant", ""),
-            ("tool", "The tool call was interrupted before it completed."),
+            ("tool", "The execution of this tool, or a previous tool was interrupted."),
             ("user", "continue"),
         ]
 

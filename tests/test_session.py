@@ -153,7 +153,10 @@ async def test_abort_cancels_the_running_handler_and_the_session_lives_on(client
     assert rec.of("session.idle")[0].data.aborted is True
     reply = await session.send_and_wait("still there?")
     assert reply is not None and reply.data.content == "after abort"
-    assert roles(model, 1)[-2] == ("tool", "The tool call was interrupted before it completed.")
+    assert roles(model, 1)[-2] == (
+        "tool",
+        "The execution of this tool, or a previous tool was interrupted.",
+    )
 
 
 async def test_abort_during_the_model_call(client: Client) -> None:

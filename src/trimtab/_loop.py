@@ -93,7 +93,9 @@ current_tool_call: ContextVar[tuple[str, str] | None] = ContextVar(
 """`(session id, call id)` of the tool call whose handler runs in this context: what a
 `clear_context` call belongs to (spec C1). Call ids are the model's, unique only per session."""
 
-INTERRUPTED = "The tool call was interrupted before it completed."
+INTERRUPTED = "The execution of this tool, or a previous tool was interrupted."
+"""What the model reads for a `cancelled` call: the reference Copilot runtime's words, so that
+conversations recorded against it replay unchanged (spec D7)."""
 
 
 _NO_TOOLS: frozenset[str] = frozenset()
