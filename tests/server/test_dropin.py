@@ -5,6 +5,7 @@ for the reference runtime rely on, checked through the official client against a
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -391,3 +392,53 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
         events = await (await client.resume_session(session_id)).get_events()
     completed = [e for e in events if e.type == "external_tool.completed"]
     assert len(completed) == 1
+
+
+# --- D8: lifecycle notifications -----------------------------------------------------------
+
+
+async def test_D8_clients_hear_of_sessions_created_updated_and_deleted(
+    official: CopilotClient, shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    watcher = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await watcher.start()
+    seen: list[tuple[str, str]] = []
+    created: list[str] = []
+    dropped: list[str] = []
+    stop_all = watcher.on_lifecycle(lambda e: seen.append((e.type, e.session_id)))
+    watcher.on_lifecycle("session.created", lambda e: created.append(f"{e.type} {e.session_id}"))
+    stop_dropped = watcher.on_lifecycle(lambda e: dropped.append(e.session_id))
+    stop_dropped()
+    try:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait("Say hello", timeout=30)
+        await session.disconnect()
+        await official.delete_session(session.session_id)
+        mine = [("session.created", "session.updated", "session.deleted")]
+        for _ in range(100):
+            if [tuple(t for t, s in seen if s == session.session_id)] == mine:
+                break
+            await asyncio.sleep(0.1)
+        assert [tuple(t for t, s in seen if s == session.session_id)] == mine
+        assert created == [f"session.created {session.session_id}"]  # the type filter
+        assert dropped == []
+    finally:
+        stop_all()
+        await watcher.force_stop()
+
+
+async def test_D8_an_unauthenticated_connection_hears_nothing(
+    start_server: StartServer,
+) -> None:
+    server = start_server(None, "--token", "right")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        async with trimtab.Client.connect(server.url, token="right") as client:
+            async with ReplayServer([HELLO]) as model:
+                session = await client.create_session(provider=provider(model))
+                await session.disconnect()
+        sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # nothing was sent to the connection without the token

@@ -126,10 +126,13 @@ class CopilotConnection:
     async def serve(self) -> None:
         """Serve until the client goes away, then let go of its sessions."""
         watchdog = asyncio.get_running_loop().create_task(self._watch())
+        if self._authenticated:
+            self._hub.join(self._conn)  # else once it presents the token
         try:
             await self._conn.run(self.dispatch)
         finally:
             watchdog.cancel()
+            self._hub.leave(self._conn)
             # A dropped connection may come back (here or on another server): runs it
             # started finish first, so that a reconnecting client finds them complete.
             await self._hub.release_all(self._conn, linger=True)
@@ -178,6 +181,7 @@ class CopilotConnection:
             if given is None or not hmac.compare_digest(_raw(given), _raw(self._token)):
                 raise _auth_failed()
             self._authenticated = True
+            self._hub.join(self._conn)
         return ConnectResult(version=__version__)
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:

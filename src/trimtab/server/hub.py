@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from trimtab import Client, Session, SessionNotFoundError
-from trimtab.events import Event, SessionResumeData, SessionResumeEvent
+from trimtab.events import Event, SessionIdleEvent, SessionResumeData, SessionResumeEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
@@ -57,6 +57,8 @@ class SharedSession:
     _unsubscribe: Callable[[], None] | None = None
     lingering: asyncio.Task[None] | None = None
     """Closes the session once its runs end, after its last connection went away."""
+    on_idle: Callable[[str], None] | None = None
+    """Told the session's id each time a run of it ends."""
     _orphaned: asyncio.TimerHandle | None = None
     """Fails the calls a dropped client left unanswered, unless a client answers them first."""
 
@@ -75,6 +77,8 @@ class SharedSession:
             self._buffer.append(event)  # held until the catch-up of `open` is sent
         else:
             self._fan_out(event)
+        if isinstance(event, SessionIdleEvent) and self.on_idle is not None:
+            self.on_idle(self.session_id)
 
     def _fan_out(self, event: Event) -> None:
         params = {"sessionId": self.session_id, "event": _event_payload(event)}
@@ -154,7 +158,22 @@ class SessionHub:
         self.pending_timeout = pending_timeout
         """Seconds a dropped client's unanswered tool calls wait for another client."""
         self._open: dict[str, SharedSession] = {}
+        self._connections: set[Connection] = set()
         self._locks = _KeyedLocks()
+
+    def join(self, peer: Connection) -> None:
+        """Tell `peer` of sessions created, updated and deleted from now on."""
+        self._connections.add(peer)
+
+    def leave(self, peer: Connection) -> None:
+        """Stop telling `peer` (its connection closed)."""
+        self._connections.discard(peer)
+
+    def _lifecycle(self, kind: str, session_id: str) -> None:
+        """`session.lifecycle` to every client (spec D8): what `session.list` shows them."""
+        params = {"type": kind, "sessionId": session_id}
+        for peer in self._connections:
+            peer.notify("session.lifecycle", params)
 
     def get(self, peer: Connection, session_id: str) -> SharedSession:
         """The session `peer` has attached, else a `SESSION_NOT_FOUND` error."""
@@ -213,8 +232,11 @@ class SessionHub:
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
             shared = self._open[session_id] = SharedSession(session, questions, hooks)
+            shared.on_idle = partial(self._lifecycle, "session.updated")
             shared.attach(peer, params)
             await shared.catch_up(since)
+            if not resume:
+                self._lifecycle("session.created", session_id)
         return shared
 
     async def _event_count(self, session_id: str) -> int:
@@ -260,6 +282,7 @@ class SessionHub:
                 shared.peers.clear()
                 await self._close(shared)
             await self.client.delete_session(session_id)
+        self._lifecycle("session.deleted", session_id)
 
     async def close_all(self) -> None:
         """Disconnect every open session (the server is stopping)."""
