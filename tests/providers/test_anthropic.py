@@ -264,3 +264,20 @@ async def test_stream_closed_cleanly_before_message_stop_is_an_error(
         await _collect(provider, _request(stream=True))
 
     assert (caught.value.error_type, caught.value.retryable) == ("provider_unavailable", True)
+
+
+async def test_D9_wire_model_is_the_model_named_in_the_request(server: ReplayServer) -> None:
+    config = ProviderConfig(
+        type="anthropic",
+        base_url=server.root_url,
+        api_key="sk-ant-test",
+        max_retries=0,
+        wire_model="claude-proxy-alias",
+    )
+    anthropic = AnthropicProvider(config)
+    server.fail_next(200, body=ANSWER)
+    try:
+        await _collect(anthropic, _request())
+    finally:
+        await anthropic.aclose()
+    assert server.requests[-1]["model"] == "claude-proxy-alias"

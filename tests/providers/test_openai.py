@@ -671,3 +671,11 @@ async def test_stream_closed_cleanly_before_its_finish_is_an_error(
 
     assert (error.error_type, error.retryable) == ("provider_unavailable", True)
     assert "before the response was complete" in error.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_D9_wire_model_is_the_model_named_in_the_request(
+    make: Make, server: ReplayServer, stream: bool
+) -> None:
+    await _response(make(wire_model="my-fine-tune"), _request(user("Say hello"), stream=stream))
+    assert server.requests[-1]["model"] == "my-fine-tune"

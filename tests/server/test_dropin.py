@@ -442,3 +442,84 @@ async def test_D8_an_unauthenticated_connection_hears_nothing(
         sock.settimeout(0.5)
         with pytest.raises(TimeoutError):
             sock.recv(1)  # nothing was sent to the connection without the token
+
+
+# --- D9: options ---------------------------------------------------------------------------
+
+
+async def test_D9_wire_model_is_the_model_named_on_the_wire(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    byok: Any = {**provider(model), "wire_model": "my-deployment"}
+    session = await official.create_session(
+        provider=byok, model="session-model", on_permission_request=PermissionHandler.approve_all
+    )
+    await session.send_and_wait("Say hello", timeout=30)
+    start: Any = (await session.get_events())[0]
+    await session.disconnect()
+    assert model.requests[0]["model"] == "my-deployment"
+    assert start.data.selected_model == "session-model"
+
+
+async def test_D9_model_id_stands_for_the_model_when_none_is_given(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    byok: Any = {**provider(model), "model_id": "base-model"}
+    session = await official.create_session(
+        provider=byok, on_permission_request=PermissionHandler.approve_all
+    )
+    await session.send_and_wait("Say hello", timeout=30)
+    start: Any = (await session.get_events())[0]
+    await session.disconnect()
+    assert model.requests[0]["model"] == "base-model"
+    assert start.data.selected_model == "base-model"
+
+
+async def test_D9_the_client_name_is_in_the_user_agent(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    await say_hello(official, model, client_name="my-copilot-app")
+    agent = model.received[0].headers["user-agent"]
+    assert agent.startswith("my-copilot-app trimtab/"), agent
+
+
+async def test_D9_excluded_and_available_tools_filter_what_the_model_is_offered(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    tools = [
+        define_tool(name, description=name, params_type=LookupArgs, handler=lambda p, i: "x")
+        for name in ("alpha", "beta", "gamma", "delta")
+    ]
+    await say_hello(
+        official,
+        model,
+        tools=tools,
+        available_tools=["alpha", "beta", "gamma"],
+        excluded_tools=["beta"],
+        default_agent={"excluded_tools": ["gamma"]},
+    )
+    assert [t["function"]["name"] for t in model.requests[0]["tools"]] == ["alpha"]
+
+
+async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotClient) -> None:
+    long_prompt = "Remember these words: " + " ".join(f"word{i}" for i in range(800))
+    async with ReplayServer([conversation(user(long_prompt), assistant("Noted."))]) as model:
+        byok: Any = {**provider(model), "max_retries": 0}
+        session = await official.create_session(
+            provider=byok,
+            on_permission_request=PermissionHandler.approve_all,
+            infinite_sessions={
+                "background_compaction_threshold": 0.005,
+                "buffer_exhaustion_threshold": 0.01,
+            },
+        )
+        # Past 0.5% of the window already: compacted before the first call, for which the
+        # recording has no answer (the compaction is what is checked).
+        with pytest.raises(Exception, match="no recorded conversation"):
+            await session.send_and_wait(long_prompt, timeout=30)
+        events: list[Any] = await session.get_events()
+        await session.disconnect()
+    [start] = [e for e in events if e.type.value == "session.compaction_start"]
+    [complete] = [e for e in events if e.type.value == "session.compaction_complete"]
+    assert start.data.trigger.value == complete.data.trigger.value == "threshold"
+    assert complete.data.success is True

@@ -171,6 +171,26 @@ class SystemMessage(Wire):
     """`customize` only: the overrides, by section id."""
 
 
+class WireInfiniteSessions(Wire):
+    """`infiniteSessions`: when to compact the context (spec D9)."""
+
+    enabled: bool = True
+    background_compaction_threshold: float | None = None
+    buffer_exhaustion_threshold: float | None = None
+
+    def options(self) -> dict[str, Any]:
+        """trimtab's `infinite_sessions`: it compacts before the call that would pass the
+        threshold, so the threshold at which the reference runtime starts compacting is it."""
+        threshold = self.background_compaction_threshold or self.buffer_exhaustion_threshold
+        return {"enabled": self.enabled} | ({"threshold": threshold} if threshold else {})
+
+
+class DefaultAgent(Wire):
+    """`defaultAgent`: what the session's (only) agent is denied."""
+
+    excluded_tools: list[str] | None = None
+
+
 class SessionOptionsParams(SessionParams):
     """What `session.create` and `session.resume` share."""
 
@@ -184,6 +204,12 @@ class SessionOptionsParams(SessionParams):
     """A trimtab extension (the Copilot SDKs have no developer messages); sent by
     `trimtab.Client.connect` clients."""
     streaming: bool | None = None
+    client_name: str | None = None
+    """Named in the User-Agent of the session's model requests (spec D9)."""
+    available_tools: list[str] | None = None
+    excluded_tools: list[str] | None = None
+    default_agent: DefaultAgent | None = None
+    infinite_sessions: WireInfiniteSessions | None = None
     request_permission: bool = False
     hooks: bool = False
     mcp_servers: Json | None = None
@@ -196,14 +222,29 @@ class SessionOptionsParams(SessionParams):
         if self.model is not None:
             options["model"] = self.model
         if self.provider is not None:
-            options["provider"] = provider_config(self.provider)
+            provider = options["provider"] = provider_config(self.provider)
+            model_id = self.provider.get("modelId")
+            if self.model is None and isinstance(model_id, str) and model_id:
+                options["model"] = model_id  # the SDKs' fallback for the session's model
+            if self.client_name:
+                provider["headers"] = _with_user_agent(provider.get("headers"), self.client_name)
         if self.developer_messages is not None:
             options["developer_messages"] = self.developer_messages
         if self.streaming is not None:
             options["streaming"] = self.streaming
+        if self.infinite_sessions is not None:
+            options["infinite_sessions"] = self.infinite_sessions.options()
         if self.mcp_servers:
             options["mcp_servers"] = wire_servers(self.mcp_servers)
         return options
+
+    def offers(self, tool_name: str) -> bool:
+        """Whether the session's model is offered the tool: `availableTools` (when given)
+        names it, and neither `excludedTools` nor the default agent's exclude it (spec D9)."""
+        agent = self.default_agent.excluded_tools if self.default_agent is not None else None
+        excluded = {*(self.excluded_tools or ()), *(agent or ())}
+        allowed = self.available_tools
+        return tool_name not in excluded and (allowed is None or tool_name in allowed)
 
     def system_message_config(self) -> SystemMessage | None:
         """The `systemMessage` in its object form (a bare string replaces the default)."""
@@ -287,19 +328,33 @@ _PROVIDER_KEYS = {
 def provider_config(raw: dict[str, Any]) -> dict[str, Any]:
     """A BYOK `provider` object as `ProviderConfig` input.
 
-    The Copilot SDKs send keys trimtab does not know (`transport`, `modelId`, ...): they are
-    dropped. `azure.apiVersion` and `bearerToken` are mapped to their trimtab equivalents.
+    The Copilot SDKs send keys trimtab does not know (`transport`, ...): they are dropped.
+    `azure.apiVersion`, `bearerToken` and `modelId` are mapped to their trimtab equivalents.
     """
     config = {key: value for key, value in raw.items() if key in _PROVIDER_KEYS}
     azure = raw.get("azure")
     if isinstance(azure, dict) and "apiVersion" in azure:
         config.setdefault("apiVersion", azure["apiVersion"])
+    # The model named on the wire: `wireModel`, else `modelId` (the SDKs' order of fallback).
+    model_id = raw.get("modelId")
+    if isinstance(model_id, str) and model_id and not config.keys() & {"wireModel", "wire_model"}:
+        config["wireModel"] = model_id
     token = raw.get("bearerToken")
     if isinstance(token, str):
         headers = dict(config.get("headers") or {})
         headers.setdefault("Authorization", f"Bearer {token}")
         config["headers"] = headers
     return config
+
+
+def _with_user_agent(headers: dict[str, str] | None, client_name: str) -> dict[str, str]:
+    """`headers` with a User-Agent naming the client, unless they have one already."""
+    from trimtab import __version__  # at call time: the package imports this module
+
+    headers = dict(headers or {})
+    if not any(name.lower() == "user-agent" for name in headers):
+        headers["User-Agent"] = f"{client_name} trimtab/{__version__}"
+    return headers
 
 
 class SendParams(SessionParams):

@@ -99,8 +99,9 @@ class OpenAIClient:
         self._client: openai.AsyncOpenAI | None = None
 
     def model(self, requested: str) -> str:
-        """The model to name in the request: on Azure, the deployment when one is given."""
-        return self.config.deployment or requested
+        """The model to name in the request: on Azure, the deployment when one is given;
+        else the configured `wire_model`, if any."""
+        return self.config.deployment or self.config.wire_model or requested
 
     def get(self) -> openai.AsyncOpenAI:
         """The client; raise `ProviderError("authentication")` when no key is configured."""
@@ -224,8 +225,9 @@ class ChatClient:
         self._client: httpx2.AsyncClient | None = None
 
     def model(self, requested: str) -> str:
-        """The model to name in the request: on Azure, the deployment when one is given."""
-        return self.config.deployment or requested
+        """The model to name in the request: on Azure, the deployment when one is given;
+        else the configured `wire_model`, if any."""
+        return self.config.deployment or self.config.wire_model or requested
 
     async def post(self, body: bytes, *, model: str, stream: bool = False) -> httpx2.Response:
         """The successful response to `body` (JSON, for `model`); raise `ProviderError` on any

@@ -81,7 +81,7 @@ class AnthropicProvider:
         """Answer one request; raise `ProviderError` on any failure."""
         with provider_errors(self._map_error):
             messages = self._get_client().messages
-            body = _body(request)
+            body = _body(request, self.config.wire_model or request.model)
             seconds = self.config.deadline(stream=request.stream)
             # A timeout of our own also keeps the client from refusing, or timing by its own
             # estimate, a non-streamed request it guesses may take long.
@@ -143,13 +143,13 @@ class AnthropicProvider:
 # --- request ------------------------------------------------------------------------------
 
 
-def _body(request: ModelRequest) -> dict[str, Any]:
-    """The request's fields, but for `stream`."""
+def _body(request: ModelRequest, model: str) -> dict[str, Any]:
+    """The request's fields, but for `stream`; `model` is the name the provider knows."""
     system, messages = _messages(request.messages)
     max_tokens = request.max_tokens or limits_for(request.model).max_output_tokens
     if not request.stream and request.max_tokens is None:
         max_tokens = min(max_tokens, _NON_STREAMED_MAX_TOKENS)
-    body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": max_tokens}
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     if system:
         body["system"] = system
     if request.tools:

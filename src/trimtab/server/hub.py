@@ -218,7 +218,8 @@ class SessionHub:
                 transform = partial(_transform, peer, session_id)
                 message = params.system_message_config()
                 options["system_message"] = await system_prompt(message, transform)
-            options["tools"] = [questions.tool(t.definition()) for t in params.tools or ()]
+            tools = [t for t in params.tools or () if params.offers(t.name)]
+            options["tools"] = [questions.tool(t.definition()) for t in tools]
             options["on_permission_request"] = questions.ask_permission
             if hooks is not None:
                 options["hooks"] = hooks.handlers()
