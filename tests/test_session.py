@@ -269,3 +269,24 @@ async def test_lone_surrogates_never_break_a_run(client: Client) -> None:
     reply = await session.send_and_wait("go")
     assert reply is not None and reply.data.content == "broken ? text"
     assert roles(model, 1)[-1] == ("tool", "broken ? text")
+
+
+async def test_D10_user_prompt_transformed_sees_and_replaces_the_transformed_prompt(
+    client: Client,
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def transformed(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        seen.append(data)
+        return {"modifiedTransformedPrompt": data["transformedPrompt"] + " (checked)"}
+
+    hooks: Any = {
+        "on_user_prompt_submitted": lambda data, invocation: {"modifiedPrompt": "Say hi"},
+        "on_user_prompt_transformed": transformed,
+    }
+    model = ScriptedModel(["hi"])
+    session = await open_session(client, model, hooks=hooks)
+    await session.send_and_wait("Say hello")
+    assert [(d["prompt"], d["transformedPrompt"]) for d in seen] == [("Say hello", "Say hi")]
+    assert seen[0]["workingDirectory"] and seen[0]["sessionId"] == session.session_id
+    assert roles(model, 0)[-1] == ("user", "Say hi (checked)")

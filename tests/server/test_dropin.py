@@ -523,3 +523,34 @@ async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotCl
     [complete] = [e for e in events if e.type.value == "session.compaction_complete"]
     assert start.data.trigger.value == complete.data.trigger.value == "threshold"
     assert complete.data.success is True
+
+
+# --- D10: hooks ----------------------------------------------------------------------------
+
+
+async def test_D10_the_user_prompt_transformed_hook_of_an_official_client(
+    official: CopilotClient,
+) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def transformed(data: Any, invocation: Any) -> dict[str, str]:
+        seen.append((data["prompt"], data["transformedPrompt"]))
+        return {"modifiedTransformedPrompt": "Say hello"}
+
+    hooks: Any = {"on_user_prompt_transformed": transformed}
+    async with ReplayServer([HELLO]) as model:
+        assert await say_hello_as(official, model, "Greet me", hooks=hooks) == "Hello!"
+    assert seen == [("Greet me", "Greet me")]
+
+
+async def say_hello_as(
+    client: CopilotClient, model: ReplayServer, prompt: str, **options: Any
+) -> str | None:
+    session = await client.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+        **options,
+    )
+    reply = await session.send_and_wait(prompt, timeout=30)
+    await session.disconnect()
+    return None if reply is None else reply.data.content  # type: ignore[union-attr]
