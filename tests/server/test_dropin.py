@@ -553,4 +553,4 @@ async def say_hello_as(
     )
     reply = await session.send_and_wait(prompt, timeout=30)
     await session.disconnect()
-    return None if reply is None else reply.data.content  # type: ignore[union-attr]
+    return None if reply is None else str(reply.data.content)  # type: ignore[union-attr]

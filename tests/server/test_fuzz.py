@@ -194,6 +194,8 @@ class Peer:
         while (answer := self.read()) is not None:
             if isinstance(answer, dict) and answer.get("id") == sentinel:
                 return answers
+            if isinstance(answer, dict) and answer.get("method") == "session.lifecycle":
+                continue  # other clients' sessions, announced to every client (spec D8)
             answers.append(answer)
         raise AssertionError(f"the connection closed; answers so far: {answers}")
 
