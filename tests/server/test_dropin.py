@@ -5,6 +5,7 @@ for the reference runtime rely on, checked through the official client against a
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from tests.server.conftest import (
     tool,
     user,
 )
+from trimtab.server.attachments import MAX_TEXT_BYTES
 from trimtab.server.prompt import DEFAULT_SECTIONS
 from trimtab.testing import ReplayServer
 
@@ -554,3 +556,109 @@ async def say_hello_as(
     reply = await session.send_and_wait(prompt, timeout=30)
     await session.disconnect()
     return None if reply is None else str(reply.data.content)  # type: ignore[union-attr]
+
+
+# --- D11: attachments ----------------------------------------------------------------------
+
+
+async def sent_with(
+    client: CopilotClient, model: ReplayServer, prompt: str, attachments: list[Any]
+) -> str:
+    """The user message the model receives for `prompt` with `attachments`."""
+    session = await client.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    try:
+        await session.send(prompt, attachments=attachments)
+        for _ in range(300):
+            if model.requests:
+                break
+            await asyncio.sleep(0.1)
+        content: str = model.requests[0]["messages"][-1]["content"]
+        return content
+    finally:
+        await session.disconnect()
+
+
+async def test_D11_files_selections_and_directories_become_text(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("line one\nline two\nline three\n")
+    (tmp_path / "sub").mkdir()
+    attachments = [
+        {"type": "file", "path": str(notes), "lineRange": {"start": 2, "end": 3}},
+        {
+            "type": "selection",
+            "filePath": str(notes),
+            "displayName": "sel",
+            "selection": {"start": {"line": 0, "character": 5}, "end": {"line": 1, "character": 4}},
+        },
+        {"type": "directory", "path": str(tmp_path), "displayName": "here"},
+    ]
+    sent = await sent_with(official, model, "Look", attachments)
+    assert sent == "\n\n".join(
+        [
+            "Look",
+            f'<attachment type="file" name="notes.txt" path="{notes}">\nline two\nline three\n'
+            "</attachment>",
+            f'<attachment type="selection" name="sel" path="{notes}:1-2">\none\nline\n'
+            "</attachment>",
+            f'<attachment type="directory" name="here" path="{tmp_path}">\nnotes.txt\nsub/\n'
+            "</attachment>",
+        ]
+    )
+
+
+async def test_D11_blobs_are_text_or_described(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    pixel = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(60)).decode()
+    attachments = [
+        {"type": "blob", "data": pixel, "mimeType": "image/png", "displayName": "pixel.png"},
+        {"type": "blob", "data": base64.b64encode(b"a,b\n1,2").decode(), "mimeType": "text/csv"},
+    ]
+    sent = await sent_with(official, model, "Describe", attachments)
+    assert sent == "\n\n".join(
+        [
+            "Describe",
+            '<attachment type="blob" name="pixel.png">\n'
+            "[image: image/png, 68 bytes; trimtab gives the model text only]\n</attachment>",
+            '<attachment type="blob" name="blob">\na,b\n1,2\n</attachment>',
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("attachment", "error"),
+    [
+        ({"type": "file", "path": "/no/such/file.txt"}, "attachment file not found"),
+        ({"type": "file", "path": "relative.txt"}, "must be absolute"),
+        ({"type": "directory", "path": "/no/such/dir"}, "attachment directory not found"),
+        ({"type": "blob", "data": "%%%", "mimeType": "image/png"}, "not base64"),
+        ({"type": "github_reference", "number": 1}, "Invalid params"),
+    ],
+)
+async def test_D11_an_unreadable_attachment_is_refused_and_nothing_is_stored(
+    official: CopilotClient, model: ReplayServer, attachment: dict[str, Any], error: str
+) -> None:
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    before = len(await session.get_events())
+    with pytest.raises(Exception, match=error):
+        await session.send("Look", attachments=[attachment])  # type: ignore[list-item]
+    assert len(await session.get_events()) == before
+    await session.disconnect()
+
+
+async def test_D11_a_large_file_is_cut_with_a_note(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    big = tmp_path / "big.log"
+    big.write_text("x" * (MAX_TEXT_BYTES + 1000))
+    sent = await sent_with(official, model, "Read", [{"type": "file", "path": str(big)}])
+    assert sent.count("x") == MAX_TEXT_BYTES
+    assert f"[cut: the first {MAX_TEXT_BYTES} of {MAX_TEXT_BYTES + 1000} bytes]" in sent

@@ -36,6 +36,11 @@ __all__ = [
     "ResultType",
     "ResumeParams",
     "SendAndWaitResult",
+    "Attachment",
+    "BlobAttachment",
+    "DirectoryAttachment",
+    "FileAttachment",
+    "SelectionAttachment",
     "SendParams",
     "SendResult",
     "SessionIdResult",
@@ -68,6 +73,9 @@ def _encodable(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_encodable)]
 """A string that can be stored: valid Unicode, no lone surrogates."""
+
+MAX_ATTACHMENTS = 20
+"""Attachments one `send` may carry."""
 
 MAX_DEPTH = 64
 """The deepest nesting of a JSON value that is stored (a tool's schema or metadata): deeper
@@ -357,10 +365,62 @@ def _with_user_agent(headers: dict[str, str] | None, client_name: str) -> dict[s
     return headers
 
 
+class LineRange(Wire):
+    start: int = Field(ge=1)
+    end: int = Field(ge=1)
+
+
+class FileAttachment(Wire):
+    type: Literal["file"]
+    path: str = Field(min_length=1)
+    display_name: str | None = None
+    line_range: LineRange | None = None
+
+
+class DirectoryAttachment(Wire):
+    type: Literal["directory"]
+    path: str = Field(min_length=1)
+    display_name: str | None = None
+
+
+class Position(Wire):
+    line: int = Field(ge=0)
+    character: int = Field(ge=0)
+
+
+class Selection(Wire):
+    start: Position
+    end: Position
+
+
+class SelectionAttachment(Wire):
+    type: Literal["selection"]
+    file_path: str = Field(min_length=1)
+    display_name: str | None = None
+    selection: Selection | None = None
+    text: Text | None = None
+
+
+class BlobAttachment(Wire):
+    type: Literal["blob"]
+    data: str
+    """Base64."""
+    mime_type: str = Field(min_length=1)
+    display_name: str | None = None
+
+
+Attachment = Annotated[
+    FileAttachment | DirectoryAttachment | SelectionAttachment | BlobAttachment,
+    Field(discriminator="type"),
+]
+"""What a `send` may attach (spec D11); the SDKs' other kinds are refused."""
+
+
 class SendParams(SessionParams):
-    """`session.send` and `session.sendAndWait` (attachments and modes are ignored)."""
+    """`session.send` and `session.sendAndWait` (modes and per-send headers are ignored)."""
 
     prompt: Text
+    attachments: list[Attachment] | None = Field(default=None, max_length=MAX_ATTACHMENTS)
 
 
 class SendAndWaitResult(Wire):

@@ -51,6 +51,7 @@ from trimtab.protocol.wire import (
     event_payload,
     metadata_of,
 )
+from trimtab.server.attachments import with_attachments
 from trimtab.server.hub import SessionHub, SharedSession
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
@@ -247,7 +248,10 @@ class CopilotConnection:
 
     async def _prompt(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
         request = SendParams.model_validate(params)
-        return self._hub.get(self._conn, request.session_id), request.prompt
+        shared = self._hub.get(self._conn, request.session_id)
+        if not request.attachments:
+            return shared, request.prompt
+        return shared, await with_attachments(request.prompt, request.attachments)
 
     async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:
         await self._session(params).session.abort()
