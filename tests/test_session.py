@@ -290,3 +290,21 @@ async def test_D10_user_prompt_transformed_sees_and_replaces_the_transformed_pro
     assert [(d["prompt"], d["transformedPrompt"]) for d in seen] == [("Say hello", "Say hi")]
     assert seen[0]["workingDirectory"] and seen[0]["sessionId"] == session.session_id
     assert roles(model, 0)[-1] == ("user", "Say hi (checked)")
+
+
+async def test_D10_an_agent_stop_hook_that_blocks_makes_the_run_go_on(client: Client) -> None:
+    seen: list[bool] = []
+
+    def agent_stop(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any] | None:
+        seen.append(data["stopHookActive"])
+        return None if data["stopHookActive"] else {"decision": "block", "reason": "Check again"}
+
+    model = ScriptedModel(["first", "second"])
+    session = await open_session(client, model, hooks={"on_agent_stop": agent_stop})
+    reply = await session.send_and_wait("Go")
+    assert reply is not None and reply.data.content == "second"
+    assert seen == [False, True]
+    assert roles(model, 1)[-3:] == [("user", "Go"), ("assistant", "first"), ("user", "Check again")]
+    events = await session.get_events()
+    [again] = [e for e in events if e.type == "user.message" and e.data.source == "agent_stop"]
+    assert again.data.message_id == reply.data.originating_message_id

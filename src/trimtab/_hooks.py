@@ -54,6 +54,10 @@ class SessionHooks(TypedDict, total=False):
     on_user_prompt_transformed: HookHandler
     """Then, told the `prompt` as sent and the `transformedPrompt` the model will read (after
     `userPromptSubmitted`): `modifiedTransformedPrompt` replaces the latter (spec D10)."""
+    on_agent_stop: HookHandler
+    """When a run is about to end with the model's answer (`stopReason` `end_turn`,
+    `stopHookActive`: whether this run already went on because of this hook): `decision:
+    "block"` makes it go on, with the `reason` as the next user message (spec D10)."""
     on_session_start: HookHandler
     """When a session is created or resumed (`source`: `new` or `resume`)."""
     on_session_end: HookHandler
@@ -66,6 +70,7 @@ _WIRE_NAMES = {
     "on_post_tool_use_failure": "postToolUseFailure",
     "on_user_prompt_submitted": "userPromptSubmitted",
     "on_user_prompt_transformed": "userPromptTransformed",
+    "on_agent_stop": "agentStop",
     "on_session_start": "sessionStart",
     "on_session_end": "sessionEnd",
 }
@@ -155,6 +160,15 @@ class Hooks:
         output = await self._call("on_user_prompt_transformed", data)
         final = output.get("modifiedTransformedPrompt")
         return final if isinstance(final, str) and final.strip() else transformed
+
+    async def agent_stop(self, active: bool) -> str | None:
+        """What the run goes on with (the hook blocked its end), or None: it ends."""
+        data = {"stopReason": "end_turn", "stopHookActive": active}
+        output = await self._call("on_agent_stop", data)
+        if output.get("decision") != "block":
+            return None
+        reason = output.get("reason")
+        return reason if isinstance(reason, str) and reason.strip() else "Continue."
 
     async def session_start(self, source: str) -> None:
         await self._call("on_session_start", {"source": source})

@@ -195,7 +195,7 @@ async def run(
         if aborted:
             raise asyncio.CancelledError
         step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
-        turns = 0
+        turns, stopped = 0, False
         while step != "end":
             if isinstance(step, _Seed):
                 turns = 0  # the seeded run is a run of its own (C8)
@@ -212,6 +212,13 @@ async def run(
                 break
             step = await _turn(host, message_id, result)
             turns += 1
+            if step == "end" and result.error is None and host.hooks:
+                # An `agentStop` hook may keep the run going, as a user message of the same
+                # run (the turns still count against max_turns).
+                reason = await host.hooks.agent_stop(stopped)
+                if reason is not None:
+                    await host.emit(user_message(valid_text(reason), message_id, "agent_stop"))
+                    step, stopped = "continue", True
         if result.error is not None:
             stored = await host.emit(result.error)
             assert isinstance(stored, SessionErrorEvent)

@@ -229,7 +229,8 @@ class UserMessageData(WireModel):
     content: str
     message_id: str | None = None
     source: str | None = None
-    """`"user"`, or `"context_cleared"` for the seed of a cleared window (spec C8)."""
+    """`"user"`, `"context_cleared"` for the seed of a cleared window (spec C8), or
+    `"agent_stop"` for what an `agentStop` hook made the run go on with (spec D10)."""
 
 
 class TurnData(WireModel):

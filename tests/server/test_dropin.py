@@ -545,6 +545,20 @@ async def test_D10_the_user_prompt_transformed_hook_of_an_official_client(
     assert seen == [("Greet me", "Greet me")]
 
 
+async def test_D10_an_official_clients_agent_stop_hook_keeps_the_run_going(
+    official: CopilotClient,
+) -> None:
+    def agent_stop(data: Any, invocation: Any) -> dict[str, str] | None:
+        return None if data["stopHookActive"] else {"decision": "block", "reason": "Once more"}
+
+    recorded = conversation(
+        user("Say hello"), assistant("Hello!"), user("Once more"), assistant("Hello again!")
+    )
+    async with ReplayServer([recorded]) as model:
+        hooks: Any = {"on_agent_stop": agent_stop}
+        assert await say_hello_as(official, model, "Say hello", hooks=hooks) == "Hello again!"
+
+
 async def say_hello_as(
     client: CopilotClient, model: ReplayServer, prompt: str, **options: Any
 ) -> str | None:
