@@ -308,3 +308,22 @@ async def test_D10_an_agent_stop_hook_that_blocks_makes_the_run_go_on(client: Cl
     events = await session.get_events()
     [again] = [e for e in events if e.type == "user.message" and e.data.source == "agent_stop"]
     assert again.data.message_id == reply.data.originating_message_id
+
+
+async def test_D9_request_headers_reach_the_provider_over_http(client: Client) -> None:
+    from trimtab.testing import Conversation, ConversationMessage, ReplayServer
+
+    hello = Conversation(
+        messages=[
+            ConversationMessage(role="user", content="Say hello"),
+            ConversationMessage(role="assistant", content="Hello!"),
+        ]
+    )
+    async with ReplayServer([hello]) as model:
+        byok = {"type": "openai", "base_url": model.base_url, "api_key": "k"}
+        session = await client.create_session(provider=byok)
+        with pytest.raises(ValueError, match="cannot carry"):
+            await session.send("Say hello", request_headers={"X-Bad": "a\r\nb"})
+        await session.send("Say hello", request_headers={"X-Trace": "abc"})
+        await session.wait_idle()
+    assert model.received[0].headers["x-trace"] == "abc"

@@ -139,6 +139,11 @@ class LoopHost(CompactionHost, Protocol):
     @property
     def hooks(self) -> Hooks: ...
     @property
+    def request_headers(self) -> dict[str, str] | None:
+        """The HTTP headers the run's `send` gave for its model requests."""
+        ...
+
+    @property
     def running(self) -> bool:
         """Whether the log shows the run still in progress (it did not end with its turn)."""
         ...
@@ -369,6 +374,7 @@ async def _call_model(host: LoopHost, reply_id: str) -> tuple[ModelResponse, flo
         stream=config.streaming,
         # Only a session's own override bounds the output: the table's figure is a ceiling.
         max_tokens=config.model_limits.max_output_tokens if config.model_limits else None,
+        headers=host.request_headers,
     )
     response: ModelResponse | None = None
     started = time.perf_counter()

@@ -66,6 +66,8 @@ class Pending:
     abort it logs)."""
     ended: asyncio.Event | None = None
     """Set once the run ended (created for whoever waits for that)."""
+    headers: dict[str, str] | None = None
+    """The `send`'s `request_headers`: held here only, never stored (they may be secrets)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -160,6 +162,10 @@ class Runner:
         return self.log.state.run_id is not None
 
     @property
+    def request_headers(self) -> dict[str, str] | None:
+        return self._running.headers if self._running is not None else None
+
+    @property
     def pending_seed(self) -> tuple[str, bool] | None:
         state = self.log.state
         if state.pending_seed is None:
@@ -211,7 +217,9 @@ class Runner:
             self.log.subscribers.add(self._ledger.observe, None)
         return self._ledger
 
-    async def submit(self, prompt: str, message_id: str) -> None:
+    async def submit(
+        self, prompt: str, message_id: str, headers: dict[str, str] | None = None
+    ) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
         log_ = self.log
@@ -219,13 +227,13 @@ class Runner:
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
                 await log_.emit_unlocked((_loop.user_message(prompt, message_id, "user"),))
-                self._queue.append(Pending(prompt, message_id, appended=True))
+                self._queue.append(Pending(prompt, message_id, appended=True, headers=headers))
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
                 # acknowledged may be lost to a crash); its run stores its message.
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
-                self._queue.append(Pending(prompt, message_id, appended=False))
+                self._queue.append(Pending(prompt, message_id, appended=False, headers=headers))
             self._start_worker()
 
     async def take_inputs(self) -> None:

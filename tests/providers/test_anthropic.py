@@ -281,3 +281,12 @@ async def test_D9_wire_model_is_the_model_named_in_the_request(server: ReplaySer
     finally:
         await anthropic.aclose()
     assert server.requests[-1]["model"] == "claude-proxy-alias"
+
+
+async def test_D9_request_headers_are_sent_with_that_request(
+    provider: AnthropicProvider, server: ReplayServer
+) -> None:
+    server.fail_next(200, body=ANSWER)
+    request = _request().model_copy(update={"headers": {"X-Turn": "7"}})
+    await _collect(provider, request)
+    assert server.received[-1].headers["x-turn"] == "7"

@@ -679,3 +679,13 @@ async def test_D9_wire_model_is_the_model_named_in_the_request(
 ) -> None:
     await _response(make(wire_model="my-fine-tune"), _request(user("Say hello"), stream=stream))
     assert server.requests[-1]["model"] == "my-fine-tune"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_D9_request_headers_are_sent_with_that_request(
+    make: Make, server: ReplayServer, stream: bool
+) -> None:
+    request = _request(user("Say hello"), stream=stream, headers={"X-Turn": "7"})
+    await _response(make(headers={"X-Provider": "p"}), request)
+    assert server.received[-1].headers["x-turn"] == "7"
+    assert server.received[-1].headers["x-provider"] == "p"

@@ -676,3 +676,21 @@ async def test_D11_a_large_file_is_cut_with_a_note(
     sent = await sent_with(official, model, "Read", [{"type": "file", "path": str(big)}])
     assert sent.count("x") == MAX_TEXT_BYTES
     assert f"[cut: the first {MAX_TEXT_BYTES} of {MAX_TEXT_BYTES + 1000} bytes]" in sent
+
+
+async def test_D9_request_headers_go_with_that_sends_model_requests_only(
+    official: CopilotClient,
+) -> None:
+    twice = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([twice]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait(
+            "Say hello", request_headers={"X-Turn-Tag": "turn-1"}, timeout=30
+        )
+        await session.send_and_wait("Again", timeout=30)
+        await session.disconnect()
+    assert model.received[0].headers["x-turn-tag"] == "turn-1"
+    assert "x-turn-tag" not in model.received[1].headers

@@ -417,10 +417,12 @@ Attachment = Annotated[
 
 
 class SendParams(SessionParams):
-    """`session.send` and `session.sendAndWait` (modes and per-send headers are ignored)."""
+    """`session.send` and `session.sendAndWait` (modes are ignored)."""
 
     prompt: Text
     attachments: list[Attachment] | None = Field(default=None, max_length=MAX_ATTACHMENTS)
+    request_headers: dict[str, str] | None = None
+    """HTTP headers for this send's model requests only (spec D9)."""
 
 
 class SendAndWaitResult(Wire):

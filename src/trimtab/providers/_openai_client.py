@@ -229,7 +229,14 @@ class ChatClient:
         else the configured `wire_model`, if any."""
         return self.config.deployment or self.config.wire_model or requested
 
-    async def post(self, body: bytes, *, model: str, stream: bool = False) -> httpx2.Response:
+    async def post(
+        self,
+        body: bytes,
+        *,
+        model: str,
+        stream: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> httpx2.Response:
         """The successful response to `body` (JSON, for `model`); raise `ProviderError` on any
         failure, or once `ProviderConfig.deadline` has passed.
 
@@ -245,7 +252,7 @@ class ChatClient:
             "POST",
             path,
             content=body,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
             timeout=httpx2.Timeout(**attempt_timeout(seconds)),
         )
         async with answer_within(seconds, stream=stream):

@@ -86,6 +86,8 @@ class AnthropicProvider:
             # A timeout of our own also keeps the client from refusing, or timing by its own
             # estimate, a non-streamed request it guesses may take long.
             body["timeout"] = anthropic.Timeout(**attempt_timeout(seconds))
+            if request.headers:
+                body["extra_headers"] = request.headers
             if not request.stream:
                 async with answer_within(seconds, stream=False):
                     message = await messages.create(**body, stream=False)

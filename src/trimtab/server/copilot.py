@@ -222,13 +222,13 @@ class CopilotConnection:
         return SessionIdResult(session_id=shared.session_id)
 
     async def _send(self, params: dict[str, Any]) -> SendResult:
-        shared, prompt = await self._prompt(params)
-        return SendResult(message_id=await shared.session.send(prompt))
+        shared, prompt, headers = await self._prompt(params)
+        return SendResult(message_id=await shared.session.send(prompt, request_headers=headers))
 
     async def _send_and_wait(self, params: dict[str, Any]) -> SendAndWaitResult:
-        shared, prompt = await self._prompt(params)
+        shared, prompt, headers = await self._prompt(params)
         # On a remote session the owner runs it; the ledger follows its events from here.
-        message_id = await shared.session.send(prompt)
+        message_id = await shared.session.send(prompt, request_headers=headers)
         run = await shared.questions.ledger.wait(message_id)
         idle = run.idle.id if run.idle is not None else None
         if run.error is not None:
@@ -246,12 +246,15 @@ class CopilotConnection:
             response=event_payload(run.last_message) if run.last_message is not None else None,
         )
 
-    async def _prompt(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
+    async def _prompt(
+        self, params: dict[str, Any]
+    ) -> tuple[SharedSession, str, dict[str, str] | None]:
         request = SendParams.model_validate(params)
         shared = self._hub.get(self._conn, request.session_id)
-        if not request.attachments:
-            return shared, request.prompt
-        return shared, await with_attachments(request.prompt, request.attachments)
+        prompt = request.prompt
+        if request.attachments:
+            prompt = await with_attachments(prompt, request.attachments)
+        return shared, prompt, request.request_headers
 
     async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:
         await self._session(params).session.abort()
