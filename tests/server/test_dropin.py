@@ -694,3 +694,29 @@ async def test_D9_request_headers_go_with_that_sends_model_requests_only(
         await session.disconnect()
     assert model.received[0].headers["x-turn-tag"] == "turn-1"
     assert "x-turn-tag" not in model.received[1].headers
+
+
+async def test_D5_resuming_a_session_only_this_client_has_open_applies_the_new_options(
+    official: CopilotClient,
+) -> None:
+    twice = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([twice]) as model:
+        first = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await first.send_and_wait("Say hello", timeout=30)
+        byok: Any = {**provider(model), "headers": {"X-Tenant": "resumed"}}
+        resumed = await official.resume_session(
+            first.session_id,
+            provider=byok,
+            system_message={"mode": "replace", "content": "RESUMED"},
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        reply = await resumed.send_and_wait("Again", timeout=30)
+        assert reply is not None and reply.data.content == "Hi!"  # type: ignore[union-attr]
+        assert resumes(await resumed.get_events()) == [False]
+        await resumed.disconnect()
+    assert "x-tenant" not in model.received[0].headers
+    assert model.received[1].headers["x-tenant"] == "resumed"
+    assert system_sent(model, 1) == "RESUMED"

@@ -196,8 +196,9 @@ class SessionHub:
     ) -> SharedSession:
         """Create or resume a session and attach `peer` to it.
 
-        A session already open here is shared: the new connection is attached, and its
-        tools and options are not applied (the runtime's tool set is fixed while open).
+        A session already open here for other connections, or running, is shared: the new
+        connection is attached, and its tools and options are not applied (the runtime's
+        tool set is fixed while open). Otherwise it is opened again with the new options.
         """
         session_id = params.session_id
         async with self._locks.hold(session_id):
@@ -205,10 +206,14 @@ class SessionHub:
             if shared is not None:
                 if not resume:
                     raise ValueError(f"a session with id {session_id!r} already exists")
-                shared.attach(peer, params)
-                await _log_resume(shared.session, params)
-                shared.redeliver(peer)
-                return shared
+                if shared.peers not in ([], [peer]) or shared.session.busy:
+                    shared.attach(peer, params)
+                    await _log_resume(shared.session, params)
+                    shared.redeliver(peer)
+                    return shared
+                # Nobody else uses it and nothing runs: opened again, so that this resume's
+                # options (system message, provider, tools) apply (spec D5).
+                await self._close(shared)
             since = await self._event_count(session_id) if resume else 0
             questions = ClientQuestions(session_id)
             hooks = ClientHooks(session_id, peer) if params.hooks else None
