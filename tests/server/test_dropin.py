@@ -400,7 +400,7 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
 
 
 async def test_D8_clients_hear_of_sessions_created_updated_and_deleted(
-    official: CopilotClient, shared_server: ServerProcess, model: ReplayServer
+    official: CopilotClient, shared_server: ServerProcess
 ) -> None:
     watcher = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
     await watcher.start()
@@ -411,13 +411,16 @@ async def test_D8_clients_hear_of_sessions_created_updated_and_deleted(
     watcher.on_lifecycle("session.created", lambda e: created.append(f"{e.type} {e.session_id}"))
     stop_dropped = watcher.on_lifecycle(lambda e: dropped.append(e.session_id))
     stop_dropped()
+    twice = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
     try:
-        session = await official.create_session(
-            provider=provider(model),  # type: ignore[arg-type]
-            on_permission_request=PermissionHandler.approve_all,
-        )
-        await session.send_and_wait("Say hello", timeout=30)
-        await session.disconnect()
+        async with ReplayServer([twice]) as model:
+            session = await official.create_session(
+                provider=provider(model),  # type: ignore[arg-type]
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            await session.send_and_wait("Say hello", timeout=30)
+            await session.send_and_wait("Again", timeout=30)  # no second update: same summary
+            await session.disconnect()
         await official.delete_session(session.session_id)
         mine = [("session.created", "session.updated", "session.deleted")]
         for _ in range(100):

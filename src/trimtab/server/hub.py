@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from trimtab import Client, Session, SessionNotFoundError
-from trimtab.events import Event, SessionIdleEvent, SessionResumeData, SessionResumeEvent
+from trimtab.events import Event, SessionResumeData, SessionResumeEvent, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
@@ -57,8 +57,8 @@ class SharedSession:
     _unsubscribe: Callable[[], None] | None = None
     lingering: asyncio.Task[None] | None = None
     """Closes the session once its runs end, after its last connection went away."""
-    on_idle: Callable[[str], None] | None = None
-    """Told the session's id each time a run of it ends."""
+    on_summary: Callable[[str], None] | None = None
+    """Told the session's id when it gets its summary (its first user message)."""
     _orphaned: asyncio.TimerHandle | None = None
     """Fails the calls a dropped client left unanswered, unless a client answers them first."""
 
@@ -77,8 +77,9 @@ class SharedSession:
             self._buffer.append(event)  # held until the catch-up of `open` is sent
         else:
             self._fan_out(event)
-        if isinstance(event, SessionIdleEvent) and self.on_idle is not None:
-            self.on_idle(self.session_id)
+        if isinstance(event, UserMessageEvent) and self.on_summary is not None:
+            self.on_summary(self.session_id)
+            self.on_summary = None  # the summary is the first one's
 
     def _fan_out(self, event: Event) -> None:
         params = {"sessionId": self.session_id, "event": _event_payload(event)}
@@ -238,7 +239,8 @@ class SessionHub:
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
             shared = self._open[session_id] = SharedSession(session, questions, hooks)
-            shared.on_idle = partial(self._lifecycle, "session.updated")
+            if not resume:  # (a resumed session mostly has its summary already)
+                shared.on_summary = partial(self._lifecycle, "session.updated")
             shared.attach(peer, params)
             await shared.catch_up(since)
             if not resume:
