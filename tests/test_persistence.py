@@ -84,6 +84,21 @@ async def test_resume_keeps_config_and_marks_itself(client: Client) -> None:
     assert types.count("session.resume") == 1
 
 
+async def test_D5_the_resume_event_says_whether_pending_work_continues(client: Client) -> None:
+    session = await open_session(client, ScriptedModel())
+    await session.disconnect()
+    for continue_pending_work in (False, True):
+        resumed = await client.resume_session(
+            session.session_id,
+            continue_pending_work=continue_pending_work,
+            provider=ScriptedModel(),
+        )
+        await resumed.disconnect()
+    events = await resumed.get_events()
+    flags = [e.data.continue_pending_work for e in events if e.type == "session.resume"]
+    assert flags == [False, True]
+
+
 async def test_resume_of_an_open_session_returns_the_same_object(client: Client) -> None:
     session = await open_session(client, ScriptedModel())
     assert await client.resume_session(session.session_id) is session
@@ -129,7 +144,7 @@ async def test_p3_call_in_flight_at_a_crash_is_cancelled_on_resume(tmp_path: Pat
         window = roles(model, 0)
         assert window[2:] == [
             ("assistant", ""),
-            ("tool", "The tool call was interrupted before it completed."),
+            ("tool", "The execution of this tool, or a previous tool was interrupted."),
             ("user", "continue"),
         ]
 

@@ -153,7 +153,10 @@ async def test_abort_cancels_the_running_handler_and_the_session_lives_on(client
     assert rec.of("session.idle")[0].data.aborted is True
     reply = await session.send_and_wait("still there?")
     assert reply is not None and reply.data.content == "after abort"
-    assert roles(model, 1)[-2] == ("tool", "The tool call was interrupted before it completed.")
+    assert roles(model, 1)[-2] == (
+        "tool",
+        "The execution of this tool, or a previous tool was interrupted.",
+    )
 
 
 async def test_abort_during_the_model_call(client: Client) -> None:
@@ -266,3 +269,61 @@ async def test_lone_surrogates_never_break_a_run(client: Client) -> None:
     reply = await session.send_and_wait("go")
     assert reply is not None and reply.data.content == "broken ? text"
     assert roles(model, 1)[-1] == ("tool", "broken ? text")
+
+
+async def test_D10_user_prompt_transformed_sees_and_replaces_the_transformed_prompt(
+    client: Client,
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def transformed(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        seen.append(data)
+        return {"modifiedTransformedPrompt": data["transformedPrompt"] + " (checked)"}
+
+    hooks: Any = {
+        "on_user_prompt_submitted": lambda data, invocation: {"modifiedPrompt": "Say hi"},
+        "on_user_prompt_transformed": transformed,
+    }
+    model = ScriptedModel(["hi"])
+    session = await open_session(client, model, hooks=hooks)
+    await session.send_and_wait("Say hello")
+    assert [(d["prompt"], d["transformedPrompt"]) for d in seen] == [("Say hello", "Say hi")]
+    assert seen[0]["workingDirectory"] and seen[0]["sessionId"] == session.session_id
+    assert roles(model, 0)[-1] == ("user", "Say hi (checked)")
+
+
+async def test_D10_an_agent_stop_hook_that_blocks_makes_the_run_go_on(client: Client) -> None:
+    seen: list[bool] = []
+
+    def agent_stop(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any] | None:
+        seen.append(data["stopHookActive"])
+        return None if data["stopHookActive"] else {"decision": "block", "reason": "Check again"}
+
+    model = ScriptedModel(["first", "second"])
+    session = await open_session(client, model, hooks={"on_agent_stop": agent_stop})
+    reply = await session.send_and_wait("Go")
+    assert reply is not None and reply.data.content == "second"
+    assert seen == [False, True]
+    assert roles(model, 1)[-3:] == [("user", "Go"), ("assistant", "first"), ("user", "Check again")]
+    events = await session.get_events()
+    [again] = [e for e in events if e.type == "user.message" and e.data.source == "agent_stop"]
+    assert again.data.message_id == reply.data.originating_message_id
+
+
+async def test_D9_request_headers_reach_the_provider_over_http(client: Client) -> None:
+    from trimtab.testing import Conversation, ConversationMessage, ReplayServer
+
+    hello = Conversation(
+        messages=[
+            ConversationMessage(role="user", content="Say hello"),
+            ConversationMessage(role="assistant", content="Hello!"),
+        ]
+    )
+    async with ReplayServer([hello]) as model:
+        byok = {"type": "openai", "base_url": model.base_url, "api_key": "k"}
+        session = await client.create_session(provider=byok)
+        with pytest.raises(ValueError, match="cannot carry"):
+            await session.send("Say hello", request_headers={"X-Bad": "a\r\nb"})
+        await session.send("Say hello", request_headers={"X-Trace": "abc"})
+        await session.wait_idle()
+    assert model.received[0].headers["x-trace"] == "abc"

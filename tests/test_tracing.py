@@ -308,7 +308,7 @@ async def test_ot6_compaction_in_a_run_is_a_span_event(client: Client, traced: T
     events = [e for s in traced.named("invoke_agent") for e in s.events]
     assert events and {e.name for e in events} == {"session.compaction"}
     first = attrs(events[0])
-    assert first["trimtab.compaction.trigger"] == "auto"
+    assert first["trimtab.compaction.trigger"] == "threshold"  # the protocol's name (D9)
     assert first["trimtab.compaction.success"] is True
     assert first["trimtab.messages_removed"] > 0
 

@@ -276,6 +276,7 @@ class Client:
                 event_count=replayed.event_count,
                 selected_model=config.model,
                 config=config if config != replayed.config else None,
+                continue_pending_work=continue_pending_work,
             )
             await session.ownership.resumed(SessionResumeEvent(data=data))
             await session.ownership.recover(continue_pending=continue_pending_work)

@@ -74,7 +74,7 @@ SUMMARY_TOKENS = 2_000
 _MESSAGE_CHARS = 4_000
 """Longer messages are shortened in the transcript a summary is made from."""
 
-Trigger = Literal["manual", "auto"]
+Trigger = Literal["manual", "threshold"]
 
 
 class CompactionHost(Protocol):
@@ -126,7 +126,7 @@ async def fit_window(host: CompactionHost) -> None:
     budget = int(host.limits.context_window * settings.threshold)
     if request_tokens(host) <= budget:
         return
-    await compact(host, trigger="auto")
+    await compact(host, trigger="threshold")
     overflow = request_tokens(host) - budget
     if overflow > 0:
         await _drop_oldest(host, overflow, "the window was still too large after compaction")
@@ -222,13 +222,13 @@ async def _drop_oldest(host: CompactionHost, overflow: int, reason: str) -> None
     if not dropped:
         return
     await _warn(host, f"{reason}: the {len(dropped)} oldest turn(s) were dropped from the window.")
-    await host.emit(SessionCompactionStartEvent(data=CompactionStartData(trigger="auto")))
+    await host.emit(SessionCompactionStartEvent(data=CompactionStartData(trigger="threshold")))
     base = [m for unit in groups for m in unit]
     removed = [m for unit in dropped for m in unit]
     result = CompactResult(
         success=True, messages_removed=len(removed), tokens_removed=estimate_tokens(removed)
     )
-    await _rebase(host, "auto", base, result)
+    await _rebase(host, "threshold", base, result)
 
 
 async def _rebase(

@@ -51,6 +51,13 @@ class SessionHooks(TypedDict, total=False):
     on_user_prompt_submitted: HookHandler
     """Before a prompt is sent: `modifiedPrompt` replaces it, `decision: "block"` refuses it
     (`PromptBlockedError`; nothing is stored)."""
+    on_user_prompt_transformed: HookHandler
+    """Then, told the `prompt` as sent and the `transformedPrompt` the model will read (after
+    `userPromptSubmitted`): `modifiedTransformedPrompt` replaces the latter (spec D10)."""
+    on_agent_stop: HookHandler
+    """When a run is about to end with the model's answer (`stopReason` `end_turn`,
+    `stopHookActive`: whether this run already went on because of this hook): `decision:
+    "block"` makes it go on, with the `reason` as the next user message (spec D10)."""
     on_session_start: HookHandler
     """When a session is created or resumed (`source`: `new` or `resume`)."""
     on_session_end: HookHandler
@@ -62,6 +69,8 @@ _WIRE_NAMES = {
     "on_post_tool_use": "postToolUse",
     "on_post_tool_use_failure": "postToolUseFailure",
     "on_user_prompt_submitted": "userPromptSubmitted",
+    "on_user_prompt_transformed": "userPromptTransformed",
+    "on_agent_stop": "agentStop",
     "on_session_start": "sessionStart",
     "on_session_end": "sessionEnd",
 }
@@ -106,7 +115,9 @@ class Hooks:
             **data,
             "sessionId": self._session_id,
             "timestamp": int(time.time() * 1000),
-            "cwd": os.getcwd(),
+            # `workingDirectory` is the protocol's name; `cwd` stays for hooks written before.
+            "workingDirectory": (cwd := os.getcwd()),
+            "cwd": cwd,
         }
         try:
             async with asyncio.timeout(HOOK_TIMEOUT):
@@ -143,12 +154,26 @@ class Hooks:
         await self._call("on_post_tool_use_failure", data)
 
     async def user_prompt_submitted(self, prompt: str) -> str:
-        """The prompt to send, or `PromptBlockedError`."""
+        """The prompt to send, as `userPromptSubmitted` then `userPromptTransformed` shaped
+        it, or `PromptBlockedError`."""
         output = await self._call("on_user_prompt_submitted", {"prompt": prompt})
         if output.get("decision") == "block":
             raise PromptBlockedError(str(output.get("reason") or "blocked by a hook"))
         modified = output.get("modifiedPrompt")
-        return modified if isinstance(modified, str) and modified.strip() else prompt
+        transformed = modified if isinstance(modified, str) and modified.strip() else prompt
+        data = {"prompt": prompt, "transformedPrompt": transformed}
+        output = await self._call("on_user_prompt_transformed", data)
+        final = output.get("modifiedTransformedPrompt")
+        return final if isinstance(final, str) and final.strip() else transformed
+
+    async def agent_stop(self, active: bool) -> str | None:
+        """What the run goes on with (the hook blocked its end), or None: it ends."""
+        data = {"stopReason": "end_turn", "stopHookActive": active}
+        output = await self._call("on_agent_stop", data)
+        if output.get("decision") != "block":
+            return None
+        reason = output.get("reason")
+        return reason if isinstance(reason, str) and reason.strip() else "Continue."
 
     async def session_start(self, source: str) -> None:
         await self._call("on_session_start", {"source": source})

@@ -97,7 +97,9 @@ current_tool_call: ContextVar[tuple[str, str] | None] = ContextVar(
 """`(session id, call id)` of the tool call whose handler runs in this context: what a
 `clear_context` call belongs to (spec C1). Call ids are the model's, unique only per session."""
 
-INTERRUPTED = "The tool call was interrupted before it completed."
+INTERRUPTED = "The execution of this tool, or a previous tool was interrupted."
+"""What the model reads for a `cancelled` call: the reference Copilot runtime's words, so that
+conversations recorded against it replay unchanged (spec D7)."""
 
 
 _NO_TOOLS: frozenset[str] = frozenset()
@@ -144,6 +146,11 @@ class LoopHost(CompactionHost, Protocol):
     @property
     def epoch(self) -> int:
         """How many clears the session has committed."""
+        ...
+
+    @property
+    def request_headers(self) -> dict[str, str] | None:
+        """The HTTP headers the run's `send` gave for its model requests."""
         ...
 
     @property
@@ -208,7 +215,7 @@ async def run(
         if aborted:
             raise asyncio.CancelledError
         step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
-        turns = 0
+        turns, stopped = 0, False
         while step != "end":
             if isinstance(step, _Seed):
                 turns = 0  # the seeded run is a run of its own (C8)
@@ -226,6 +233,13 @@ async def run(
                 break
             step = await _turn(host, message_id, result)
             turns += 1
+            if step == "end" and result.error is None and host.hooks:
+                # An `agentStop` hook may keep the run going, as a user message of the same
+                # run (the turns still count against max_turns).
+                reason = await host.hooks.agent_stop(stopped)
+                if reason is not None:
+                    await host.emit(user_message(valid_text(reason), message_id, "agent_stop"))
+                    step, stopped = "continue", True
         if result.error is not None:
             stored = await host.emit(result.error)
             assert isinstance(stored, SessionErrorEvent)
@@ -383,6 +397,7 @@ async def _call_model(host: LoopHost, reply_id: str, tokens: int) -> tuple[Model
         stream=config.streaming,
         # Only a session's own override bounds the output: the table's figure is a ceiling.
         max_tokens=config.model_limits.max_output_tokens if config.model_limits else None,
+        headers=host.request_headers,
     )
     response: ModelResponse | None = None
     started = time.perf_counter()

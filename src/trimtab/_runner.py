@@ -71,6 +71,8 @@ class Pending:
     """Set once the run ended (created for whoever waits for that)."""
     parent: Context | None = None
     """The trace context of whoever sent it (spec OT2)."""
+    headers: dict[str, str] | None = None
+    """The `send`'s `request_headers`: held here only, never stored (they may be secrets)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -184,6 +186,10 @@ class Runner:
         return self.log.state.run_id is not None
 
     @property
+    def request_headers(self) -> dict[str, str] | None:
+        return self._running.headers if self._running is not None else None
+
+    @property
     def pending_seed(self) -> tuple[str, bool] | None:
         state = self.log.state
         if state.pending_seed is None:
@@ -261,7 +267,9 @@ class Runner:
         finally:
             self.release_ledger()
 
-    async def submit(self, prompt: str, message_id: str) -> None:
+    async def submit(
+        self, prompt: str, message_id: str, headers: dict[str, str] | None = None
+    ) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
         log_ = self.log
@@ -270,13 +278,15 @@ class Runner:
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
                 await log_.emit_unlocked((_loop.user_message(prompt, message_id, "user"),))
-                self._queue.append(Pending(prompt, message_id, appended=True, parent=parent))
+                pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
+                self._queue.append(pending)
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
                 # acknowledged may be lost to a crash); its run stores its message.
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
-                self._queue.append(Pending(prompt, message_id, appended=False, parent=parent))
+                pending = Pending(prompt, message_id, False, parent=parent, headers=headers)
+                self._queue.append(pending)
             self._start_worker()
 
     async def take_inputs(self) -> None:

@@ -22,6 +22,9 @@ from trimtab.events import (
 
 __all__ = ["RunEnd", "RunLedger"]
 
+_SAME_RUN = frozenset({"context_cleared", "agent_stop"})
+"""Sources of user messages that go on with the run in progress rather than start one."""
+
 
 @dataclass
 class RunEnd:
@@ -60,7 +63,7 @@ class RunLedger:
     def observe(self, event: Event) -> None:
         """Account for one event of the session, in delivery order."""
         match event:
-            case UserMessageEvent() if event.data.source != "context_cleared":
+            case UserMessageEvent() if event.data.source not in _SAME_RUN:
                 if event.data.message_id is not None:
                     self._current = RunEnd(event.data.message_id)
             case AssistantMessageEvent() if self._current is not None:

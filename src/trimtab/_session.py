@@ -174,7 +174,7 @@ class Session:
         """
         return self._log.subscribers.add(first, handler)
 
-    async def send(self, prompt: str) -> str:
+    async def send(self, prompt: str, *, request_headers: Mapping[str, str] | None = None) -> str:
         """Queue `prompt` for the agent and return its message id once it is stored.
 
         The run starts right away when the session is idle (its `user.message` is stored
@@ -182,6 +182,9 @@ class Session:
         queued before it have ended, so that a crash cannot lose it. On a remote session the
         input is queued in the store for its owner. A `userPromptSubmitted` hook may change
         the prompt, or block it (`PromptBlockedError`: nothing is stored).
+
+        `request_headers` go with this run's model requests only (spec D9); they are not
+        stored, so an input that waits for another runtime (a remote session) goes without.
         """
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
@@ -191,9 +194,10 @@ class Session:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         if self._hooks:
             prompt = valid_text(await self._prompt(prompt))
+        headers = _headers(request_headers)
         message_id = new_id()
         if self._log.writable:
-            await self._runner.submit(prompt, message_id)
+            await self._runner.submit(prompt, message_id, headers)
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
         return message_id
@@ -299,3 +303,16 @@ class Session:
     def closed(self) -> bool:
         """`disconnect()` was called: the session can no longer be used."""
         return self._closing is not None
+
+
+def _headers(given: Mapping[str, str] | None) -> dict[str, str] | None:
+    """Per-send headers, checked: names and values text that HTTP can carry."""
+    if not given:
+        return None
+    headers = dict(given)
+    for name, value in headers.items():
+        if not (isinstance(name, str) and isinstance(value, str)) or not name.strip():
+            raise ValueError("request_headers must map header names to text values")
+        if any(c in name + value for c in "\r\n\x00") or not name.isascii():
+            raise ValueError(f"request header {name!r} holds a character HTTP cannot carry")
+    return headers

@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeAlias, cast, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -221,13 +221,16 @@ class SessionResumeData(WireModel):
     selected_model: str | None = None
     config: SessionConfigData | None = None
     """The configuration from this point on, when the resume changed it."""
+    continue_pending_work: bool | None = None
+    """Whether the resume asked to run again what a crash interrupted (spec P3)."""
 
 
 class UserMessageData(WireModel):
     content: str
     message_id: str | None = None
     source: str | None = None
-    """`"user"`, or `"context_cleared"` for the seed of a cleared window (spec C8)."""
+    """`"user"`, `"context_cleared"` for the seed of a cleared window (spec C8), or
+    `"agent_stop"` for what an `agentStop` hook made the run go on with (spec D10)."""
 
 
 class TurnData(WireModel):
@@ -368,13 +371,22 @@ class SessionErrorData(WireModel):
     originating_message_id: str | None = None
 
 
+def _threshold(value: Any) -> Any:
+    return "threshold" if value == "auto" else value  # what older logs call it
+
+
+CompactionTrigger = Annotated[Literal["manual", "threshold"], BeforeValidator(_threshold)]
+"""Asked for (`manual`), or the window passed the `infinite_sessions` threshold: the Copilot
+protocol's names, which its clients parse strictly (spec D9)."""
+
+
 class CompactionStartData(WireModel):
-    trigger: Literal["manual", "auto"] = "manual"
+    trigger: CompactionTrigger = "manual"
 
 
 class CompactionCompleteData(WireModel):
     success: bool
-    trigger: Literal["manual", "auto"] = "manual"
+    trigger: CompactionTrigger = "manual"
     messages_removed: int = 0
     tokens_removed: int = 0
     summary_content: str | None = None

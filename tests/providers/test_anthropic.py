@@ -264,3 +264,29 @@ async def test_stream_closed_cleanly_before_message_stop_is_an_error(
         await _collect(provider, _request(stream=True))
 
     assert (caught.value.error_type, caught.value.retryable) == ("provider_unavailable", True)
+
+
+async def test_D9_wire_model_is_the_model_named_in_the_request(server: ReplayServer) -> None:
+    config = ProviderConfig(
+        type="anthropic",
+        base_url="http://replay.test",
+        api_key="sk-ant-test",
+        max_retries=0,
+        wire_model="claude-proxy-alias",
+    )
+    anthropic = AnthropicProvider(config, transport=server.transport())
+    server.fail_next(200, body=ANSWER)
+    try:
+        await _collect(anthropic, _request())
+    finally:
+        await anthropic.aclose()
+    assert server.requests[-1]["model"] == "claude-proxy-alias"
+
+
+async def test_D9_request_headers_are_sent_with_that_request(
+    provider: AnthropicProvider, server: ReplayServer
+) -> None:
+    server.fail_next(200, body=ANSWER)
+    request = _request().model_copy(update={"headers": {"X-Turn": "7"}})
+    await _collect(provider, request)
+    assert server.received[-1].headers["x-turn"] == "7"

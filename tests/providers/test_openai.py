@@ -507,6 +507,68 @@ async def test_malformed_sse_is_bad_response(make: Make, server: ReplayServer) -
     assert error.error_type == "bad_response"
 
 
+def _split_reply_choices() -> list[dict[str, Any]]:
+    """A reply as the Copilot API sends it: text in one choice, each tool call in another."""
+    paris = _call("c1", "get_weather", {"city": "Paris"})
+    rome = _call("c2", "get_weather", {"city": "Rome"})
+    return [
+        {"index": 0, "message": {"role": "assistant", "content": "Checking."}},
+        {"index": 1, "message": {"role": "assistant", "content": None, "tool_calls": [paris]}},
+        {"index": 2, "message": {"role": "assistant", "tool_calls": [rome]}},
+    ]
+
+
+async def test_D3_choices_of_one_reply_are_merged(make: Make, server: ReplayServer) -> None:
+    choices = _split_reply_choices()
+    choices[0]["finish_reason"] = "stop"
+    choices[1]["finish_reason"] = choices[2]["finish_reason"] = "tool_calls"
+    server.fail_next(200, body={"id": "x", "object": "chat.completion", "choices": choices})
+
+    response = await _response(make(), _request(user("Weather?")))
+
+    assert response.content == "Checking."
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in response.tool_calls] == [
+        ("c1", "get_weather", {"city": "Paris"}),
+        ("c2", "get_weather", {"city": "Rome"}),
+    ]
+    assert response.finish_reason == "tool_calls"
+
+
+async def test_D3_streamed_choices_of_one_reply_are_merged(
+    make: Make, server: ReplayServer
+) -> None:
+    # Each choice's call is numbered 0 and its arguments come in pieces without an id.
+    def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
+        return "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
+
+    def part(call_id: str | None, name: str | None, arguments: str) -> dict[str, Any]:
+        function = {"arguments": arguments} | ({"name": name} if name else {})
+        return {"tool_calls": [{"index": 0, "id": call_id, "function": function}]}
+
+    body = "".join(
+        [
+            chunk(0, {"role": "assistant", "content": "Check"}),
+            chunk(1, part("c1", "get_weather", '{"city":')),
+            chunk(2, part("c2", "get_weather", '{"city":')),
+            chunk(0, {"content": "ing."}, "stop"),
+            chunk(1, part(None, None, '"Paris"}'), "tool_calls"),
+            chunk(2, part(None, None, '"Rome"}'), "tool_calls"),
+            "data: [DONE]\n\n",
+        ]
+    )
+    server.fail_next(200, body=body)
+
+    response = await _response(make(), _request(user("Weather?"), stream=True))
+
+    assert response.content == "Checking."
+    assert [(c.id, c.arguments) for c in response.tool_calls] == [
+        ("c1", '{"city":"Paris"}'),
+        ("c2", '{"city":"Rome"}'),
+    ]
+    assert response.finish_reason == "tool_calls"
+
+
 async def test_no_choices_is_bad_response(make: Make, server: ReplayServer) -> None:
     server.fail_next(200, body={"id": "x", "object": "chat.completion", "choices": []})
 
@@ -637,3 +699,21 @@ async def test_make_provider_sends_through_an_injected_transport(server: ReplayS
 def test_a_local_provider_takes_no_transport() -> None:
     with pytest.raises(ValueError, match="no HTTP client"):
         make_provider(ProviderConfig(type="local"), transport=ReplayServer().transport())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_D9_wire_model_is_the_model_named_in_the_request(
+    make: Make, server: ReplayServer, stream: bool
+) -> None:
+    await _response(make(wire_model="my-fine-tune"), _request(user("Say hello"), stream=stream))
+    assert server.requests[-1]["model"] == "my-fine-tune"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_D9_request_headers_are_sent_with_that_request(
+    make: Make, server: ReplayServer, stream: bool
+) -> None:
+    request = _request(user("Say hello"), stream=stream, headers={"X-Turn": "7"})
+    await _response(make(headers={"X-Provider": "p"}), request)
+    assert server.received[-1].headers["x-turn"] == "7"
+    assert server.received[-1].headers["x-provider"] == "p"

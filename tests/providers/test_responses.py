@@ -193,3 +193,11 @@ async def test_stream_closed_cleanly_before_completed_is_an_error(
         await _collect(provider, _request(stream=True))
 
     assert (caught.value.error_type, caught.value.retryable) == ("provider_unavailable", True)
+
+
+async def test_D9_request_headers_are_sent_with_that_request(
+    provider: OpenAIResponsesProvider, server: ReplayServer
+) -> None:
+    server.fail_next(200, body=COMPLETED)
+    await _collect(provider, _request(headers={"X-Turn": "7"}))
+    assert server.received[-1].headers["x-turn"] == "7"

@@ -246,7 +246,7 @@ async def test_abort_cancels_the_client_tool_and_keeps_the_session(make_driver: 
     recorded = conversation(
         user("Wait forever"),
         assistant(None, call("c1", "wait_forever")),
-        tool("c1", "The tool call was interrupted before it completed."),
+        tool("c1", "The execution of this tool, or a previous tool was interrupted."),
         user("Are you there?"),
         assistant("Yes, still here."),
     )

@@ -174,13 +174,18 @@ class Peer:
         self.connect()
 
     def read(self) -> Any:
-        """The next frame, as strictly as the official client reads it; None at the end."""
-        header = self.stream.readline()
-        if not header:
-            return None
-        assert header.startswith(b"Content-Length: ") and header.endswith(b"\r\n"), header
-        assert self.stream.readline() == b"\r\n"
-        return json.loads(self.stream.read(int(header[16:])))
+        """The next frame but lifecycle notifications (sessions the fuzzed frames created,
+        announced to every client, spec D8), as strictly as the official client reads it;
+        None at the end."""
+        while True:
+            header = self.stream.readline()
+            if not header:
+                return None
+            assert header.startswith(b"Content-Length: ") and header.endswith(b"\r\n"), header
+            assert self.stream.readline() == b"\r\n"
+            frame = json.loads(self.stream.read(int(header[16:])))
+            if not (isinstance(frame, dict) and frame.get("method") == "session.lifecycle"):
+                return frame
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)

@@ -42,7 +42,7 @@ from trimtab.testing import ReplayServer
 TTL = 2.0
 """The servers' lease TTL: a killed server's sessions are taken over this long after."""
 
-INTERRUPTED = "The tool call was interrupted before it completed."
+INTERRUPTED = "The execution of this tool, or a previous tool was interrupted."
 
 HI = conversation(user("Say hi"), assistant("Hi!"))
 

@@ -51,7 +51,7 @@ def rpc_error(exc: Exception) -> RpcError | None:
             code = INVALID_PARAMS if exc.code in ("empty_prompt", "invalid_prompt") else RUN_FAILED
             return RpcError(code, str(exc), {"code": exc.code})
         case SessionNotFoundError():
-            return RpcError(SESSION_NOT_FOUND, str(exc), {"code": "session_not_found"})
+            return _not_found(str(exc.args[0]), "not stored")
         case PromptBlockedError():
             return RpcError(RUN_FAILED, f"prompt_blocked: {exc}", {"code": "prompt_blocked"})
         case SessionError():
@@ -76,7 +76,7 @@ def error_from_rpc(exc: RpcError) -> Exception:
     if code in _CLEAR_CODES:
         return ClearContextError(cast(ClearContextErrorCode, code), exc.message)
     if code == "session_not_found":
-        return SessionNotFoundError(exc.message)
+        return SessionNotFoundError(data.get("sessionId", exc.message))
     if code == "prompt_blocked":
         return PromptBlockedError(exc.message.removeprefix("prompt_blocked: "))
     if "errorType" in data:
@@ -89,8 +89,15 @@ def error_from_rpc(exc: RpcError) -> Exception:
 
 def session_not_open(session_id: str) -> RpcError:
     """The error for a session the connection has not created or resumed."""
-    message = f"session {session_id} is not open on this connection (create or resume it)"
-    return RpcError(SESSION_NOT_FOUND, message, {"code": "session_not_found"})
+    return _not_found(session_id, "not open on this connection: create or resume it")
+
+
+def _not_found(session_id: str, why: str) -> RpcError:
+    # "Session not found: <id>" is what the Copilot clients (and programs) match on (spec D4).
+    message = f"Session not found: {session_id} ({why})"
+    return RpcError(
+        SESSION_NOT_FOUND, message, {"code": "session_not_found", "sessionId": session_id}
+    )
 
 
 def _summary(exc: ValidationError) -> str:

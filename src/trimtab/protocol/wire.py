@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -36,13 +36,20 @@ __all__ = [
     "ResultType",
     "ResumeParams",
     "SendAndWaitResult",
+    "Attachment",
+    "BlobAttachment",
+    "DirectoryAttachment",
+    "FileAttachment",
+    "SelectionAttachment",
     "SendParams",
     "SendResult",
     "SessionIdResult",
     "SessionListResult",
     "SessionMetadata",
+    "SectionOverride",
     "SessionParams",
     "SuccessResult",
+    "SystemMessage",
     "ToolResultAnswer",
     "TruncateParams",
     "TruncateResultWire",
@@ -66,6 +73,9 @@ def _encodable(text: str) -> str:
 
 Text = Annotated[str, AfterValidator(_encodable)]
 """A string that can be stored: valid Unicode, no lone surrogates."""
+
+MAX_ATTACHMENTS = 20
+"""Attachments one `send` may carry."""
 
 MAX_DEPTH = 64
 """The deepest nesting of a JSON value that is stored (a tool's schema or metadata): deeper
@@ -152,12 +162,41 @@ class WireTool(Wire):
         return cls.model_validate(definition.model_dump(include=set(cls.model_fields)))
 
 
-class SystemMessage(Wire):
-    """The SDKs' `systemMessage` object."""
+class SectionOverride(Wire):
+    """How `customize` changes one section of the default system message."""
 
-    content: str | None = None
-    mode: str | None = None
-    """`append`, `replace` or `customize`: trimtab has no built-in prompt, so all mean the same."""
+    action: Literal["replace", "remove", "append", "prepend", "preserve", "transform"]
+    content: Text | None = None
+
+
+class SystemMessage(Wire):
+    """The SDKs' `systemMessage` object (how the server composes it: spec D1, D2)."""
+
+    content: Text | None = None
+    mode: Literal["append", "replace", "customize"] | None = None
+    """None is `append`."""
+    sections: dict[str, SectionOverride] | None = None
+    """`customize` only: the overrides, by section id."""
+
+
+class WireInfiniteSessions(Wire):
+    """`infiniteSessions`: when to compact the context (spec D9)."""
+
+    enabled: bool = True
+    background_compaction_threshold: float | None = None
+    buffer_exhaustion_threshold: float | None = None
+
+    def options(self) -> dict[str, Any]:
+        """trimtab's `infinite_sessions`: it compacts before the call that would pass the
+        threshold, so the threshold at which the reference runtime starts compacting is it."""
+        threshold = self.background_compaction_threshold or self.buffer_exhaustion_threshold
+        return {"enabled": self.enabled} | ({"threshold": threshold} if threshold else {})
+
+
+class DefaultAgent(Wire):
+    """`defaultAgent`: what the session's (only) agent is denied."""
+
+    excluded_tools: list[str] | None = None
 
 
 class SessionOptionsParams(SessionParams):
@@ -167,33 +206,60 @@ class SessionOptionsParams(SessionParams):
     provider: dict[str, Any] | None = None
     tools: list[WireTool] | None = None
     system_message: SystemMessage | str | None = None
+    creates: ClassVar[bool] = False
+    """Whether the params create a session (else they resume one)."""
     developer_messages: list[str] | None = None
     """A trimtab extension (the Copilot SDKs have no developer messages); sent by
     `trimtab.Client.connect` clients."""
     streaming: bool | None = None
+    client_name: str | None = None
+    """Named in the User-Agent of the session's model requests (spec D9)."""
+    available_tools: list[str] | None = None
+    excluded_tools: list[str] | None = None
+    default_agent: DefaultAgent | None = None
+    infinite_sessions: WireInfiniteSessions | None = None
     request_permission: bool = False
     hooks: bool = False
     mcp_servers: Json | None = None
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
 
     def options(self) -> dict[str, Any]:
-        """Keyword options for `Client.create_session` / `resume_session` (tools apart)."""
+        """Keyword options for `Client.create_session` / `resume_session` (tools and the
+        system message apart: the server composes it, see `system_message_config`)."""
         options: dict[str, Any] = {}
         if self.model is not None:
             options["model"] = self.model
         if self.provider is not None:
-            options["provider"] = provider_config(self.provider)
-        message = self.system_message
-        content = message.content if isinstance(message, SystemMessage) else message
-        if content is not None:
-            options["system_message"] = content
+            provider = options["provider"] = provider_config(self.provider)
+            model_id = self.provider.get("modelId")
+            if self.model is None and isinstance(model_id, str) and model_id:
+                options["model"] = model_id  # the SDKs' fallback for the session's model
+            if self.client_name:
+                provider["headers"] = _with_user_agent(provider.get("headers"), self.client_name)
         if self.developer_messages is not None:
             options["developer_messages"] = self.developer_messages
         if self.streaming is not None:
             options["streaming"] = self.streaming
+        if self.infinite_sessions is not None:
+            options["infinite_sessions"] = self.infinite_sessions.options()
         if self.mcp_servers:
             options["mcp_servers"] = wire_servers(self.mcp_servers)
         return options
+
+    def offers(self, tool_name: str) -> bool:
+        """Whether the session's model is offered the tool: `availableTools` (when given)
+        names it, and neither `excludedTools` nor the default agent's exclude it (spec D9)."""
+        agent = self.default_agent.excluded_tools if self.default_agent is not None else None
+        excluded = {*(self.excluded_tools or ()), *(agent or ())}
+        allowed = self.available_tools
+        return tool_name not in excluded and (allowed is None or tool_name in allowed)
+
+    def system_message_config(self) -> SystemMessage | None:
+        """The `systemMessage` in its object form (a bare string replaces the default)."""
+        message = self.system_message
+        if isinstance(message, str):
+            return SystemMessage(content=message, mode="replace")
+        return message
 
     @classmethod
     def of(cls, session_id: str, options: Mapping[str, Any]) -> Self:
@@ -214,9 +280,11 @@ class SessionOptionsParams(SessionParams):
             if key in options
         }
         if (message := options.get("system_message")) is not None:
-            fields["system_message"] = SystemMessage(
-                content=message if isinstance(message, str) else message.get("content")
-            )
+            # In-process sessions have no default prompt to append to: the content is all.
+            content = message if isinstance(message, str) else message.get("content")
+            fields["system_message"] = SystemMessage(content=content, mode="replace")
+        elif cls.creates:
+            fields["system_message"] = SystemMessage(content="", mode="replace")  # none
         if (provider := options.get("provider")) is not None:
             if not isinstance(provider, Mapping):
                 raise TypeError(
@@ -248,6 +316,8 @@ _REMOTE_OPTIONS = frozenset(
 class CreateParams(SessionOptionsParams):
     """`session.create`: the client chooses the session id."""
 
+    creates: ClassVar[bool] = True
+
 
 class ResumeParams(SessionOptionsParams):
     """`session.resume`: reopen a stored session (tools and handlers come again)."""
@@ -266,13 +336,17 @@ _PROVIDER_KEYS = {
 def provider_config(raw: dict[str, Any]) -> dict[str, Any]:
     """A BYOK `provider` object as `ProviderConfig` input.
 
-    The Copilot SDKs send keys trimtab does not know (`transport`, `modelId`, ...): they are
-    dropped. `azure.apiVersion` and `bearerToken` are mapped to their trimtab equivalents.
+    The Copilot SDKs send keys trimtab does not know (`transport`, ...): they are dropped.
+    `azure.apiVersion`, `bearerToken` and `modelId` are mapped to their trimtab equivalents.
     """
     config = {key: value for key, value in raw.items() if key in _PROVIDER_KEYS}
     azure = raw.get("azure")
     if isinstance(azure, dict) and "apiVersion" in azure:
         config.setdefault("apiVersion", azure["apiVersion"])
+    # The model named on the wire: `wireModel`, else `modelId` (the SDKs' order of fallback).
+    model_id = raw.get("modelId")
+    if isinstance(model_id, str) and model_id and not config.keys() & {"wireModel", "wire_model"}:
+        config["wireModel"] = model_id
     token = raw.get("bearerToken")
     if isinstance(token, str):
         headers = dict(config.get("headers") or {})
@@ -281,10 +355,74 @@ def provider_config(raw: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _with_user_agent(headers: dict[str, str] | None, client_name: str) -> dict[str, str]:
+    """`headers` with a User-Agent naming the client, unless they have one already."""
+    from trimtab import __version__  # at call time: the package imports this module
+
+    headers = dict(headers or {})
+    if not any(name.lower() == "user-agent" for name in headers):
+        headers["User-Agent"] = f"{client_name} trimtab/{__version__}"
+    return headers
+
+
+class LineRange(Wire):
+    start: int = Field(ge=1)
+    end: int = Field(ge=1)
+
+
+class FileAttachment(Wire):
+    type: Literal["file"]
+    path: str = Field(min_length=1)
+    display_name: str | None = None
+    line_range: LineRange | None = None
+
+
+class DirectoryAttachment(Wire):
+    type: Literal["directory"]
+    path: str = Field(min_length=1)
+    display_name: str | None = None
+
+
+class Position(Wire):
+    line: int = Field(ge=0)
+    character: int = Field(ge=0)
+
+
+class Selection(Wire):
+    start: Position
+    end: Position
+
+
+class SelectionAttachment(Wire):
+    type: Literal["selection"]
+    file_path: str = Field(min_length=1)
+    display_name: str | None = None
+    selection: Selection | None = None
+    text: Text | None = None
+
+
+class BlobAttachment(Wire):
+    type: Literal["blob"]
+    data: str
+    """Base64."""
+    mime_type: str = Field(min_length=1)
+    display_name: str | None = None
+
+
+Attachment = Annotated[
+    FileAttachment | DirectoryAttachment | SelectionAttachment | BlobAttachment,
+    Field(discriminator="type"),
+]
+"""What a `send` may attach (spec D11); the SDKs' other kinds are refused."""
+
+
 class SendParams(SessionParams):
-    """`session.send` and `session.sendAndWait` (attachments and modes are ignored)."""
+    """`session.send` and `session.sendAndWait` (modes are ignored)."""
 
     prompt: Text
+    attachments: list[Attachment] | None = Field(default=None, max_length=MAX_ATTACHMENTS)
+    request_headers: dict[str, str] | None = None
+    """HTTP headers for this send's model requests only (spec D9)."""
     traceparent: str | None = None
     """The sender's W3C trace context: the run's span is its child (spec OT5)."""
     tracestate: str | None = None

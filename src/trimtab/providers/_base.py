@@ -40,6 +40,9 @@ class ModelRequest(_Frozen):
     tools: tuple[ToolDefinition, ...] = ()
     stream: bool = False
     max_tokens: int | None = None
+    headers: dict[str, str] | None = None
+    """HTTP headers for this request only (a `send`'s `request_headers`), over the
+    provider's own."""
 
 
 class Usage(_Frozen):

@@ -94,6 +94,10 @@ class ProviderConfig(BaseModel):
     """Retries of failed requests (429, 5xx, connection errors), as the client libraries do them."""
     deployment: str | None = None
     """Azure: the deployment name."""
+    wire_model: str | None = None
+    """The model named in requests when the provider's name for it differs from the
+    session's model (a fine-tune, a proxy's alias); the session's model still decides its
+    limits and is what events report. The Copilot SDKs' `wireModel` (spec D9)."""
     api_version: str | None = None
     """Azure: the API version."""
     model_path: str | None = None

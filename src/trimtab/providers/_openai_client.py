@@ -105,8 +105,9 @@ class OpenAIClient:
         self._client: openai.AsyncOpenAI | None = None
 
     def model(self, requested: str) -> str:
-        """The model to name in the request: on Azure, the deployment when one is given."""
-        return self.config.deployment or requested
+        """The model to name in the request: on Azure, the deployment when one is given;
+        else the configured `wire_model`, if any."""
+        return self.config.deployment or self.config.wire_model or requested
 
     def get(self) -> openai.AsyncOpenAI:
         """The client; raise `ProviderError("authentication")` when no key is configured."""
@@ -241,10 +242,18 @@ class ChatClient:
         self._client: httpx2.AsyncClient | None = None
 
     def model(self, requested: str) -> str:
-        """The model to name in the request: on Azure, the deployment when one is given."""
-        return self.config.deployment or requested
+        """The model to name in the request: on Azure, the deployment when one is given;
+        else the configured `wire_model`, if any."""
+        return self.config.deployment or self.config.wire_model or requested
 
-    async def post(self, body: bytes, *, model: str, stream: bool = False) -> httpx2.Response:
+    async def post(
+        self,
+        body: bytes,
+        *,
+        model: str,
+        stream: bool = False,
+        headers: dict[str, str] | None = None,
+    ) -> httpx2.Response:
         """The successful response to `body` (JSON, for `model`); raise `ProviderError` on any
         failure, or once `ProviderConfig.deadline` has passed.
 
@@ -260,7 +269,7 @@ class ChatClient:
             "POST",
             path,
             content=body,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **(headers or {})},
             timeout=httpx2.Timeout(**attempt_timeout(seconds)),
         )
         async with answer_within(seconds, stream=stream):

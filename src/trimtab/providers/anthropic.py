@@ -90,11 +90,13 @@ class AnthropicProvider:
         """Answer one request; raise `ProviderError` on any failure."""
         with provider_errors(self._map_error):
             messages = self._get_client().messages
-            body = _body(request)
+            body = _body(request, self.config.wire_model or request.model)
             seconds = self.config.deadline(stream=request.stream)
             # A timeout of our own also keeps the client from refusing, or timing by its own
             # estimate, a non-streamed request it guesses may take long.
             body["timeout"] = anthropic.Timeout(**attempt_timeout(seconds))
+            if request.headers:
+                body["extra_headers"] = request.headers
             if not request.stream:
                 async with answer_within(seconds, stream=False):
                     message = await messages.create(**body, stream=False)
@@ -157,13 +159,13 @@ class AnthropicProvider:
 # --- request ------------------------------------------------------------------------------
 
 
-def _body(request: ModelRequest) -> dict[str, Any]:
-    """The request's fields, but for `stream`."""
+def _body(request: ModelRequest, model: str) -> dict[str, Any]:
+    """The request's fields, but for `stream`; `model` is the name the provider knows."""
     system, messages = _messages(request.messages)
     max_tokens = request.max_tokens or limits_for(request.model).max_output_tokens
     if not request.stream and request.max_tokens is None:
         max_tokens = min(max_tokens, _NON_STREAMED_MAX_TOKENS)
-    body: dict[str, Any] = {"model": request.model, "messages": messages, "max_tokens": max_tokens}
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens}
     if system:
         body["system"] = system
     if request.tools:

@@ -66,14 +66,18 @@ class OpenAIProvider:
         with provider_errors():
             model = self._client.model(request.model)
             if not request.stream:
-                response = await self._client.post(_body(request, model), model=model)
+                response = await self._client.post(
+                    _body(request, model), model=model, headers=request.headers
+                )
                 try:
                     completion = response.json()
                 except ValueError:
                     raise unexpected_answer(response.text, "a chat completion in JSON") from None
                 yield _parse_completion(completion)
                 return
-            response = await self._client.post(_body(request, model), model=model, stream=True)
+            response = await self._client.post(
+                _body(request, model), model=model, stream=True, headers=request.headers
+            )
             async for event in fold_stream(
                 stream_events(response),
                 _StreamState(),
@@ -147,21 +151,33 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
 
 
 def _parse_completion(completion: Any) -> ModelResponse:
+    """The response a completion adds up to.
+
+    We ask for one choice, but the Copilot API (and proxies in front of it) send one answer
+    split over several: the text in one, tool calls in others. They are parts of one reply,
+    read in order, so that no tool call is lost (spec D3).
+    """
     choices = completion.get("choices") if isinstance(completion, dict) else None
-    if not choices:
+    if not choices or not all(isinstance(choice, dict) for choice in choices):
         raise unexpected_answer(completion, "a chat completion with choices")
-    choice = choices[0]
-    message = choice.get("message") or {}
+    messages = [choice.get("message") or {} for choice in choices]
     # No `function` on "custom" tool calls, which we never offer.
-    calls = [(call.get("id"), call.get("function")) for call in message.get("tool_calls") or ()]
+    calls = [
+        (call.get("id"), call.get("function"))
+        for message in messages
+        for call in message.get("tool_calls") or ()
+    ]
+    reasoning = [r for message in messages if (r := _reasoning(message))]
+    finish = [f for choice in choices if (f := choice.get("finish_reason"))]
     return ModelResponse(
-        content=message.get("content") or "",
+        content="\n\n".join(text for message in messages if (text := message.get("content"))),
         tool_calls=tuple(
             tool_call(i, f.get("name") or "", f.get("arguments")) for i, f in calls if f
         ),
-        reasoning=_reasoning(message),
+        reasoning="".join(reasoning) if reasoning else None,
         usage=_usage(completion.get("usage")),
-        finish_reason=choice.get("finish_reason"),
+        # A reply that calls tools ends by calling them, whichever part said so.
+        finish_reason="tool_calls" if "tool_calls" in finish else (finish[0] if finish else None),
     )
 
 
@@ -173,7 +189,7 @@ class _StreamState:
         self.reasoning: list[str] = []
         self.calls: list[dict[str, str]] = []
         """Tool calls (id, name, arguments), which arrive split across chunks."""
-        self._calls_by_index: dict[int, dict[str, str]] = {}
+        self._calls_by_index: dict[tuple[int, int], dict[str, str]] = {}
         self.usage = Usage()
         self.finish_reason: str | None = None
         self.saw_choice = False
@@ -183,11 +199,12 @@ class _StreamState:
         if chunk.get("usage") is not None:
             self.usage = _usage(chunk["usage"])
         events: list[ProviderEvent] = []
+        # Every choice is a part of the one reply (see `_parse_completion`), folded in.
         for choice in chunk.get("choices") or ():
             self.saw_choice = True
+            self._finish(choice.get("finish_reason"))
             delta = choice.get("delta")
             if delta is None:
-                self.finish_reason = choice.get("finish_reason") or self.finish_reason
                 continue
             if reasoning := _reasoning(delta):
                 self.reasoning.append(reasoning)
@@ -196,12 +213,16 @@ class _StreamState:
                 self.text.append(content)
                 events.append(TextDelta(text=content))
             for part in delta.get("tool_calls") or ():
-                self._add_call_part(part)
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                self._add_call_part(choice.get("index", 0), part)
         return events
 
-    def _add_call_part(self, part: dict[str, Any]) -> None:
-        index, call_id = part.get("index", 0), part.get("id")
+    def _finish(self, reason: str | None) -> None:
+        # A reply that calls tools ends by calling them, whichever part said so.
+        if reason and self.finish_reason != "tool_calls":
+            self.finish_reason = reason
+
+    def _add_call_part(self, choice: int, part: dict[str, Any]) -> None:
+        index, call_id = (choice, part.get("index", 0)), part.get("id")
         call = self._calls_by_index.get(index)
         # A new id at a known index is a new call: some servers (Gemini's compatible endpoint)
         # send every parallel call with index 0.

@@ -77,6 +77,8 @@ class OpenAIResponsesProvider:
             body = _body(request, self._client.model(request.model))
             seconds = self.config.deadline(stream=request.stream)
             body["timeout"] = openai.Timeout(**attempt_timeout(seconds))
+            if request.headers:
+                body["extra_headers"] = request.headers
             if not request.stream:
                 async with answer_within(seconds, stream=False):
                     response = await responses.create(**body, stream=False)

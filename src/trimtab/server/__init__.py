@@ -28,7 +28,7 @@ from trimtab.protocol.framing import encode_frame
 from trimtab.protocol.jsonrpc import Connection
 from trimtab.providers import ProviderConfig, make_provider
 from trimtab.server.copilot import CANCELLABLE, CopilotConnection
-from trimtab.server.hub import SessionHub
+from trimtab.server.hub import PENDING_TIMEOUT, SessionHub
 from trimtab.store import Store
 
 __all__ = ["ServeError", "serve"]
@@ -61,6 +61,7 @@ async def serve(
     frame_timeout: float = 10.0,
     connect_timeout: float = 5.0,
     idle_timeout: float = 300.0,
+    pending_timeout: float = PENDING_TIMEOUT,
     store_timeout: float = 10.0,
     on_ready: Callable[[int], None] | None = None,
 ) -> None:
@@ -91,6 +92,8 @@ async def serve(
         connect_timeout: Seconds a TCP client has to authenticate, when there is a `token`.
         idle_timeout: Seconds a TCP connection may idle (nothing received, nothing in
             flight, no session attached) before it is closed.
+        pending_timeout: Seconds the tool calls and permission requests a dropped client
+            left unanswered wait for a client that resumes the session (spec D6).
         store_timeout: Seconds to wait for the store to answer at start.
         on_ready: Called with the port once listening (TCP); by default the server prints
             `listening on port N` to stdout, the line the official clients wait for.
@@ -107,7 +110,7 @@ async def serve(
             "anyone who can reach it could drive your sessions (pass a token, or use 127.0.0.1)"
         )
     limits = _Limits(max_output, max_requests, frame_timeout, connect_timeout, idle_timeout)
-    if min(max_connections, lease_ttl, store_timeout, *astuple(limits)) <= 0:
+    if min(max_connections, lease_ttl, store_timeout, pending_timeout, *astuple(limits)) <= 0:
         raise ValueError("the server's limits and timeouts must be positive")
     await _check_provider(provider)
     # Checks for queued input and expired leases at least every second, faster for short
@@ -116,7 +119,7 @@ async def serve(
     client = Client(store=store, provider=provider, lease_ttl=lease_ttl, poll_interval=poll)
     await _check_store(client, store_timeout)
     async with client:
-        hub = SessionHub(client)
+        hub = SessionHub(client, pending_timeout=pending_timeout)
         try:
             if stdio:
                 # The one client is the process that started the server: no deadlines for it.

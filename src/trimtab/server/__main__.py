@@ -145,6 +145,14 @@ def _command(function: Any) -> click.Command:
             help="Time a TCP connection with no session and no request may stay open.",
         ),
         click.option(
+            "--pending-timeout",
+            type=_positive,
+            default=120.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Time the tool calls a dropped client left unanswered wait for a resuming one.",
+        ),
+        click.option(
             "--frame-timeout",
             type=_positive,
             default=10.0,
@@ -209,6 +217,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.se
         "connect_timeout": flags["connect_timeout"],
         "idle_timeout": flags["idle_timeout"],
         "frame_timeout": flags["frame_timeout"],
+        "pending_timeout": flags["pending_timeout"],
     }
     try:
         asyncio.run(_run(options))

@@ -52,6 +52,7 @@ from trimtab.protocol.wire import (
     event_payload,
     metadata_of,
 )
+from trimtab.server.attachments import with_attachments
 from trimtab.server.hub import SessionHub, SharedSession
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
@@ -127,10 +128,13 @@ class CopilotConnection:
     async def serve(self) -> None:
         """Serve until the client goes away, then let go of its sessions."""
         watchdog = asyncio.get_running_loop().create_task(self._watch())
+        if self._authenticated:
+            self._hub.join(self._conn)  # else once it presents the token
         try:
             await self._conn.run(self.dispatch)
         finally:
             watchdog.cancel()
+            self._hub.leave(self._conn)
             # A dropped connection may come back (here or on another server): runs it
             # started finish first, so that a reconnecting client finds them complete.
             await self._hub.release_all(self._conn, linger=True)
@@ -179,6 +183,7 @@ class CopilotConnection:
             if given is None or not hmac.compare_digest(_raw(given), _raw(self._token)):
                 raise _auth_failed()
             self._authenticated = True
+            self._hub.join(self._conn)
         return ConnectResult(version=__version__)
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -242,11 +247,16 @@ class CopilotConnection:
         )
 
     async def _submit(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
-        """Send the prompt, in the client's trace context when it sent one (spec OT5)."""
+        """Send the prompt with its attachments and request headers, in the client's trace
+        context when it sent one (spec OT5)."""
         request = SendParams.model_validate(params)
         shared = self._hub.get(self._conn, request.session_id)
+        prompt = request.prompt
+        if request.attachments:
+            prompt = await with_attachments(prompt, request.attachments)
         with remote_parent(request.traceparent, request.tracestate):
-            return shared, await shared.session.send(request.prompt)
+            message_id = await shared.session.send(prompt, request_headers=request.request_headers)
+        return shared, message_id
 
     async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:
         await self._session(params).session.abort()

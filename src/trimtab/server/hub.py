@@ -14,19 +14,28 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from trimtab import Client, Session, SessionNotFoundError
-from trimtab.events import Event
+from trimtab.events import Event, SessionResumeData, SessionResumeEvent, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
 from trimtab.server.hooks import ClientHooks
+from trimtab.server.prompt import system_prompt
 from trimtab.server.questions import ClientQuestions
 
 __all__ = ["SessionHub", "SharedSession"]
 
 log = logging.getLogger("trimtab.server")
+
+PENDING_TIMEOUT = 120.0
+"""Default seconds the tool calls of a client whose connection dropped wait for a client that
+resumes the session to answer them (spec D6)."""
+
+TRANSFORM_TIMEOUT = 30.0
+"""Seconds a client has to rewrite the system message's sections at create or resume."""
 
 
 def _event_payload(event: Event) -> dict[str, Any]:
@@ -48,6 +57,10 @@ class SharedSession:
     _unsubscribe: Callable[[], None] | None = None
     lingering: asyncio.Task[None] | None = None
     """Closes the session once its runs end, after its last connection went away."""
+    on_summary: Callable[[str], None] | None = None
+    """Told the session's id when it gets its summary (its first user message)."""
+    _orphaned: asyncio.TimerHandle | None = None
+    """Fails the calls a dropped client left unanswered, unless a client answers them first."""
 
     def __post_init__(self) -> None:
         self._unsubscribe = self.session.on(self._on_event)
@@ -64,6 +77,9 @@ class SharedSession:
             self._buffer.append(event)  # held until the catch-up of `open` is sent
         else:
             self._fan_out(event)
+        if isinstance(event, UserMessageEvent) and self.on_summary is not None:
+            self.on_summary(self.session_id)
+            self.on_summary = None  # the summary is the first one's
 
     def _fan_out(self, event: Event) -> None:
         params = {"sessionId": self.session_id, "event": _event_payload(event)}
@@ -90,32 +106,75 @@ class SharedSession:
         if params.hooks and self.hooks is not None:
             self.hooks.target = peer
 
-    def release(self, peer: Connection) -> bool:
-        """Detach `peer`; True when no connection is left."""
+    def redeliver(self, peer: Connection) -> None:
+        """Send `peer` the tool calls still waiting for an answer: a client that resumes the
+        session runs those of its tools, or answers them by request id (spec D6)."""
+        for event in self.questions.unanswered_tool_requests():
+            peer.notify(
+                "session.event", {"sessionId": self.session_id, "event": _event_payload(event)}
+            )
+
+    def release(self, peer: Connection, *, grace: float | None = None) -> bool:
+        """Detach `peer`; True when no connection is left.
+
+        The calls of tools no attached client declares fail at once, or, with `grace` (the
+        connection dropped), after that many seconds unless a client answers them first.
+        """
         if peer in self.peers:
             self.peers.remove(peer)
         self._tools.pop(peer, None)
         # The last one out keeps the hooks until the session is let go (sessionEnd).
         if self.hooks is not None and self.hooks.target is peer and self.peers:
             self.hooks.target = None
-        self.questions.abandon_unprovided()
+        if grace is None:
+            self.questions.abandon_unprovided()
+        else:
+            if self._orphaned is not None:
+                self._orphaned.cancel()
+            loop = asyncio.get_running_loop()
+            self._orphaned = loop.call_later(grace, self._orphan)
         return not self.peers
+
+    def _orphan(self) -> None:
+        """No client came back in time: fail what the dropped ones left unanswered."""
+        self.questions.abandon_unprovided()
+        if not self.peers:
+            self.questions.abandon_permissions()
 
     def close(self) -> None:
         """Stop following the session and fail whoever still waits on it."""
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+        if self._orphaned is not None:
+            self._orphaned.cancel()
         self.questions.close(RpcError(SESSION_NOT_FOUND, f"session {self.session_id} was closed"))
 
 
 class SessionHub:
     """Opens, shares and closes the sessions of one server's `Client`."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, *, pending_timeout: float = PENDING_TIMEOUT) -> None:
         self.client = client
+        self.pending_timeout = pending_timeout
+        """Seconds a dropped client's unanswered tool calls wait for another client."""
         self._open: dict[str, SharedSession] = {}
+        self._connections: set[Connection] = set()
         self._locks = _KeyedLocks()
+
+    def join(self, peer: Connection) -> None:
+        """Tell `peer` of sessions created, updated and deleted from now on."""
+        self._connections.add(peer)
+
+    def leave(self, peer: Connection) -> None:
+        """Stop telling `peer` (its connection closed)."""
+        self._connections.discard(peer)
+
+    def _lifecycle(self, kind: str, session_id: str) -> None:
+        """`session.lifecycle` to every client (spec D8): what `session.list` shows them."""
+        params = {"type": kind, "sessionId": session_id}
+        for peer in self._connections:
+            peer.notify("session.lifecycle", params)
 
     def get(self, peer: Connection, session_id: str) -> SharedSession:
         """The session `peer` has attached, else a `SESSION_NOT_FOUND` error."""
@@ -138,8 +197,9 @@ class SessionHub:
     ) -> SharedSession:
         """Create or resume a session and attach `peer` to it.
 
-        A session already open here is shared: the new connection is attached, and its
-        tools and options are not applied (the runtime's tool set is fixed while open).
+        A session already open here for other connections, or running, is shared: the new
+        connection is attached, and its tools and options are not applied (the runtime's
+        tool set is fixed while open). Otherwise it is opened again with the new options.
         """
         session_id = params.session_id
         async with self._locks.hold(session_id):
@@ -147,13 +207,25 @@ class SessionHub:
             if shared is not None:
                 if not resume:
                     raise ValueError(f"a session with id {session_id!r} already exists")
-                shared.attach(peer, params)
-                return shared
+                if shared.peers not in ([], [peer]) or shared.session.busy:
+                    shared.attach(peer, params)
+                    await _log_resume(shared.session, params)
+                    shared.redeliver(peer)
+                    return shared
+                # Nobody else uses it and nothing runs: opened again, so that this resume's
+                # options (system message, provider, tools) apply (spec D5).
+                await self._close(shared)
             since = await self._event_count(session_id) if resume else 0
             questions = ClientQuestions(session_id)
             hooks = ClientHooks(session_id, peer) if params.hooks else None
             options = params.options()
-            options["tools"] = [questions.tool(t.definition()) for t in params.tools or ()]
+            if params.creates or params.system_message is not None:
+                # Resumed without one, a session keeps the system message it was created with.
+                transform = partial(_transform, peer, session_id)
+                message = params.system_message_config()
+                options["system_message"] = await system_prompt(message, transform)
+            tools = [t for t in params.tools or () if params.offers(t.name)]
+            options["tools"] = [questions.tool(t.definition()) for t in tools]
             options["on_permission_request"] = questions.ask_permission
             if hooks is not None:
                 options["hooks"] = hooks.handlers()
@@ -167,8 +239,12 @@ class SessionHub:
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
             shared = self._open[session_id] = SharedSession(session, questions, hooks)
+            if not resume:  # (a resumed session mostly has its summary already)
+                shared.on_summary = partial(self._lifecycle, "session.updated")
             shared.attach(peer, params)
             await shared.catch_up(since)
+            if not resume:
+                self._lifecycle("session.created", session_id)
         return shared
 
     async def _event_count(self, session_id: str) -> int:
@@ -187,7 +263,7 @@ class SessionHub:
             shared = self._open.get(session_id)
             if shared is None or peer not in shared.peers:
                 return
-            if shared.release(peer):
+            if shared.release(peer, grace=self.pending_timeout if linger else None):
                 if linger and shared.session.busy:
                     shared.lingering = asyncio.get_running_loop().create_task(
                         self._close_when_idle(shared)
@@ -214,6 +290,7 @@ class SessionHub:
                 shared.peers.clear()
                 await self._close(shared)
             await self.client.delete_session(session_id)
+        self._lifecycle("session.deleted", session_id)
 
     async def close_all(self) -> None:
         """Disconnect every open session (the server is stopping)."""
@@ -228,6 +305,38 @@ class SessionHub:
             await shared.session.disconnect()
         finally:
             shared.close()
+
+
+async def _log_resume(session: Session, params: SessionOptionsParams) -> None:
+    """Log a resume of a session that was open already: every resume has its
+    `session.resume` event (spec D5), as one opened from the store gets from `Client`."""
+    if session.is_remote:
+        return  # the runtime that runs it writes its log
+    data = SessionResumeData(
+        event_count=len(await session.get_events()),
+        selected_model=session.config.model,
+        continue_pending_work=isinstance(params, ResumeParams) and params.continue_pending_work,
+    )
+    await session.ownership.resumed(SessionResumeEvent(data=data))
+
+
+async def _transform(peer: Connection, session_id: str, sections: dict[str, str]) -> dict[str, str]:
+    """The sections as the client rewrote them (`systemMessage.transform`, spec D2)."""
+    params = {"sessionId": session_id, "sections": {s: {"content": t} for s, t in sections.items()}}
+    try:
+        answer = await peer.request("systemMessage.transform", params, timeout=TRANSFORM_TIMEOUT)
+    except (TimeoutError, ConnectionError):
+        raise ValueError(
+            f"systemMessage.transform: no answer from the client within {TRANSFORM_TIMEOUT:g} s"
+        ) from None
+    rewritten = answer.get("sections") if isinstance(answer, dict) else None
+    if not isinstance(rewritten, dict):
+        raise ValueError("systemMessage.transform: the client answered without sections")
+    return {
+        section: value["content"]
+        for section, value in rewritten.items()
+        if isinstance(value, dict) and isinstance(value.get("content"), str)
+    }
 
 
 class _KeyedLocks:

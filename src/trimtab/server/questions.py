@@ -69,6 +69,8 @@ class ClientQuestions:
         self.provided: Callable[[str], bool] = lambda name: True
         """Whether some attached client declared the tool (set by the session's owner)."""
         self._calls: dict[str, tuple[str, asyncio.Future[HandleToolCallParams]]] = {}
+        self._requests: dict[str, ExternalToolRequestedEvent] = {}
+        """The announcement of each pending call, for a client that attaches later."""
         self._permissions: dict[str, asyncio.Future[PermissionDecision]] = {}
 
     # --- tools ---------------------------------------------------------------------------
@@ -86,6 +88,7 @@ class ClientQuestions:
                 return tool_result(await pending[1], name, arguments)
             finally:
                 self._calls.pop(request_id, None)
+                self._requests.pop(request_id, None)
 
         return ExternalTool(definition, handler, provided=lambda: self.provided(name))
 
@@ -99,6 +102,14 @@ class ClientQuestions:
                         session_id=self.session_id, request_id=request_id, error=error
                     )
                 )
+
+    def unanswered_tool_requests(self) -> list[ExternalToolRequestedEvent]:
+        """The announcements of the external calls no client has answered yet, in order."""
+        return [
+            event
+            for request_id, event in self._requests.items()
+            if request_id in self._calls and not self._calls[request_id][1].done()
+        ]
 
     def answer_tool(self, answer: HandleToolCallParams) -> bool:
         """Settle a pending external call; False if it is unknown or already settled."""
@@ -118,6 +129,7 @@ class ClientQuestions:
             self._permissions[event.data.request_id] = loop.create_future()
         elif isinstance(event, ExternalToolRequestedEvent):
             self._calls[event.data.request_id] = (event.data.tool_name, loop.create_future())
+            self._requests[event.data.request_id] = event
         self.ledger.observe(event)
 
     async def ask_permission(
@@ -140,6 +152,13 @@ class ClientQuestions:
             return False
         future.set_result(decision)
         return True
+
+    def abandon_permissions(self) -> None:
+        """Answer every pending permission request `user-not-available` (no client is left
+        to decide it)."""
+        for future in self._permissions.values():
+            if not future.done():
+                future.set_result(PermissionDecision(kind="user-not-available"))
 
     def close(self, reason: Exception) -> None:
         """The session is gone: nobody may wait for it any more."""

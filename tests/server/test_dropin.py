@@ -1,0 +1,725 @@
+"""Copilot drop-in behaviour (spec "Copilot drop-in behaviour", D rules): what programs written
+for the reference runtime rely on, checked through the official client against a real
+`trimtab serve` subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from copilot import CopilotClient, RuntimeConnection
+from copilot.rpc import HandlePendingToolCallRequest
+from copilot.session import PermissionHandler
+from copilot.tools import define_tool
+from pydantic import BaseModel
+
+import trimtab
+from tests.server.conftest import (
+    ServerProcess,
+    StartServer,
+    assistant,
+    call,
+    conversation,
+    provider,
+    tool,
+    user,
+)
+from trimtab.server.attachments import MAX_TEXT_BYTES
+from trimtab.server.prompt import DEFAULT_SECTIONS
+from trimtab.testing import ReplayServer
+
+DEFAULT = "\n\n".join(DEFAULT_SECTIONS.values())
+HELLO = conversation(user("Say hello"), assistant("Hello!"))
+
+
+@pytest.fixture
+async def official(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
+    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await client.start()
+    yield client
+    await client.force_stop()
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[ReplayServer]:
+    async with ReplayServer([HELLO]) as replay:
+        yield replay
+
+
+def system_sent(model: ReplayServer, index: int = 0) -> str | None:
+    """The system message of the model's request number `index`, if it had one."""
+    messages = model.requests[index]["messages"]
+    found = [m["content"] for m in messages if m["role"] == "system"]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+async def say_hello(client: CopilotClient, model: ReplayServer, **options: Any) -> str | None:
+    session = await client.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+        **options,
+    )
+    reply = await session.send_and_wait("Say hello", timeout=30)
+    assert reply is not None and reply.data.content == "Hello!"  # type: ignore[union-attr]
+    await session.disconnect()
+    return system_sent(model)
+
+
+# --- D1, D2: the system message ------------------------------------------------------------
+
+
+async def test_D1_a_session_without_system_message_sends_the_default(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    assert await say_hello(official, model) == DEFAULT
+    assert "trimtab" in DEFAULT and len(DEFAULT) < 600  # short, and says what runs it
+
+
+async def test_D1_append_adds_to_the_default(official: CopilotClient, model: ReplayServer) -> None:
+    suffix = "End each answer with 'Have a nice day!'"
+    sent = await say_hello(official, model, system_message={"mode": "append", "content": suffix})
+    assert sent == f"{DEFAULT}\n\n{suffix}"
+
+
+async def test_D1_replace_replaces_the_default(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    mine = "You are Testy. Reply succinctly."
+    sent = await say_hello(official, model, system_message={"mode": "replace", "content": mine})
+    assert sent == mine
+
+
+async def test_D2_customize_edits_sections_and_appends_content(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    customized = {
+        "mode": "customize",
+        "sections": {
+            "tone": {"action": "replace", "content": "Be warm and thorough."},
+            "tool_efficiency": {"action": "remove"},
+            "identity": {"action": "prepend", "content": "FIRST."},
+            "safety": {"action": "append", "content": "Never share secrets."},
+            "code_change_rules": {"action": "remove"},  # a section trimtab has not: no-op
+        },
+        "content": "Mention quarterly earnings.",
+    }
+    sent = await say_hello(official, model, system_message=customized)
+    assert sent == "\n\n".join(
+        [
+            "FIRST.",
+            DEFAULT_SECTIONS["identity"],
+            "Be warm and thorough.",
+            "Never share secrets.",
+            "Mention quarterly earnings.",
+        ]
+    )
+
+
+async def test_D2_removing_the_identity_group_keeps_what_is_preserved(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    customized = {
+        "mode": "customize",
+        "sections": {"identity": {"action": "remove"}, "tone": {"action": "preserve"}},
+    }
+    assert await say_hello(official, model, system_message=customized) == DEFAULT_SECTIONS["tone"]
+
+
+async def test_D2_a_transform_section_is_rewritten_by_the_client(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    seen: list[str] = []
+
+    async def shout(content: str) -> str:
+        seen.append(content)
+        return content.upper()
+
+    customized = {"mode": "customize", "sections": {"tone": {"action": shout}}}
+    sent = await say_hello(official, model, system_message=customized)
+    assert seen == [DEFAULT_SECTIONS["tone"]]
+    assert sent is not None and DEFAULT_SECTIONS["tone"].upper() in sent
+    assert DEFAULT_SECTIONS["identity"] in sent
+
+
+async def test_D2_an_unknown_action_is_refused_before_anything_is_created(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    customized = {"mode": "customize", "sections": {"tone": {"action": "shuffle"}}}
+    with pytest.raises(Exception, match="action"):
+        await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+            system_message=customized,  # type: ignore[arg-type]
+        )
+    assert model.requests == []
+
+
+async def test_D1_resume_keeps_the_system_message_unless_given_a_new_one(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    again = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([again]) as model:
+        first: Any = {"mode": "replace", "content": "FIRST"}
+        options: dict[str, Any] = {
+            "provider": provider(model),
+            "on_permission_request": PermissionHandler.approve_all,
+        }
+        session = await official.create_session(system_message=first, **options)
+        await session.send_and_wait("Say hello", timeout=30)
+        await session.disconnect()
+        resumed = await official.resume_session(session.session_id, **options)
+        await resumed.send_and_wait("Again", timeout=30)
+        await resumed.disconnect()
+        assert [system_sent(model, i) for i in (0, 1)] == ["FIRST", "FIRST"]
+
+        second: Any = {"mode": "append", "content": "SECOND"}
+        resumed = await official.resume_session(
+            session.session_id, system_message=second, **options
+        )
+        # Recorded answers end after "Again": the request itself is what is checked.
+        with pytest.raises(Exception):  # noqa: B017 - the replay has no answer for it
+            await resumed.send_and_wait("And again", timeout=30)
+        await resumed.disconnect()
+        assert system_sent(model, 2) == f"{DEFAULT}\n\nSECOND"
+
+
+async def test_D1_trimtab_remote_sessions_have_no_default(
+    shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    # trimtab's own client behaves as in-process sessions do: no system message unless given.
+    async with trimtab.Client.connect(shared_server.url) as client:
+        session = await client.create_session(provider=provider(model))
+        reply = await session.send_and_wait("Say hello", timeout=30)
+        assert reply is not None and reply.data.content == "Hello!"
+        await session.disconnect()
+    assert system_sent(model) is None
+
+
+# --- D4: failures a client reports ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--bogus-flag"], "No such option '--bogus-flag'"),
+        (["--store", "{bad}"], "cannot open the session store: file is not a database"),
+    ],
+)
+async def test_D4_a_server_that_cannot_start_fails_the_clients_start(
+    stdio_executable: Path, tmp_path: Path, args: list[str], reason: str
+) -> None:
+    bad = tmp_path / "not-a-database.db"
+    bad.write_text("this is no SQLite file\n")
+    args = [str(bad) if a == "{bad}" else a for a in args]
+    connection = RuntimeConnection.for_stdio(path=str(stdio_executable), args=args)
+    client = CopilotClient(connection=connection, log_level="none")
+    with pytest.raises(RuntimeError, match="process exited") as caught:
+        await asyncio.wait_for(client.start(), 60)
+    assert reason in str(caught.value)
+    await client.force_stop()
+
+
+async def test_D4_unknown_sessions_are_session_not_found(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    await session.disconnect()
+    with pytest.raises(Exception, match=f"Session not found: {session.session_id}"):
+        await session.get_events()
+    with pytest.raises(Exception, match="Session not found: no-such-session"):
+        await official.resume_session(
+            "no-such-session", on_permission_request=PermissionHandler.approve_all
+        )
+    with pytest.raises(Exception, match="Failed to delete session no-such-session"):
+        await official.delete_session("no-such-session")
+
+
+# --- D5: resume ----------------------------------------------------------------------------
+
+
+def resumes(events: list[Any]) -> list[bool | None]:
+    """`continuePendingWork` of each `session.resume` event."""
+    return [e.data.continue_pending_work for e in events if e.type.value == "session.resume"]
+
+
+async def test_D5_every_resume_logs_one_resume_event_with_continue_pending_work(
+    official: CopilotClient, shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    options: Any = {
+        "provider": provider(model),
+        "on_permission_request": PermissionHandler.approve_all,
+    }
+    session = await official.create_session(**options)
+    await session.send_and_wait("Say hello", timeout=30)
+    await session.disconnect()
+    # Cold: the session is opened from the store again.
+    cold = await official.resume_session(session.session_id, continue_pending_work=True, **options)
+    assert resumes(await cold.get_events()) == [True]
+    # Warm: a second client resumes the session while the first still has it open.
+    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await second.start()
+    try:
+        warm = await second.resume_session(session.session_id, **options)
+        assert resumes(await warm.get_events()) == [True, False]
+        assert resumes(await cold.get_events()) == [True, False]
+    finally:
+        await second.force_stop()
+    await cold.disconnect()
+
+
+# --- D6: tool calls outlive their client's connection ----------------------------------------
+
+
+class LookupArgs(BaseModel):
+    value: str
+
+
+LOOKUP = conversation(
+    user("Look up beta"),
+    assistant(None, call("c1", "lookup", value="beta")),
+    tool("c1", "RESUMED-BETA"),
+    assistant("It is RESUMED-BETA."),
+)
+
+
+class Blocked:
+    """A client whose `lookup` tool never answers, stopped once the call reached it."""
+
+    def __init__(self, port: int) -> None:
+        self.client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{port}"))
+        self.started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.requests: list[str] = []
+
+    async def start_call(self, model: ReplayServer) -> str:
+        """Create a session, have the model call `lookup`, drop the connection; the id."""
+
+        async def never(params: LookupArgs, invocation: Any) -> str:
+            self.started.set_result(params.value)
+            await asyncio.Event().wait()
+            return "never"
+
+        def on_event(event: Any) -> None:
+            if event.type.value == "external_tool.requested":
+                self.requests.append(event.data.request_id)
+
+        await self.client.start()
+        session = await self.client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            tools=[lookup(never)],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        session.on(on_event)
+        await session.send("Look up beta")
+        assert await asyncio.wait_for(self.started, 30) == "beta"
+        await self.client.force_stop()  # the connection drops; the call stays pending
+        return session.session_id
+
+
+def lookup(handler: Any) -> Any:
+    return define_tool(
+        "lookup", description="Look a value up", params_type=LookupArgs, handler=handler
+    )
+
+
+async def last_reply(session: Any, timeout: float = 30) -> str:
+    """The content of the session's next `assistant.message` with text."""
+    reply: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def on_event(event: Any) -> None:
+        if event.type.value == "assistant.message" and event.data.content and not reply.done():
+            reply.set_result(event.data.content)
+
+    session.on(on_event)
+    return await asyncio.wait_for(reply, timeout)
+
+
+async def test_D6_a_resuming_client_answers_a_call_by_request_id(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    async with ReplayServer([LOOKUP]) as model:
+        blocked = Blocked(shared_server.port)
+        session_id = await blocked.start_call(model)
+        resumed = await official.resume_session(
+            session_id,
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+            continue_pending_work=True,
+        )
+        reply = asyncio.create_task(last_reply(resumed))
+        answer = await resumed.rpc.tools.handle_pending_tool_call(
+            HandlePendingToolCallRequest(request_id=blocked.requests[0], result="RESUMED-BETA")
+        )
+        assert answer.success
+        assert await reply == "It is RESUMED-BETA."
+        await resumed.disconnect()
+
+
+async def test_D6_a_pending_call_is_redelivered_to_a_resuming_client_with_the_tool(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    async with ReplayServer([LOOKUP]) as model:
+        session_id = await Blocked(shared_server.port).start_call(model)
+        resumed = await official.resume_session(
+            session_id,
+            provider=provider(model),  # type: ignore[arg-type]
+            tools=[lookup(lambda params, invocation: f"RESUMED-{params.value.upper()}")],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        assert await last_reply(resumed) == "It is RESUMED-BETA."
+        await resumed.disconnect()
+
+
+async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
+    start_server: StartServer,
+) -> None:
+    server = start_server(None, "--pending-timeout", "1")
+    async with ReplayServer([LOOKUP]) as model:
+        session_id = await Blocked(server.port).start_call(model)
+        for _ in range(300):  # nobody resumes: the call fails and the run goes on
+            if len(model.requests) > 1:
+                break
+            await asyncio.sleep(0.1)
+        [*_, last] = model.requests[1]["messages"]
+        assert last["role"] == "tool" and "Failed to execute `lookup`" in last["content"]
+    async with trimtab.Client.connect(server.url) as client:
+        events = await (await client.resume_session(session_id)).get_events()
+    completed = [e for e in events if e.type == "external_tool.completed"]
+    assert len(completed) == 1
+
+
+# --- D8: lifecycle notifications -----------------------------------------------------------
+
+
+async def test_D8_clients_hear_of_sessions_created_updated_and_deleted(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    watcher = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await watcher.start()
+    seen: list[tuple[str, str]] = []
+    created: list[str] = []
+    dropped: list[str] = []
+    stop_all = watcher.on_lifecycle(lambda e: seen.append((e.type, e.session_id)))
+    watcher.on_lifecycle("session.created", lambda e: created.append(f"{e.type} {e.session_id}"))
+    stop_dropped = watcher.on_lifecycle(lambda e: dropped.append(e.session_id))
+    stop_dropped()
+    twice = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
+    try:
+        async with ReplayServer([twice]) as model:
+            session = await official.create_session(
+                provider=provider(model),  # type: ignore[arg-type]
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            await session.send_and_wait("Say hello", timeout=30)
+            await session.send_and_wait("Again", timeout=30)  # no second update: same summary
+            await session.disconnect()
+        await official.delete_session(session.session_id)
+        mine = [("session.created", "session.updated", "session.deleted")]
+        for _ in range(100):
+            if [tuple(t for t, s in seen if s == session.session_id)] == mine:
+                break
+            await asyncio.sleep(0.1)
+        assert [tuple(t for t, s in seen if s == session.session_id)] == mine
+        assert created == [f"session.created {session.session_id}"]  # the type filter
+        assert dropped == []
+    finally:
+        stop_all()
+        await watcher.force_stop()
+
+
+async def test_D8_an_unauthenticated_connection_hears_nothing(
+    start_server: StartServer,
+) -> None:
+    server = start_server(None, "--token", "right")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        async with trimtab.Client.connect(server.url, token="right") as client:
+            async with ReplayServer([HELLO]) as model:
+                session = await client.create_session(provider=provider(model))
+                await session.disconnect()
+        sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            sock.recv(1)  # nothing was sent to the connection without the token
+
+
+# --- D9: options ---------------------------------------------------------------------------
+
+
+async def test_D9_wire_model_is_the_model_named_on_the_wire(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    byok: Any = {**provider(model), "wire_model": "my-deployment"}
+    session = await official.create_session(
+        provider=byok, model="session-model", on_permission_request=PermissionHandler.approve_all
+    )
+    await session.send_and_wait("Say hello", timeout=30)
+    start: Any = (await session.get_events())[0]
+    await session.disconnect()
+    assert model.requests[0]["model"] == "my-deployment"
+    assert start.data.selected_model == "session-model"
+
+
+async def test_D9_model_id_stands_for_the_model_when_none_is_given(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    byok: Any = {**provider(model), "model_id": "base-model"}
+    session = await official.create_session(
+        provider=byok, on_permission_request=PermissionHandler.approve_all
+    )
+    await session.send_and_wait("Say hello", timeout=30)
+    start: Any = (await session.get_events())[0]
+    await session.disconnect()
+    assert model.requests[0]["model"] == "base-model"
+    assert start.data.selected_model == "base-model"
+
+
+async def test_D9_the_client_name_is_in_the_user_agent(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    await say_hello(official, model, client_name="my-copilot-app")
+    agent = model.received[0].headers["user-agent"]
+    assert agent.startswith("my-copilot-app trimtab/"), agent
+
+
+async def test_D9_excluded_and_available_tools_filter_what_the_model_is_offered(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    tools = [
+        define_tool(name, description=name, params_type=LookupArgs, handler=lambda p, i: "x")
+        for name in ("alpha", "beta", "gamma", "delta")
+    ]
+    await say_hello(
+        official,
+        model,
+        tools=tools,
+        available_tools=["alpha", "beta", "gamma"],
+        excluded_tools=["beta"],
+        default_agent={"excluded_tools": ["gamma"]},
+    )
+    assert [t["function"]["name"] for t in model.requests[0]["tools"]] == ["alpha"]
+
+
+async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotClient) -> None:
+    long_prompt = "Remember these words: " + " ".join(f"word{i}" for i in range(800))
+    async with ReplayServer([conversation(user(long_prompt), assistant("Noted."))]) as model:
+        byok: Any = {**provider(model), "max_retries": 0}
+        session = await official.create_session(
+            provider=byok,
+            on_permission_request=PermissionHandler.approve_all,
+            infinite_sessions={
+                "background_compaction_threshold": 0.005,
+                "buffer_exhaustion_threshold": 0.01,
+            },
+        )
+        # Past 0.5% of the window already: compacted before the first call, for which the
+        # recording has no answer (the compaction is what is checked).
+        with pytest.raises(Exception, match="no recorded conversation"):
+            await session.send_and_wait(long_prompt, timeout=30)
+        events: list[Any] = await session.get_events()
+        await session.disconnect()
+    [start] = [e for e in events if e.type.value == "session.compaction_start"]
+    [complete] = [e for e in events if e.type.value == "session.compaction_complete"]
+    assert start.data.trigger.value == complete.data.trigger.value == "threshold"
+    assert complete.data.success is True
+
+
+# --- D10: hooks ----------------------------------------------------------------------------
+
+
+async def test_D10_the_user_prompt_transformed_hook_of_an_official_client(
+    official: CopilotClient,
+) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def transformed(data: Any, invocation: Any) -> dict[str, str]:
+        seen.append((data["prompt"], data["transformedPrompt"]))
+        return {"modifiedTransformedPrompt": "Say hello"}
+
+    hooks: Any = {"on_user_prompt_transformed": transformed}
+    async with ReplayServer([HELLO]) as model:
+        assert await say_hello_as(official, model, "Greet me", hooks=hooks) == "Hello!"
+    assert seen == [("Greet me", "Greet me")]
+
+
+async def test_D10_an_official_clients_agent_stop_hook_keeps_the_run_going(
+    official: CopilotClient,
+) -> None:
+    def agent_stop(data: Any, invocation: Any) -> dict[str, str] | None:
+        return None if data["stopHookActive"] else {"decision": "block", "reason": "Once more"}
+
+    recorded = conversation(
+        user("Say hello"), assistant("Hello!"), user("Once more"), assistant("Hello again!")
+    )
+    async with ReplayServer([recorded]) as model:
+        hooks: Any = {"on_agent_stop": agent_stop}
+        assert await say_hello_as(official, model, "Say hello", hooks=hooks) == "Hello again!"
+
+
+async def say_hello_as(
+    client: CopilotClient, model: ReplayServer, prompt: str, **options: Any
+) -> str | None:
+    session = await client.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+        **options,
+    )
+    reply = await session.send_and_wait(prompt, timeout=30)
+    await session.disconnect()
+    return None if reply is None else str(reply.data.content)  # type: ignore[union-attr]
+
+
+# --- D11: attachments ----------------------------------------------------------------------
+
+
+async def sent_with(
+    client: CopilotClient, model: ReplayServer, prompt: str, attachments: list[Any]
+) -> str:
+    """The user message the model receives for `prompt` with `attachments`."""
+    session = await client.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    try:
+        await session.send(prompt, attachments=attachments)
+        for _ in range(300):
+            if model.requests:
+                break
+            await asyncio.sleep(0.1)
+        content: str = model.requests[0]["messages"][-1]["content"]
+        return content
+    finally:
+        await session.disconnect()
+
+
+async def test_D11_files_selections_and_directories_become_text(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("line one\nline two\nline three\n")
+    (tmp_path / "sub").mkdir()
+    attachments = [
+        {"type": "file", "path": str(notes), "lineRange": {"start": 2, "end": 3}},
+        {
+            "type": "selection",
+            "filePath": str(notes),
+            "displayName": "sel",
+            "selection": {"start": {"line": 0, "character": 5}, "end": {"line": 1, "character": 4}},
+        },
+        {"type": "directory", "path": str(tmp_path), "displayName": "here"},
+    ]
+    sent = await sent_with(official, model, "Look", attachments)
+    assert sent == "\n\n".join(
+        [
+            "Look",
+            f'<attachment type="file" name="notes.txt" path="{notes}">\nline two\nline three\n'
+            "</attachment>",
+            f'<attachment type="selection" name="sel" path="{notes}:1-2">\none\nline\n'
+            "</attachment>",
+            f'<attachment type="directory" name="here" path="{tmp_path}">\nnotes.txt\nsub/\n'
+            "</attachment>",
+        ]
+    )
+
+
+async def test_D11_blobs_are_text_or_described(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    pixel = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(60)).decode()
+    attachments = [
+        {"type": "blob", "data": pixel, "mimeType": "image/png", "displayName": "pixel.png"},
+        {"type": "blob", "data": base64.b64encode(b"a,b\n1,2").decode(), "mimeType": "text/csv"},
+    ]
+    sent = await sent_with(official, model, "Describe", attachments)
+    assert sent == "\n\n".join(
+        [
+            "Describe",
+            '<attachment type="blob" name="pixel.png">\n'
+            "[image: image/png, 68 bytes; trimtab gives the model text only]\n</attachment>",
+            '<attachment type="blob" name="blob">\na,b\n1,2\n</attachment>',
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("attachment", "error"),
+    [
+        ({"type": "file", "path": "/no/such/file.txt"}, "attachment file not found"),
+        ({"type": "file", "path": "relative.txt"}, "must be absolute"),
+        ({"type": "directory", "path": "/no/such/dir"}, "attachment directory not found"),
+        ({"type": "blob", "data": "%%%", "mimeType": "image/png"}, "not base64"),
+        ({"type": "github_reference", "number": 1}, "Invalid params"),
+    ],
+)
+async def test_D11_an_unreadable_attachment_is_refused_and_nothing_is_stored(
+    official: CopilotClient, model: ReplayServer, attachment: dict[str, Any], error: str
+) -> None:
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    before = len(await session.get_events())
+    with pytest.raises(Exception, match=error):
+        await session.send("Look", attachments=[attachment])  # type: ignore[list-item]
+    assert len(await session.get_events()) == before
+    await session.disconnect()
+
+
+async def test_D11_a_large_file_is_cut_with_a_note(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    big = tmp_path / "big.log"
+    big.write_text("x" * (MAX_TEXT_BYTES + 1000))
+    sent = await sent_with(official, model, "Read", [{"type": "file", "path": str(big)}])
+    assert sent.count("x") == MAX_TEXT_BYTES
+    assert f"[cut: the first {MAX_TEXT_BYTES} of {MAX_TEXT_BYTES + 1000} bytes]" in sent
+
+
+async def test_D9_request_headers_go_with_that_sends_model_requests_only(
+    official: CopilotClient,
+) -> None:
+    twice = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([twice]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait(
+            "Say hello", request_headers={"X-Turn-Tag": "turn-1"}, timeout=30
+        )
+        await session.send_and_wait("Again", timeout=30)
+        await session.disconnect()
+    assert model.received[0].headers["x-turn-tag"] == "turn-1"
+    assert "x-turn-tag" not in model.received[1].headers
+
+
+async def test_D5_resuming_a_session_only_this_client_has_open_applies_the_new_options(
+    official: CopilotClient,
+) -> None:
+    twice = conversation(user("Say hello"), assistant("Hello!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([twice]) as model:
+        first = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await first.send_and_wait("Say hello", timeout=30)
+        byok: Any = {**provider(model), "headers": {"X-Tenant": "resumed"}}
+        resumed = await official.resume_session(
+            first.session_id,
+            provider=byok,
+            system_message={"mode": "replace", "content": "RESUMED"},
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        reply = await resumed.send_and_wait("Again", timeout=30)
+        assert reply is not None and reply.data.content == "Hi!"  # type: ignore[union-attr]
+        assert resumes(await resumed.get_events()) == [False]
+        await resumed.disconnect()
+    assert "x-tenant" not in model.received[0].headers
+    assert model.received[1].headers["x-tenant"] == "resumed"
+    assert system_sent(model, 1) == "RESUMED"
