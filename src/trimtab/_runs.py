@@ -64,7 +64,7 @@ class RunLedger:
             case AssistantMessageEvent() if self._current is not None:
                 if event.data.originating_message_id == self._current.message_id:
                     self._current.last_message = event
-            case SessionErrorEvent() if self._current is not None:
+            case SessionErrorEvent() if self._current is not None and not event.data.logged:
                 self._current.error = event
             case SessionIdleEvent():
                 if self._current is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 from trimtab import _loop
 from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
@@ -29,8 +29,16 @@ from trimtab.events import (
     AssistantMessageEvent,
     Event,
     EventType,
+    InfoData,
+    ModelChangeData,
     SessionConfigData,
+    SessionErrorData,
+    SessionErrorEvent,
+    SessionInfoEvent,
+    SessionModelChangeEvent,
+    SessionTitleChangedEvent,
     SessionWarningEvent,
+    TitleChangedData,
     WarningData,
     new_id,
 )
@@ -39,7 +47,12 @@ from trimtab.providers import Message, Provider, Usage
 if TYPE_CHECKING:
     from trimtab._history import Fork
 
-__all__ = ["Session"]
+__all__ = ["LogLevel", "Session"]
+
+LogLevel = Literal["info", "warning", "error"]
+
+MAX_NAME_LENGTH = 100
+"""Characters a session's name may have (as the Copilot clients allow)."""
 
 
 class _Rpc:
@@ -122,6 +135,11 @@ class Session:
         return self._log.state.usage
 
     @property
+    def name(self) -> str | None:
+        """The session's friendly name (`set_name`), None until one is set."""
+        return self._log.state.name
+
+    @property
     def is_remote(self) -> bool:
         """Another runtime holds this session's lease: it may be read, not driven (spec R1)."""
         return not self._log.writable
@@ -143,6 +161,81 @@ class Session:
     async def get_events(self) -> list[Event]:
         """The persisted log, oldest first."""
         return await self._log.store.read(self.session_id)
+
+    # --- changing it ---------------------------------------------------------------------
+
+    async def switch_model(self, model: str, reasoning_effort: str | None = None) -> None:
+        """Use `model` for the session's next model calls (spec K1), with `reasoning_effort`
+        if given (else the effort set before is kept). Logged as `session.model_change`, so
+        a resumed session keeps the model; a run in progress switches at its next turn."""
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("model must be a non-empty string")
+        await self._change_model(model.strip(), reasoning_effort or self.config.reasoning_effort)
+
+    async def set_reasoning_effort(self, reasoning_effort: str) -> None:
+        """Ask the current model for `reasoning_effort` from its next call on (spec K1)."""
+        if not isinstance(reasoning_effort, str) or not reasoning_effort.strip():
+            raise ValueError("reasoning_effort must be a non-empty string")
+        await self._change_model(self.config.model or "default", reasoning_effort.strip())
+
+    async def _change_model(self, model: str, effort: str | None) -> None:
+        config = self.config
+        data = ModelChangeData(
+            new_model=valid_text(model),
+            previous_model=config.model,
+            reasoning_effort=None if effort is None else valid_text(effort),
+            previous_reasoning_effort=config.reasoning_effort,
+        )
+        await self._writable().emit(SessionModelChangeEvent(data=data))
+
+    async def set_name(self, name: str) -> None:
+        """Name the session (trimmed, 1 to 100 characters); logged as `session.title_changed`
+        each time, even when the name is unchanged (spec K2)."""
+        title = name.strip() if isinstance(name, str) else ""
+        if not title:
+            raise ValueError("the session name must not be empty or only whitespace")
+        if len(title) > MAX_NAME_LENGTH:
+            raise ValueError(f"the session name is longer than {MAX_NAME_LENGTH} characters")
+        if valid_text(title) != title:
+            raise ValueError("the session name is not valid Unicode text (a lone surrogate)")
+        await self._writable().emit(SessionTitleChangedEvent(data=TitleChangedData(title=title)))
+
+    async def log(
+        self,
+        message: str,
+        *,
+        level: LogLevel = "info",
+        ephemeral: bool = False,
+        kind: str = "notification",
+        url: str | None = None,
+    ) -> Event:
+        """Write a note into the session's timeline (spec K4): `session.info`, `session.warning`
+        or `session.error` by `level`, of type `kind`; stored unless `ephemeral`. An
+        error-level note is only a note: it ends no run. Returns the event as emitted."""
+        text, kind = valid_text(message), valid_text(kind)
+        event: Event
+        match level:
+            case "info":
+                data = InfoData(info_type=kind, message=text, url=url)
+                event = SessionInfoEvent(data=data, ephemeral=ephemeral)
+            case "warning":
+                event = SessionWarningEvent(
+                    data=WarningData(warning_type=kind, message=text), ephemeral=ephemeral
+                )
+            case "error":
+                error = SessionErrorData(error_type=kind, message=text, logged=True)
+                event = SessionErrorEvent(data=error, ephemeral=ephemeral)
+            case _:
+                raise ValueError(f"level must be info, warning or error, not {level!r}")
+        log = self._log if ephemeral else self._writable()
+        return await log.emit(event)
+
+    def _writable(self) -> SessionLog:
+        if self.closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
+        if not self._log.writable:
+            raise TrimtabError(f"session {self.session_id} is run by another runtime (remote)")
+        return self._log
 
     # --- driving it ----------------------------------------------------------------------
 

@@ -31,8 +31,10 @@ from trimtab.events import (
     SessionConfigData,
     SessionContextClearedEvent,
     SessionErrorEvent,
+    SessionModelChangeEvent,
     SessionResumeEvent,
     SessionStartEvent,
+    SessionTitleChangedEvent,
     SessionTruncatedEvent,
     ToolExecutionCompleteEvent,
     ToolExecutionStartData,
@@ -95,6 +97,7 @@ class StateSnapshot(BaseModel):
     pending_seed: str | None
     seed_recorded: bool
     approved_tools: list[str] = []
+    name: str | None = None
 
 
 @dataclass(slots=True)
@@ -129,6 +132,8 @@ class SessionState:
     """Whether that seed's `user.message` is already in the log."""
     approved_tools: frozenset[str] = _NOTHING
     """Tools approved for the rest of the session (`approve-for-session`)."""
+    name: str | None = None
+    """The session's friendly name, as last set (`session.title_changed`)."""
 
     def apply(self, event: Event) -> bool:
         """Advance the state by one persisted event; True when the event ended a run."""
@@ -139,6 +144,14 @@ class SessionState:
                 self.config = _shared(event.data.config)
             case SessionResumeEvent() if event.data.config is not None:
                 self.config = _shared(event.data.config)
+            case SessionModelChangeEvent():
+                change = {
+                    "model": event.data.new_model,
+                    "reasoning_effort": event.data.reasoning_effort,
+                }
+                self.config = _shared(self.config.model_copy(update=change))
+            case SessionTitleChangedEvent():
+                self.name = event.data.title
             case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
                 self.projection.add(event)
             case SessionContextClearedEvent():
@@ -196,6 +209,8 @@ class SessionState:
                 self.open_turn, self.batch = None, None
                 if batch is not None and batch.ends_run():
                     return self._end_run()
+            case SessionErrorEvent() if event.data.logged:
+                pass  # a note written with `Session.log`, not the end of a run
             case SessionErrorEvent() | AbortEvent():
                 return self._end_run()
             case _:
@@ -252,6 +267,7 @@ class SessionState:
             pending_seed=self.pending_seed,
             seed_recorded=self.seed_recorded,
             approved_tools=sorted(self.approved_tools),
+            name=self.name,
         )
 
     @classmethod
@@ -272,6 +288,7 @@ class SessionState:
             pending_seed=snapshot.pending_seed,
             seed_recorded=snapshot.seed_recorded,
             approved_tools=frozenset(snapshot.approved_tools) or _NOTHING,
+            name=snapshot.name,
         )
 
 

@@ -39,8 +39,12 @@ __all__ = [
     "ExternalToolRequestedData",
     "ExternalToolRequestedEvent",
     "InfiniteSessions",
+    "InfoData",
     "Message",
+    "ModelChangeData",
     "ModelLimits",
+    "PendingMessagesModifiedData",
+    "PendingMessagesModifiedEvent",
     "PermissionCompletedData",
     "PermissionCompletedEvent",
     "PermissionRequestData",
@@ -55,10 +59,13 @@ __all__ = [
     "SessionErrorEvent",
     "SessionIdleData",
     "SessionIdleEvent",
+    "SessionInfoEvent",
+    "SessionModelChangeEvent",
     "SessionResumeData",
     "SessionResumeEvent",
     "SessionStartData",
     "SessionStartEvent",
+    "SessionTitleChangedEvent",
     "SessionTruncatedEvent",
     "SessionUsageInfoEvent",
     "SessionWarningEvent",
@@ -70,6 +77,7 @@ __all__ = [
     "ToolExecutionStartEvent",
     "ToolOutcome",
     "ToolRequest",
+    "TitleChangedData",
     "ToolSearch",
     "ToolResultContent",
     "ToolResultError",
@@ -189,6 +197,8 @@ class SessionConfigData(WireModel):
     """The persisted part of a session's configuration (secrets are never logged)."""
 
     model: str | None = None
+    reasoning_effort: str | None = None
+    """The effort asked of a reasoning model (`low`, `medium`, `high`...); None: its default."""
     provider: dict[str, Any] | None = None
     """The provider config without its API key, or `{"type": <name>}` for an in-process provider."""
     system_message: str | None = None
@@ -363,6 +373,8 @@ class SessionErrorData(WireModel):
     status_code: int | None = None
     retryable: bool = False
     originating_message_id: str | None = None
+    logged: bool | None = None
+    """Written by `Session.log` (a note at error level): it ends no run."""
 
 
 class CompactionStartData(WireModel):
@@ -392,6 +404,29 @@ class TruncatedData(WireModel):
 class WarningData(WireModel):
     warning_type: str
     message: str
+
+
+class InfoData(WireModel):
+    info_type: str
+    message: str
+    url: str | None = None
+
+
+class ModelChangeData(WireModel):
+    """The model (and reasoning effort) of the session's next model calls."""
+
+    new_model: str
+    previous_model: str | None = None
+    reasoning_effort: str | None = None
+    previous_reasoning_effort: str | None = None
+
+
+class PendingMessagesModifiedData(WireModel):
+    """Nothing: the event says only that the queue changed."""
+
+
+class TitleChangedData(WireModel):
+    title: str
 
 
 class UsageInfoData(WireModel):
@@ -525,6 +560,29 @@ class SessionWarningEvent(EventBase):
     data: WarningData
 
 
+class SessionInfoEvent(EventBase):
+    type: Literal["session.info"] = "session.info"
+    data: InfoData
+
+
+class SessionModelChangeEvent(EventBase):
+    type: Literal["session.model_change"] = "session.model_change"
+    data: ModelChangeData
+
+
+class SessionTitleChangedEvent(EventBase):
+    type: Literal["session.title_changed"] = "session.title_changed"
+    data: TitleChangedData
+
+
+class PendingMessagesModifiedEvent(EventBase):
+    """The queue of inputs waiting behind the run changed (`Session.pending_messages`)."""
+
+    type: Literal["pending_messages_modified"] = "pending_messages_modified"
+    data: PendingMessagesModifiedData = Field(default_factory=lambda: PendingMessagesModifiedData())
+    ephemeral: bool = True
+
+
 class SessionUsageInfoEvent(EventBase):
     type: Literal["session.usage_info"] = "session.usage_info"
     data: UsageInfoData
@@ -562,6 +620,10 @@ Event: TypeAlias = Annotated[
     | SessionCompactionCompleteEvent
     | SessionTruncatedEvent
     | SessionWarningEvent
+    | SessionInfoEvent
+    | SessionModelChangeEvent
+    | SessionTitleChangedEvent
+    | PendingMessagesModifiedEvent
     | SessionUsageInfoEvent
     | SessionErrorEvent
     | AbortEvent
@@ -590,6 +652,10 @@ EventType: TypeAlias = Literal[
     "session.compaction_complete",
     "session.truncated",
     "session.warning",
+    "session.info",
+    "session.model_change",
+    "session.title_changed",
+    "pending_messages_modified",
     "session.usage_info",
     "session.error",
     "abort",

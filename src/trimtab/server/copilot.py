@@ -52,6 +52,7 @@ from trimtab.protocol.wire import (
     metadata_of,
 )
 from trimtab.server.hub import SessionHub, SharedSession
+from trimtab.server.session_rpc import session_methods
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
 
@@ -117,6 +118,7 @@ class CopilotConnection:
             "session.tools.handlePendingToolCall": self._handle_tool_call,
             "session.permissions.handlePendingPermissionRequest": self._handle_permission,
         }
+        self._methods.update(session_methods(hub, conn))
 
     @property
     def peer(self) -> str:

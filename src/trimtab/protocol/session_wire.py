@@ -1,0 +1,194 @@
+"""The params and results of the Copilot session RPCs beyond sending and history: the model,
+the name, forks, notes in the timeline, usage metrics and activity (spec section K).
+
+Field names follow the official clients' generated `rpc.py`; every result is a subset of the
+shape those clients parse, with the fields they require.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from trimtab.protocol.wire import SessionParams, Text, Wire
+
+__all__ = [
+    "ActivityResult",
+    "CodeChanges",
+    "CurrentModelResult",
+    "ForkParams",
+    "ForkResult",
+    "IsProcessingResult",
+    "LogParams",
+    "LogResult",
+    "ModelEntry",
+    "ModelListResult",
+    "ModelMetric",
+    "ModelRequests",
+    "ModelUsage",
+    "NameResult",
+    "NameSetParams",
+    "ReasoningEffortParams",
+    "ReasoningEffortResult",
+    "SwitchModelParams",
+    "SwitchModelResult",
+    "UsageMetricsResult",
+]
+
+
+# --- model ---------------------------------------------------------------------------------
+
+
+class CurrentModelResult(Wire):
+    """`session.model.getCurrent`: the model of the next model call."""
+
+    model_id: str | None = None
+    reasoning_effort: str | None = None
+
+
+class SwitchModelParams(SessionParams):
+    """`session.model.switchTo`: the model, and optionally the reasoning effort, to use."""
+
+    model_id: Text = Field(min_length=1)
+    reasoning_effort: Text | None = None
+
+
+class SwitchModelResult(Wire):
+    """`session.model.switchTo`: the model now in use, and the whole model state."""
+
+    model_id: str | None = None
+    model_state: CurrentModelResult
+    status: Literal["applied"] = "applied"
+
+
+class ReasoningEffortParams(SessionParams):
+    """`session.model.setReasoningEffort`."""
+
+    reasoning_effort: Text = Field(min_length=1)
+
+
+class ReasoningEffortResult(Wire):
+    """`session.model.setReasoningEffort`: the effort recorded."""
+
+    reasoning_effort: str
+
+
+class ModelEntry(Wire):
+    """One model a session can use."""
+
+    id: str
+    name: str
+
+
+class ModelListResult(Wire):
+    """`session.model.list`."""
+
+    models: list[ModelEntry] = Field(alias="list")
+
+
+# --- name ----------------------------------------------------------------------------------
+
+
+class NameSetParams(SessionParams):
+    """`session.name.set` (checked by `Session.set_name`)."""
+
+    name: Text
+
+
+class NameResult(Wire):
+    """`session.name.get`: None until a name is set."""
+
+    name: str | None = None
+
+
+# --- forks ---------------------------------------------------------------------------------
+
+
+class ForkParams(SessionParams):
+    """`sessions.fork`: copy the log before `to_event_id` (all of it when None)."""
+
+    to_event_id: str | None = None
+    name: Text | None = None
+
+
+class ForkResult(Wire):
+    """`sessions.fork`: the new session, at rest and not open (resume it to use it)."""
+
+    session_id: str
+    name: str | None = None
+
+
+# --- notes, usage, activity ----------------------------------------------------------------
+
+
+class LogParams(SessionParams):
+    """`session.log`: a note in the session's timeline."""
+
+    message: Text
+    level: Literal["info", "warning", "error"] = "info"
+    ephemeral: bool = False
+    type: Text = "notification"
+    url: Text | None = None
+
+
+class LogResult(Wire):
+    """`session.log`: the id of the event emitted."""
+
+    event_id: str
+
+
+class CodeChanges(Wire):
+    """Files changed by the session: trimtab's runtime edits no files itself."""
+
+    files_modified: list[str] = []
+    files_modified_count: int = 0
+    lines_added: int = 0
+    lines_removed: int = 0
+
+
+class ModelRequests(Wire):
+    count: int
+    cost: float = 0.0
+
+
+class ModelUsage(Wire):
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class ModelMetric(Wire):
+    """Model calls made with one model, and their tokens."""
+
+    requests: ModelRequests
+    usage: ModelUsage
+
+
+class UsageMetricsResult(Wire):
+    """`session.usage.getMetrics`: what the session's log says it spent."""
+
+    session_start_time: datetime
+    total_api_duration_ms: float
+    total_user_requests: int
+    total_premium_request_cost: float = 0.0
+    last_call_input_tokens: int
+    last_call_output_tokens: int
+    model_metrics: dict[str, ModelMetric]
+    code_changes: CodeChanges = Field(default_factory=CodeChanges)
+    current_model: str | None = None
+
+
+class IsProcessingResult(Wire):
+    """`session.metadata.isProcessing`."""
+
+    processing: bool
+
+
+class ActivityResult(Wire):
+    """`session.metadata.activity`."""
+
+    abortable: bool
+    has_active_work: bool

@@ -1,0 +1,195 @@
+"""The Copilot session RPCs beyond sending and history (spec section K): the model, the name,
+forks, notes in the timeline, usage metrics and activity.
+
+Each method maps onto one `Session` call, as `copilot` does for the core methods; this module
+only adds entries to a connection's method table (`session_methods`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from trimtab.events import AssistantUsageEvent, Event, SessionStartEvent, UserMessageEvent
+from trimtab.protocol.errors import SESSION_NOT_FOUND
+from trimtab.protocol.jsonrpc import Connection, RpcError
+from trimtab.protocol.session_wire import (
+    ActivityResult,
+    CurrentModelResult,
+    ForkParams,
+    ForkResult,
+    IsProcessingResult,
+    LogParams,
+    LogResult,
+    ModelEntry,
+    ModelListResult,
+    ModelMetric,
+    ModelRequests,
+    ModelUsage,
+    NameResult,
+    NameSetParams,
+    ReasoningEffortParams,
+    ReasoningEffortResult,
+    SwitchModelParams,
+    SwitchModelResult,
+    UsageMetricsResult,
+)
+from trimtab.protocol.wire import SessionParams
+from trimtab.server.hub import SessionHub, SharedSession
+
+__all__ = ["session_methods"]
+
+Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | None]]
+
+
+def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
+    """The session RPCs of section K, for one connection."""
+    rpc = _SessionRpc(hub, conn)
+    return {
+        "session.model.getCurrent": rpc.current_model,
+        "session.model.switchTo": rpc.switch_model,
+        "session.model.setReasoningEffort": rpc.set_reasoning_effort,
+        "session.model.list": rpc.list_models,
+        "session.name.get": rpc.get_name,
+        "session.name.set": rpc.set_name,
+        "sessions.fork": rpc.fork,
+        "session.log": rpc.log,
+        "session.usage.getMetrics": rpc.usage_metrics,
+        "session.metadata.isProcessing": rpc.is_processing,
+        "session.metadata.activity": rpc.activity,
+    }
+
+
+class _SessionRpc:
+    def __init__(self, hub: SessionHub, conn: Connection) -> None:
+        self._hub = hub
+        self._conn = conn
+
+    def _shared(self, params: dict[str, Any]) -> SharedSession:
+        return self._hub.get(self._conn, SessionParams.model_validate(params).session_id)
+
+    # --- model -----------------------------------------------------------------------------
+
+    async def current_model(self, params: dict[str, Any]) -> CurrentModelResult:
+        config = self._shared(params).session.config
+        return CurrentModelResult(model_id=config.model, reasoning_effort=config.reasoning_effort)
+
+    async def switch_model(self, params: dict[str, Any]) -> SwitchModelResult:
+        request = SwitchModelParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        await session.switch_model(request.model_id, request.reasoning_effort)
+        config = session.config
+        state = CurrentModelResult(model_id=config.model, reasoning_effort=config.reasoning_effort)
+        return SwitchModelResult(model_id=config.model, model_state=state)
+
+    async def set_reasoning_effort(self, params: dict[str, Any]) -> ReasoningEffortResult:
+        request = ReasoningEffortParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        await session.set_reasoning_effort(request.reasoning_effort)
+        return ReasoningEffortResult(reasoning_effort=session.config.reasoning_effort or "")
+
+    async def list_models(self, params: dict[str, Any]) -> ModelListResult:
+        # A session brings its own (BYOK) provider, whose catalogue trimtab does not fetch:
+        # the model it uses is the one it knows (spec K1).
+        model = self._shared(params).session.config.model
+        entries = [] if model is None else [ModelEntry(id=model, name=model)]
+        return ModelListResult(list=entries)
+
+    # --- name ------------------------------------------------------------------------------
+
+    async def get_name(self, params: dict[str, Any]) -> NameResult:
+        return NameResult(name=self._shared(params).session.name)
+
+    async def set_name(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = NameSetParams.model_validate(params)
+        await self._hub.get(self._conn, request.session_id).session.set_name(request.name)
+        return {}
+
+    # --- forks -----------------------------------------------------------------------------
+
+    async def fork(self, params: dict[str, Any]) -> ForkResult:
+        request = ForkParams.model_validate(params)
+        try:
+            source = self._hub.get(self._conn, request.session_id).session
+        except RpcError:
+            if not await self._stored(request.session_id):
+                message = f"Session {request.session_id} not found or has no persisted events"
+                raise RpcError(SESSION_NOT_FOUND, message, {"code": "session_not_found"}) from None
+            raise
+        fork = await source.history.fork(request.to_event_id)
+        try:
+            if request.name is not None:
+                await fork.set_name(request.name)
+        finally:
+            # Let go of it here: the client resumes it to use it, on this server or another.
+            await fork.disconnect()
+        return ForkResult(session_id=fork.session_id, name=fork.name)
+
+    async def _stored(self, session_id: str) -> bool:
+        return any(r.session_id == session_id for r in await self._hub.client.list_sessions())
+
+    # --- notes, usage, activity ------------------------------------------------------------
+
+    async def log(self, params: dict[str, Any]) -> LogResult:
+        request = LogParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        event = await session.log(
+            request.message,
+            level=request.level,
+            ephemeral=request.ephemeral,
+            kind=request.type,
+            url=request.url,
+        )
+        return LogResult(event_id=event.id)
+
+    async def usage_metrics(self, params: dict[str, Any]) -> UsageMetricsResult:
+        session = self._shared(params).session
+        return usage_metrics(await session.get_events(), session.config.model)
+
+    async def is_processing(self, params: dict[str, Any]) -> IsProcessingResult:
+        return IsProcessingResult(processing=self._shared(params).session.busy)
+
+    async def activity(self, params: dict[str, Any]) -> ActivityResult:
+        busy = self._shared(params).session.busy
+        return ActivityResult(abortable=busy, has_active_work=busy)
+
+
+def usage_metrics(events: list[Event], current_model: str | None) -> UsageMetricsResult:
+    """What a session's log says it spent: model calls and tokens per model, user requests."""
+    metrics: dict[str, ModelMetric] = {}
+    duration = 0.0
+    requests = 0
+    last: AssistantUsageEvent | None = None
+    for event in events:
+        match event:
+            case AssistantUsageEvent():
+                data, last = event.data, event
+                duration += data.duration or 0.0
+                metric = metrics.get(data.model)
+                before = metric or ModelMetric(
+                    requests=ModelRequests(count=0),
+                    usage=ModelUsage(input_tokens=0, output_tokens=0),
+                )
+                metrics[data.model] = ModelMetric(
+                    requests=ModelRequests(count=before.requests.count + 1),
+                    usage=ModelUsage(
+                        input_tokens=before.usage.input_tokens + (data.input_tokens or 0),
+                        output_tokens=before.usage.output_tokens + (data.output_tokens or 0),
+                    ),
+                )
+            case UserMessageEvent() if event.data.source != "context_cleared":
+                requests += 1
+            case _:
+                pass
+    start = events[0] if events and isinstance(events[0], SessionStartEvent) else None
+    return UsageMetricsResult(
+        session_start_time=start.data.start_time if start else events[0].timestamp,
+        total_api_duration_ms=duration,
+        total_user_requests=requests,
+        last_call_input_tokens=(last.data.input_tokens or 0) if last else 0,
+        last_call_output_tokens=(last.data.output_tokens or 0) if last else 0,
+        model_metrics=metrics,
+        current_model=current_model,
+    )

@@ -1,0 +1,236 @@
+"""Issue 17, the session RPCs official Copilot clients call (spec section K): model, name,
+fork, log, usage and activity, through the official `copilot` client against a real
+`trimtab serve` subprocess, with the model replayed over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from copilot import CopilotClient, RuntimeConnection
+from copilot._jsonrpc import JsonRpcError
+from copilot.generated.rpc import (
+    ModelSetReasoningEffortRequest,
+    ModelSwitchToRequest,
+    NameSetRequest,
+    SessionsForkRequest,
+)
+from copilot.generated.session_events import (
+    SessionModelChangeData,
+    SessionTitleChangedData,
+    UserMessageData,
+)
+from copilot.session import CopilotSession, PermissionHandler
+
+from tests.server.conftest import ServerProcess, assistant, conversation, provider, user
+from trimtab.testing import ReplayServer
+
+
+@pytest.fixture
+async def client(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
+    connection = RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}")
+    official = CopilotClient(connection=connection, log_level="warning")
+    await official.start()
+    yield official
+    await official.force_stop()
+
+
+async def open_session(
+    client: CopilotClient, model: ReplayServer, session_id: str | None = None
+) -> CopilotSession:
+    options: dict[str, Any] = {
+        "provider": provider(model),
+        "model": "test-model",
+        "system_message": {"content": "You are a test assistant.", "mode": "replace"},
+        "on_permission_request": PermissionHandler.approve_all,
+    }
+    if session_id is not None:
+        return await client.resume_session(session_id, **options)
+    return await client.create_session(**options)
+
+
+def collect(session: CopilotSession, data_type: type) -> list[Any]:
+    seen: list[Any] = []
+    session.on(lambda event: seen.append(event) if isinstance(event.data, data_type) else None)
+    return seen
+
+
+async def until(condition: Any, timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+async def test_k1_switch_model_is_used_logged_and_replayed(client: CopilotClient) -> None:
+    async with ReplayServer([conversation(user("Hi"), assistant("Hello."))]) as model:
+        session = await open_session(client, model)
+        changes = collect(session, SessionModelChangeData)
+        assert (await session.rpc.model.get_current()).model_id == "test-model"
+
+        result = await session.rpc.model.switch_to(
+            ModelSwitchToRequest(model_id="other-model", reasoning_effort="high")
+        )
+        assert result.model_id == "other-model"
+        current = await session.rpc.model.get_current()
+        assert (current.model_id, current.reasoning_effort) == ("other-model", "high")
+        await until(lambda: len(changes) == 1)
+        data = changes[0].data
+        assert (data.previous_model, data.new_model, data.reasoning_effort) == (
+            "test-model",
+            "other-model",
+            "high",
+        )
+
+        await session.send_and_wait("Hi", timeout=30)
+        assert model.requests[-1]["model"] == "other-model"
+
+        effort = await session.rpc.model.set_reasoning_effort(
+            ModelSetReasoningEffortRequest(reasoning_effort="low")
+        )
+        assert effort.reasoning_effort == "low"
+        listed = await session.rpc.model.list()
+        assert [entry["id"] for entry in listed.list] == ["other-model"]
+        session_id = session.session_id
+        await session.disconnect()
+
+        resumed = await client.resume_session(
+            session_id,
+            provider=provider(model),
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        current = await resumed.rpc.model.get_current()
+        assert (current.model_id, current.reasoning_effort) == ("other-model", "low")
+        await resumed.disconnect()
+
+
+async def test_k1_switch_to_an_empty_model_is_refused(client: CopilotClient) -> None:
+    async with ReplayServer([]) as model:
+        session = await open_session(client, model)
+        with pytest.raises(JsonRpcError, match="modelId"):
+            await session.rpc.model.switch_to(ModelSwitchToRequest(model_id=""))
+        assert (await session.rpc.model.get_current()).model_id == "test-model"
+        await session.disconnect()
+
+
+async def test_k2_name_set_emits_title_changed_each_time(client: CopilotClient) -> None:
+    async with ReplayServer([]) as model:
+        session = await open_session(client, model)
+        titles = collect(session, SessionTitleChangedData)
+        assert (await session.rpc.name.get()).name is None
+        await session.rpc.name.set(NameSetRequest(name="  Release notes  "))
+        await session.rpc.name.set(NameSetRequest(name="Release notes"))
+        await until(lambda: len(titles) == 2)
+        assert [t.data.title for t in titles] == ["Release notes", "Release notes"]
+        for blank in ("", "   \n"):
+            with pytest.raises(JsonRpcError, match="empty or only whitespace"):
+                await session.rpc.name.set(NameSetRequest(name=blank))
+        assert len(titles) == 2
+        session_id = session.session_id
+        await session.disconnect()
+
+        resumed = await open_session(client, model, session_id)
+        assert (await resumed.rpc.name.get()).name == "Release notes"
+        await resumed.disconnect()
+
+
+async def test_k3_fork_to_an_event_excludes_it(client: CopilotClient) -> None:
+    recorded = [
+        conversation(user("First"), assistant("One.")),
+        conversation(user("First"), assistant("One."), user("Second"), assistant("Two.")),
+    ]
+    async with ReplayServer(recorded) as model:
+        session = await open_session(client, model)
+        await session.send_and_wait("First", timeout=30)
+        await session.send_and_wait("Second", timeout=30)
+        events = await session.get_events()
+        second = next(
+            e for e in events if isinstance(e.data, UserMessageData) and e.data.content == "Second"
+        )
+
+        fork = await client.rpc.sessions.fork(
+            SessionsForkRequest(
+                session_id=session.session_id, to_event_id=str(second.id), name="Branch"
+            )
+        )
+        assert fork.session_id != session.session_id
+        assert fork.name == "Branch"
+        forked = await open_session(client, model, fork.session_id)
+        copied = await forked.get_events()
+        prompts = [e.data.content for e in copied if isinstance(e.data, UserMessageData)]
+        assert prompts == ["First"]
+        assert str(second.id) not in {str(e.id) for e in copied}
+        assert (await forked.rpc.name.get()).name == "Branch"
+        await forked.disconnect()
+
+        whole = await client.rpc.sessions.fork(SessionsForkRequest(session_id=session.session_id))
+        forked = await open_session(client, model, whole.session_id)
+        copied = await forked.get_events()
+        prompts = [e.data.content for e in copied if isinstance(e.data, UserMessageData)]
+        assert prompts == ["First", "Second"]
+        await forked.disconnect()
+        await session.disconnect()
+
+
+async def test_k3_fork_errors_name_what_is_missing(client: CopilotClient) -> None:
+    async with ReplayServer([]) as model:
+        session = await open_session(client, model)
+        bogus = "00000000-0000-4000-8000-000000000000"
+        with pytest.raises(JsonRpcError, match=f"Event {bogus} not found"):
+            await client.rpc.sessions.fork(
+                SessionsForkRequest(session_id=session.session_id, to_event_id=bogus)
+            )
+        with pytest.raises(JsonRpcError, match="not found or has no persisted events"):
+            await client.rpc.sessions.fork(SessionsForkRequest(session_id="no-such-session"))
+        await session.disconnect()
+
+
+async def test_k4_log_levels_become_events_and_an_error_note_fails_no_run(
+    client: CopilotClient,
+) -> None:
+    async with ReplayServer([conversation(user("Hi"), assistant("Hello."))]) as model:
+        session = await open_session(client, model)
+        notes: list[Any] = []
+        session.on(
+            lambda e: (
+                notes.append(e)
+                if e.type.value in ("session.info", "session.warning", "session.error")
+                else None
+            )
+        )
+        await session.log("Info message")
+        await session.log("Warning message", level="warning")
+        await session.log("Error message", level="error")
+        await session.log("Passing message", ephemeral=True)
+        await until(lambda: len(notes) == 4)
+        kinds = {e.data.message: e.type.value for e in notes}
+        assert kinds == {
+            "Info message": "session.info",
+            "Warning message": "session.warning",
+            "Error message": "session.error",
+            "Passing message": "session.info",
+        }
+        assert notes[2].data.error_type == "notification"
+        stored = {getattr(e.data, "message", None) for e in await session.get_events()}
+        assert {"Info message", "Warning message", "Error message"} <= stored
+        assert "Passing message" not in stored
+
+        reply = await session.send_and_wait("Hi", timeout=30)
+        assert reply is not None and reply.data.content == "Hello."
+        await session.disconnect()
+
+
+async def test_k4_usage_metrics_and_activity_come_from_the_log(client: CopilotClient) -> None:
+    async with ReplayServer([conversation(user("Hi"), assistant("Hello."))]) as model:
+        session = await open_session(client, model)
+        assert (await session.rpc.metadata.is_processing()).processing is False
+        await session.send_and_wait("Hi", timeout=30)
+        metrics = await session.rpc.usage.get_metrics()
+        assert metrics.total_user_requests == 1
+        assert metrics.model_metrics["test-model"].requests.count == 1
+        assert metrics.model_metrics["test-model"].usage.output_tokens > 0
+        assert metrics.current_model == "test-model"
+        activity = await session.rpc.metadata.activity()
+        assert (activity.has_active_work, activity.abortable) == (False, False)
+        await session.disconnect()
