@@ -17,11 +17,7 @@ from copilot.generated.rpc import (
     NameSetRequest,
     SessionsForkRequest,
 )
-from copilot.generated.session_events import (
-    SessionModelChangeData,
-    SessionTitleChangedData,
-    UserMessageData,
-)
+from copilot.generated.session_events import AssistantMessageData, UserMessageData
 from copilot.session import CopilotSession, PermissionHandler
 
 from tests.server.conftest import ServerProcess, assistant, conversation, provider, user
@@ -51,22 +47,30 @@ async def open_session(
     return await client.create_session(**options)
 
 
-def collect(session: CopilotSession, data_type: type) -> list[Any]:
-    seen: list[Any] = []
-    session.on(lambda event: seen.append(event) if isinstance(event.data, data_type) else None)
-    return seen
+class Seen(list[Any]):
+    """The events of some types a session delivered, in order."""
 
+    def __init__(self, session: CopilotSession, *types: str) -> None:
+        super().__init__()
+        self._arrived = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        session.on(lambda event: self._add(event) if event.type.value in types else None)
 
-async def until(condition: Any, timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
+    def _add(self, event: Any) -> None:
+        self.append(event)
+        self._loop.call_soon_threadsafe(self._arrived.set)
+
+    async def wait_for(self, count: int, timeout: float = 15.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self) < count:
+                self._arrived.clear()
+                await self._arrived.wait()
 
 
 async def test_k1_switch_model_is_used_logged_and_replayed(client: CopilotClient) -> None:
     async with ReplayServer([conversation(user("Hi"), assistant("Hello."))]) as model:
         session = await open_session(client, model)
-        changes = collect(session, SessionModelChangeData)
+        changes = Seen(session, "session.model_change")
         assert (await session.rpc.model.get_current()).model_id == "test-model"
 
         result = await session.rpc.model.switch_to(
@@ -75,7 +79,7 @@ async def test_k1_switch_model_is_used_logged_and_replayed(client: CopilotClient
         assert result.model_id == "other-model"
         current = await session.rpc.model.get_current()
         assert (current.model_id, current.reasoning_effort) == ("other-model", "high")
-        await until(lambda: len(changes) == 1)
+        await changes.wait_for(1)
         data = changes[0].data
         assert (data.previous_model, data.new_model, data.reasoning_effort) == (
             "test-model",
@@ -95,11 +99,12 @@ async def test_k1_switch_model_is_used_logged_and_replayed(client: CopilotClient
         session_id = session.session_id
         await session.disconnect()
 
-        resumed = await client.resume_session(
-            session_id,
-            provider=provider(model),
-            on_permission_request=PermissionHandler.approve_all,
-        )
+        # No model among the options: the one the log holds applies.
+        options: dict[str, Any] = {
+            "provider": provider(model),
+            "on_permission_request": PermissionHandler.approve_all,
+        }
+        resumed = await client.resume_session(session_id, **options)
         current = await resumed.rpc.model.get_current()
         assert (current.model_id, current.reasoning_effort) == ("other-model", "low")
         await resumed.disconnect()
@@ -117,11 +122,11 @@ async def test_k1_switch_to_an_empty_model_is_refused(client: CopilotClient) -> 
 async def test_k2_name_set_emits_title_changed_each_time(client: CopilotClient) -> None:
     async with ReplayServer([]) as model:
         session = await open_session(client, model)
-        titles = collect(session, SessionTitleChangedData)
+        titles = Seen(session, "session.title_changed")
         assert (await session.rpc.name.get()).name is None
         await session.rpc.name.set(NameSetRequest(name="  Release notes  "))
         await session.rpc.name.set(NameSetRequest(name="Release notes"))
-        await until(lambda: len(titles) == 2)
+        await titles.wait_for(2)
         assert [t.data.title for t in titles] == ["Release notes", "Release notes"]
         for blank in ("", "   \n"):
             with pytest.raises(JsonRpcError, match="empty or only whitespace"):
@@ -191,19 +196,12 @@ async def test_k4_log_levels_become_events_and_an_error_note_fails_no_run(
 ) -> None:
     async with ReplayServer([conversation(user("Hi"), assistant("Hello."))]) as model:
         session = await open_session(client, model)
-        notes: list[Any] = []
-        session.on(
-            lambda e: (
-                notes.append(e)
-                if e.type.value in ("session.info", "session.warning", "session.error")
-                else None
-            )
-        )
+        notes = Seen(session, "session.info", "session.warning", "session.error")
         await session.log("Info message")
         await session.log("Warning message", level="warning")
         await session.log("Error message", level="error")
         await session.log("Passing message", ephemeral=True)
-        await until(lambda: len(notes) == 4)
+        await notes.wait_for(4)
         kinds = {e.data.message: e.type.value for e in notes}
         assert kinds == {
             "Info message": "session.info",
@@ -217,7 +215,8 @@ async def test_k4_log_levels_become_events_and_an_error_note_fails_no_run(
         assert "Passing message" not in stored
 
         reply = await session.send_and_wait("Hi", timeout=30)
-        assert reply is not None and reply.data.content == "Hello."
+        assert reply is not None and isinstance(reply.data, AssistantMessageData)
+        assert reply.data.content == "Hello."
         await session.disconnect()
 
 
