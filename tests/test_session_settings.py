@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import Recorder, echo_tool, open_session
-from trimtab import Client, ToolInvocation, define_tool
+from trimtab import Client, ToolInvocation, TrimtabError, define_tool
 from trimtab._state import state_of
 from trimtab.testing import ScriptedModel, tool_call
 
@@ -111,3 +111,24 @@ async def test_k3_fork_to_an_event_excludes_it_and_an_unknown_one_is_named(
     assert [e.data.content for e in copied] == ["first"]
     with pytest.raises(ValueError, match="Event nope not found"):
         await session.history.fork("nope")
+
+
+async def test_k5_metrics_count_calls_by_model_and_shutdown_logs_them(client: Client) -> None:
+    model = ScriptedModel(["one", "two"])
+    session = await open_session(client, model, model="m1")
+    await session.send_and_wait("first")
+    await session.switch_model("m2")
+    await session.send_and_wait("second")
+    metrics = await session.metrics()
+    assert metrics.user_requests == 2
+    assert {name: m.requests.count for name, m in metrics.models.items()} == {"m1": 1, "m2": 1}
+    assert metrics.models["m2"].usage.output_tokens > 0
+
+    rec = Recorder(session)
+    await session.shutdown("error", reason="the host is stopping")
+    assert session.closed
+    data = rec.of("session.shutdown")[0].data
+    assert (data.shutdown_type, data.error_reason) == ("error", "the host is stopping")
+    assert data.model_metrics == metrics.models
+    with pytest.raises(TrimtabError, match="disconnected"):
+        await session.set_name("late")

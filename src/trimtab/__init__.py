@@ -13,6 +13,7 @@ from trimtab._errors import (
     TrimtabError,
 )
 from trimtab._history import ClearContextResult, CompactResult, History, TruncateResult
+from trimtab._metrics import SessionMetrics
 from trimtab._permissions import PermissionDecision, PermissionHandler
 from trimtab._session import Session
 from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
@@ -37,6 +38,7 @@ __all__ = [
     "ProviderError",
     "Session",
     "SessionError",
+    "SessionMetrics",
     "SessionNotFoundError",
     "SessionOptions",
     "StoreUnavailableError",

@@ -17,6 +17,7 @@ from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
 from trimtab._history import History
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
+from trimtab._metrics import SessionMetrics, metrics_of
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._runner import Runner
@@ -36,8 +37,10 @@ from trimtab.events import (
     SessionErrorEvent,
     SessionInfoEvent,
     SessionModelChangeEvent,
+    SessionShutdownEvent,
     SessionTitleChangedEvent,
     SessionWarningEvent,
+    ShutdownData,
     TitleChangedData,
     WarningData,
     new_id,
@@ -161,6 +164,10 @@ class Session:
     async def get_events(self) -> list[Event]:
         """The persisted log, oldest first."""
         return await self._log.store.read(self.session_id)
+
+    async def metrics(self) -> SessionMetrics:
+        """What the session spent so far, by model, as its log records it (spec K5)."""
+        return metrics_of(await self.get_events())
 
     # --- changing it ---------------------------------------------------------------------
 
@@ -333,6 +340,26 @@ class Session:
         await self._runner.wait_idle()
 
     # --- letting go ----------------------------------------------------------------------
+
+    async def shutdown(
+        self, kind: Literal["routine", "error"] = "routine", reason: str | None = None
+    ) -> None:
+        """End the session for good (spec K5): abort any run, log `session.shutdown` with
+        what the session spent, then `disconnect()`. The log stays; a later resume opens the
+        session again."""
+        log = self._writable()
+        await self.abort()
+        metrics = await self.metrics()
+        data = ShutdownData(
+            shutdown_type=kind,
+            error_reason=None if reason is None else valid_text(reason),
+            session_start_time=int(metrics.start_time.timestamp() * 1000),
+            total_api_duration_ms=metrics.api_duration_ms,
+            model_metrics=metrics.models,
+            current_model=self.config.model,
+        )
+        await log.emit(SessionShutdownEvent(data=data))
+        await self.disconnect()
 
     async def disconnect(self) -> None:
         """Abort any run, release the lease; the log stays, and so do inputs queued behind the

@@ -27,6 +27,7 @@ __all__ = [
     "AssistantTurnStartEvent",
     "AssistantUsageData",
     "AssistantUsageEvent",
+    "CodeChanges",
     "CompactionCompleteData",
     "CompactionStartData",
     "ContextClearedData",
@@ -43,6 +44,9 @@ __all__ = [
     "Message",
     "ModelChangeData",
     "ModelLimits",
+    "ModelMetric",
+    "ModelRequests",
+    "ModelTokens",
     "PendingMessagesModifiedData",
     "PendingMessagesModifiedEvent",
     "PermissionCompletedData",
@@ -64,6 +68,7 @@ __all__ = [
     "SessionResumeData",
     "SessionResumeEvent",
     "SessionStartData",
+    "SessionShutdownEvent",
     "SessionStartEvent",
     "SessionTitleChangedEvent",
     "SessionTruncatedEvent",
@@ -77,6 +82,7 @@ __all__ = [
     "ToolExecutionStartEvent",
     "ToolOutcome",
     "ToolRequest",
+    "ShutdownData",
     "TitleChangedData",
     "ToolSearch",
     "ToolResultContent",
@@ -429,6 +435,47 @@ class TitleChangedData(WireModel):
     title: str
 
 
+class ModelRequests(WireModel):
+    count: int = 0
+    cost: float = 0.0
+    """Premium-request cost: always 0, trimtab has no billing."""
+
+
+class ModelTokens(WireModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class ModelMetric(WireModel):
+    """Model calls made with one model, and their tokens."""
+
+    requests: ModelRequests = Field(default_factory=ModelRequests)
+    usage: ModelTokens = Field(default_factory=ModelTokens)
+
+
+class CodeChanges(WireModel):
+    """Files the session changed: trimtab's runtime edits none itself (its tools might)."""
+
+    files_modified: list[str] = Field(default_factory=list)
+    lines_added: int = 0
+    lines_removed: int = 0
+
+
+class ShutdownData(WireModel):
+    """The session was shut down: why, and what it spent (from its log)."""
+
+    shutdown_type: Literal["routine", "error"] = "routine"
+    error_reason: str | None = None
+    session_start_time: int
+    """Milliseconds since the epoch."""
+    total_api_duration_ms: float = 0.0
+    code_changes: CodeChanges = Field(default_factory=CodeChanges)
+    model_metrics: dict[str, ModelMetric] = Field(default_factory=dict)
+    current_model: str | None = None
+
+
 class UsageInfoData(WireModel):
     token_limit: int
     current_tokens: int
@@ -583,6 +630,11 @@ class PendingMessagesModifiedEvent(EventBase):
     ephemeral: bool = True
 
 
+class SessionShutdownEvent(EventBase):
+    type: Literal["session.shutdown"] = "session.shutdown"
+    data: ShutdownData
+
+
 class SessionUsageInfoEvent(EventBase):
     type: Literal["session.usage_info"] = "session.usage_info"
     data: UsageInfoData
@@ -624,6 +676,7 @@ Event: TypeAlias = Annotated[
     | SessionModelChangeEvent
     | SessionTitleChangedEvent
     | PendingMessagesModifiedEvent
+    | SessionShutdownEvent
     | SessionUsageInfoEvent
     | SessionErrorEvent
     | AbortEvent
@@ -656,6 +709,7 @@ EventType: TypeAlias = Literal[
     "session.model_change",
     "session.title_changed",
     "pending_messages_modified",
+    "session.shutdown",
     "session.usage_info",
     "session.error",
     "abort",

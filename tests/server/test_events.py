@@ -65,6 +65,10 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "session.model_change": {"newModel": "other-model"},
     "session.title_changed": {"title": "Release notes"},
     "pending_messages_modified": {},
+    "session.shutdown": {
+        "sessionStartTime": 1700000000000,
+        "modelMetrics": {"m": {"requests": {"count": 1}, "usage": {"inputTokens": 3}}},
+    },
     "session.usage_info": {"tokenLimit": 100, "currentTokens": 10, "messagesLength": 2},
     "session.error": {"errorType": "rate_limit", "message": "slow down"},
     "abort": {},

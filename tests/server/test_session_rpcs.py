@@ -16,8 +16,14 @@ from copilot.generated.rpc import (
     ModelSwitchToRequest,
     NameSetRequest,
     SessionsForkRequest,
+    ShutdownRequest,
 )
-from copilot.generated.session_events import AssistantMessageData, UserMessageData
+from copilot.generated.session_events import (
+    AssistantMessageData,
+    SessionShutdownData,
+    ShutdownType,
+    UserMessageData,
+)
 from copilot.session import CopilotSession, PermissionHandler
 
 from tests.server.conftest import ServerProcess, assistant, conversation, provider, user
@@ -233,3 +239,24 @@ async def test_k4_usage_metrics_and_activity_come_from_the_log(client: CopilotCl
         activity = await session.rpc.metadata.activity()
         assert (activity.has_active_work, activity.abortable) == (False, False)
         await session.disconnect()
+
+
+async def test_k5_shutdown_logs_what_the_session_spent_and_closes_it(client: CopilotClient) -> None:
+    async with ReplayServer([conversation(user("Hi"), assistant("Hello."))]) as model:
+        session = await open_session(client, model)
+        ends = Seen(session, "session.shutdown")
+        await session.send_and_wait("Hi", timeout=30)
+        await session.rpc.shutdown(ShutdownRequest(type=ShutdownType.ROUTINE, reason="done"))
+        await ends.wait_for(1)
+        data = ends[0].data
+        assert isinstance(data, SessionShutdownData)
+        assert data.shutdown_type is ShutdownType.ROUTINE
+        assert data.model_metrics["test-model"].requests.count == 1
+        assert data.current_model == "test-model"
+        with pytest.raises(JsonRpcError, match="not open"):
+            await session.rpc.model.get_current()
+
+        resumed = await open_session(client, model, session.session_id)
+        logged = [e.type.value for e in await resumed.get_events()]
+        assert logged.count("session.shutdown") == 1
+        await resumed.disconnect()

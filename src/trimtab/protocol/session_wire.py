@@ -12,11 +12,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from trimtab.events import CodeChanges, ModelMetric
 from trimtab.protocol.wire import SessionParams, Text, Wire
 
 __all__ = [
     "ActivityResult",
-    "CodeChanges",
     "CurrentModelResult",
     "ForkParams",
     "ForkResult",
@@ -25,15 +25,14 @@ __all__ = [
     "LogResult",
     "ModelEntry",
     "ModelListResult",
-    "ModelMetric",
-    "ModelRequests",
-    "ModelUsage",
     "NameResult",
     "NameSetParams",
     "ReasoningEffortParams",
     "ReasoningEffortResult",
+    "ShutdownParams",
     "SwitchModelParams",
     "SwitchModelResult",
+    "UsageCodeChanges",
     "UsageMetricsResult",
 ]
 
@@ -139,32 +138,15 @@ class LogResult(Wire):
     event_id: str
 
 
-class CodeChanges(Wire):
-    """Files changed by the session: trimtab's runtime edits no files itself."""
+class ShutdownParams(SessionParams):
+    """`session.shutdown`: end the session, routinely or because of an error."""
 
-    files_modified: list[str] = []
+    type: Literal["routine", "error"] = "routine"
+    reason: Text | None = None
+
+
+class UsageCodeChanges(CodeChanges):
     files_modified_count: int = 0
-    lines_added: int = 0
-    lines_removed: int = 0
-
-
-class ModelRequests(Wire):
-    count: int
-    cost: float = 0.0
-
-
-class ModelUsage(Wire):
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-
-
-class ModelMetric(Wire):
-    """Model calls made with one model, and their tokens."""
-
-    requests: ModelRequests
-    usage: ModelUsage
 
 
 class UsageMetricsResult(Wire):
@@ -177,7 +159,7 @@ class UsageMetricsResult(Wire):
     last_call_input_tokens: int
     last_call_output_tokens: int
     model_metrics: dict[str, ModelMetric]
-    code_changes: CodeChanges = Field(default_factory=CodeChanges)
+    code_changes: UsageCodeChanges = Field(default_factory=UsageCodeChanges)
     current_model: str | None = None
 
 

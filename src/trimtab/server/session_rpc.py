@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trimtab.events import AssistantUsageEvent, Event, SessionStartEvent, UserMessageEvent
+from trimtab import Session
 from trimtab.protocol.errors import SESSION_NOT_FOUND
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.session_wire import (
@@ -25,13 +25,11 @@ from trimtab.protocol.session_wire import (
     LogResult,
     ModelEntry,
     ModelListResult,
-    ModelMetric,
-    ModelRequests,
-    ModelUsage,
     NameResult,
     NameSetParams,
     ReasoningEffortParams,
     ReasoningEffortResult,
+    ShutdownParams,
     SwitchModelParams,
     SwitchModelResult,
     UsageMetricsResult,
@@ -57,6 +55,7 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "sessions.fork": rpc.fork,
         "session.log": rpc.log,
         "session.usage.getMetrics": rpc.usage_metrics,
+        "session.shutdown": rpc.shutdown,
         "session.metadata.isProcessing": rpc.is_processing,
         "session.metadata.activity": rpc.activity,
     }
@@ -146,7 +145,26 @@ class _SessionRpc:
 
     async def usage_metrics(self, params: dict[str, Any]) -> UsageMetricsResult:
         session = self._shared(params).session
-        return usage_metrics(await session.get_events(), session.config.model)
+        metrics = await session.metrics()
+        return UsageMetricsResult(
+            session_start_time=metrics.start_time,
+            total_api_duration_ms=metrics.api_duration_ms,
+            total_user_requests=metrics.user_requests,
+            last_call_input_tokens=metrics.last_call_tokens[0],
+            last_call_output_tokens=metrics.last_call_tokens[1],
+            model_metrics=metrics.models,
+            current_model=session.config.model,
+        )
+
+    async def shutdown(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = ShutdownParams.model_validate(params)
+        self._hub.get(self._conn, request.session_id)  # open on this connection, else refused
+
+        async def shut(session: Session) -> None:
+            await session.shutdown(request.type, request.reason)
+
+        await self._hub.shut_down(request.session_id, shut)
+        return {}
 
     async def is_processing(self, params: dict[str, Any]) -> IsProcessingResult:
         return IsProcessingResult(processing=self._shared(params).session.busy)
@@ -154,42 +172,3 @@ class _SessionRpc:
     async def activity(self, params: dict[str, Any]) -> ActivityResult:
         busy = self._shared(params).session.busy
         return ActivityResult(abortable=busy, has_active_work=busy)
-
-
-def usage_metrics(events: list[Event], current_model: str | None) -> UsageMetricsResult:
-    """What a session's log says it spent: model calls and tokens per model, user requests."""
-    metrics: dict[str, ModelMetric] = {}
-    duration = 0.0
-    requests = 0
-    last: AssistantUsageEvent | None = None
-    for event in events:
-        match event:
-            case AssistantUsageEvent():
-                data, last = event.data, event
-                duration += data.duration or 0.0
-                metric = metrics.get(data.model)
-                before = metric or ModelMetric(
-                    requests=ModelRequests(count=0),
-                    usage=ModelUsage(input_tokens=0, output_tokens=0),
-                )
-                metrics[data.model] = ModelMetric(
-                    requests=ModelRequests(count=before.requests.count + 1),
-                    usage=ModelUsage(
-                        input_tokens=before.usage.input_tokens + (data.input_tokens or 0),
-                        output_tokens=before.usage.output_tokens + (data.output_tokens or 0),
-                    ),
-                )
-            case UserMessageEvent() if event.data.source != "context_cleared":
-                requests += 1
-            case _:
-                pass
-    start = events[0] if events and isinstance(events[0], SessionStartEvent) else None
-    return UsageMetricsResult(
-        session_start_time=start.data.start_time if start else events[0].timestamp,
-        total_api_duration_ms=duration,
-        total_user_requests=requests,
-        last_call_input_tokens=(last.data.input_tokens or 0) if last else 0,
-        last_call_output_tokens=(last.data.output_tokens or 0) if last else 0,
-        model_metrics=metrics,
-        current_model=current_model,
-    )
