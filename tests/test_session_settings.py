@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import Recorder, echo_tool, open_session
-from trimtab import Client, ToolInvocation, TrimtabError, define_tool
+from trimtab import Client, PermissionDecision, ToolInvocation, TrimtabError, define_tool
 from trimtab._state import state_of
 from trimtab.testing import ScriptedModel, tool_call
 
@@ -132,3 +132,40 @@ async def test_k5_metrics_count_calls_by_model_and_shutdown_logs_them(client: Cl
     assert data.model_metrics == metrics.models
     with pytest.raises(TrimtabError, match="disconnected"):
         await session.set_name("late")
+
+
+async def test_k6_approve_all_asks_no_handler_and_is_not_logged(client: Client) -> None:
+    asked: list[object] = []
+
+    def refuse(request: object, invocation: object) -> PermissionDecision:
+        asked.append(request)
+        return PermissionDecision(kind="reject")
+
+    model = ScriptedModel([tool_call("echo", {"text": "a"}), "done"])
+    session = await open_session(
+        client, model, echo_tool(skip_permission=False), on_permission_request=refuse
+    )
+    rec = Recorder(session)
+    session.approve_all = True
+    await session.send_and_wait("go")
+    assert asked == [] and rec.of("permission.requested") == []
+    assert rec.of("tool.execution_complete")[0].data.outcome == "success"
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=model)
+    assert resumed.approve_all is False
+
+
+async def test_k7_set_mode_logs_changes_only_and_survives_resume(client: Client) -> None:
+    session = await open_session(client, ScriptedModel())
+    rec = Recorder(session)
+    assert session.mode == "interactive"
+    await session.set_mode("plan")
+    await session.set_mode("plan")
+    assert [(e.data.previous_mode, e.data.new_mode) for e in rec.of("session.mode_changed")] == [
+        ("interactive", "plan")
+    ]
+    with pytest.raises(ValueError, match="interactive, plan or autopilot"):
+        await session.set_mode("dreaming")  # type: ignore[arg-type]
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+    assert resumed.mode == "plan"

@@ -98,6 +98,8 @@ class Runner:
         self.hooks = hooks
         self._provider = provider
         self._permission_handler = permission_handler
+        self.approve_all = False
+        """Approve every call without asking the handler, or anyone (spec K6)."""
         self._on_lease_lost = on_lease_lost
         # A list, not a deque: an idle session holds an empty queue (a deque is much bigger),
         # and a queue holds a message or two.

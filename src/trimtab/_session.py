@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Literal, overload
+from typing import TYPE_CHECKING, Literal, get_args, overload
 
 from trimtab import _loop
 from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
@@ -31,11 +31,14 @@ from trimtab.events import (
     Event,
     EventType,
     InfoData,
+    ModeChangedData,
     ModelChangeData,
     SessionConfigData,
     SessionErrorData,
     SessionErrorEvent,
     SessionInfoEvent,
+    SessionMode,
+    SessionModeChangedEvent,
     SessionModelChangeEvent,
     SessionShutdownEvent,
     SessionTitleChangedEvent,
@@ -194,6 +197,32 @@ class Session:
             previous_reasoning_effort=config.reasoning_effort,
         )
         await self._writable().emit(SessionModelChangeEvent(data=data))
+
+    @property
+    def mode(self) -> SessionMode:
+        """The agent's mode as the host last set it (`set_mode`); `interactive` at first."""
+        return self._log.state.mode
+
+    async def set_mode(self, mode: SessionMode) -> None:
+        """Record the agent's mode (spec K7), logged as `session.mode_changed` when it changes.
+        trimtab runs the same in every mode: the mode is for the host and its clients."""
+        if mode not in get_args(SessionMode):
+            raise ValueError(f"mode must be interactive, plan or autopilot, not {mode!r}")
+        previous = self.mode
+        if mode != previous:
+            data = ModeChangedData(new_mode=mode, previous_mode=previous)
+            await self._writable().emit(SessionModeChangedEvent(data=data))
+
+    @property
+    def approve_all(self) -> bool:
+        """Whether every tool call is approved without a permission request, so that no
+        handler is asked (spec K6). A setting of this open session, not of its log: a resume
+        starts without it."""
+        return self._runner.approve_all
+
+    @approve_all.setter
+    def approve_all(self, enabled: bool) -> None:
+        self._runner.approve_all = bool(enabled)
 
     async def set_name(self, name: str) -> None:
         """Name the session (trimmed, 1 to 100 characters); logged as `session.title_changed`

@@ -31,6 +31,8 @@ from trimtab.events import (
     SessionConfigData,
     SessionContextClearedEvent,
     SessionErrorEvent,
+    SessionMode,
+    SessionModeChangedEvent,
     SessionModelChangeEvent,
     SessionResumeEvent,
     SessionStartEvent,
@@ -98,6 +100,7 @@ class StateSnapshot(BaseModel):
     seed_recorded: bool
     approved_tools: list[str] = []
     name: str | None = None
+    mode: SessionMode = "interactive"
 
 
 @dataclass(slots=True)
@@ -134,6 +137,8 @@ class SessionState:
     """Tools approved for the rest of the session (`approve-for-session`)."""
     name: str | None = None
     """The session's friendly name, as last set (`session.title_changed`)."""
+    mode: SessionMode = "interactive"
+    """The agent's mode, as last set (`session.mode_changed`)."""
 
     def apply(self, event: Event) -> bool:
         """Advance the state by one persisted event; True when the event ended a run."""
@@ -152,6 +157,8 @@ class SessionState:
                 self.config = _shared(self.config.model_copy(update=change))
             case SessionTitleChangedEvent():
                 self.name = event.data.title
+            case SessionModeChangedEvent():
+                self.mode = event.data.new_mode
             case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
                 self.projection.add(event)
             case SessionContextClearedEvent():
@@ -268,6 +275,7 @@ class SessionState:
             seed_recorded=self.seed_recorded,
             approved_tools=sorted(self.approved_tools),
             name=self.name,
+            mode=self.mode,
         )
 
     @classmethod
@@ -289,6 +297,7 @@ class SessionState:
             seed_recorded=snapshot.seed_recorded,
             approved_tools=frozenset(snapshot.approved_tools) or _NOTHING,
             name=snapshot.name,
+            mode=snapshot.mode,
         )
 
 

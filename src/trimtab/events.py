@@ -42,6 +42,7 @@ __all__ = [
     "InfiniteSessions",
     "InfoData",
     "Message",
+    "ModeChangedData",
     "ModelChangeData",
     "ModelLimits",
     "ModelMetric",
@@ -64,6 +65,8 @@ __all__ = [
     "SessionIdleData",
     "SessionIdleEvent",
     "SessionInfoEvent",
+    "SessionModeChangedEvent",
+    "SessionMode",
     "SessionModelChangeEvent",
     "SessionResumeData",
     "SessionResumeEvent",
@@ -427,6 +430,15 @@ class ModelChangeData(WireModel):
     previous_reasoning_effort: str | None = None
 
 
+SessionMode: TypeAlias = Literal["interactive", "plan", "autopilot"]
+"""How the host says the agent works: answering, planning, or on its own (spec K7)."""
+
+
+class ModeChangedData(WireModel):
+    new_mode: SessionMode
+    previous_mode: SessionMode
+
+
 class PendingMessagesModifiedData(WireModel):
     """Nothing: the event says only that the queue changed."""
 
@@ -617,6 +629,11 @@ class SessionModelChangeEvent(EventBase):
     data: ModelChangeData
 
 
+class SessionModeChangedEvent(EventBase):
+    type: Literal["session.mode_changed"] = "session.mode_changed"
+    data: ModeChangedData
+
+
 class SessionTitleChangedEvent(EventBase):
     type: Literal["session.title_changed"] = "session.title_changed"
     data: TitleChangedData
@@ -674,6 +691,7 @@ Event: TypeAlias = Annotated[
     | SessionWarningEvent
     | SessionInfoEvent
     | SessionModelChangeEvent
+    | SessionModeChangedEvent
     | SessionTitleChangedEvent
     | PendingMessagesModifiedEvent
     | SessionShutdownEvent
@@ -707,6 +725,7 @@ EventType: TypeAlias = Literal[
     "session.warning",
     "session.info",
     "session.model_change",
+    "session.mode_changed",
     "session.title_changed",
     "pending_messages_modified",
     "session.shutdown",

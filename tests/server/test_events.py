@@ -64,6 +64,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "session.info": {"infoType": "notification", "message": "noted"},
     "session.model_change": {"newModel": "other-model"},
     "session.title_changed": {"title": "Release notes"},
+    "session.mode_changed": {"newMode": "plan", "previousMode": "interactive"},
     "pending_messages_modified": {},
     "session.shutdown": {
         "sessionStartTime": 1700000000000,

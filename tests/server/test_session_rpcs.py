@@ -14,19 +14,33 @@ from copilot._jsonrpc import JsonRpcError
 from copilot.generated.rpc import (
     ModelSetReasoningEffortRequest,
     ModelSwitchToRequest,
+    ModeSetRequest,
     NameSetRequest,
+    PermissionsSetApproveAllRequest,
     SessionsForkRequest,
     ShutdownRequest,
 )
 from copilot.generated.session_events import (
     AssistantMessageData,
+    PermissionMode,
+    SessionMode,
     SessionShutdownData,
     ShutdownType,
     UserMessageData,
 )
 from copilot.session import CopilotSession, PermissionHandler
+from copilot.tools import define_tool
+from pydantic import BaseModel
 
-from tests.server.conftest import ServerProcess, assistant, conversation, provider, user
+from tests.server.conftest import (
+    ServerProcess,
+    assistant,
+    call,
+    conversation,
+    provider,
+    tool,
+    user,
+)
 from trimtab.testing import ReplayServer
 
 
@@ -259,4 +273,76 @@ async def test_k5_shutdown_logs_what_the_session_spent_and_closes_it(client: Cop
         resumed = await open_session(client, model, session.session_id)
         logged = [e.type.value for e in await resumed.get_events()]
         assert logged.count("session.shutdown") == 1
+        await resumed.disconnect()
+
+
+class TextArgs(BaseModel):
+    text: str
+
+
+async def test_k6_approve_all_short_circuits_the_permission_handler(
+    client: CopilotClient,
+) -> None:
+    asked: list[Any] = []
+
+    def refuse(request: Any, invocation: Any) -> Any:
+        asked.append(request)
+        raise AssertionError("the handler must not be asked")
+
+    echo = define_tool(
+        "echo",
+        description="Upper-case the text",
+        handler=lambda params, invocation: params.text.upper(),
+        params_type=TextArgs,
+        skip_permission=False,
+    )
+    recorded = conversation(
+        user("Use echo on hi"),
+        assistant(None, call("call_1", "echo", text="hi")),
+        tool("call_1", "HI"),
+        assistant("It said HI."),
+    )
+    async with ReplayServer([recorded]) as model:
+        session = await client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            tools=[echo],
+            on_permission_request=refuse,
+        )
+        mode = await session.rpc.permissions.get_mode()
+        assert mode.mode is PermissionMode.MANUAL
+        result = await session.rpc.permissions.set_approve_all(
+            PermissionsSetApproveAllRequest(enabled=True)
+        )
+        assert result.success
+        assert (await session.rpc.permissions.get_mode()).mode is PermissionMode.ALLOW_ALL
+        reply = await session.send_and_wait("Use echo on hi", timeout=30)
+        assert reply is not None and isinstance(reply.data, AssistantMessageData)
+        assert reply.data.content == "It said HI."
+        assert asked == []
+        await session.rpc.permissions.set_approve_all(
+            PermissionsSetApproveAllRequest(enabled=False)
+        )
+        assert (await session.rpc.permissions.get_mode()).mode is PermissionMode.MANUAL
+        await session.disconnect()
+
+
+async def test_k7_mode_is_logged_and_replayed(client: CopilotClient) -> None:
+    async with ReplayServer([]) as model:
+        session = await open_session(client, model)
+        changes = Seen(session, "session.mode_changed")
+        assert await session.rpc.mode.get() is SessionMode.INTERACTIVE
+        await session.rpc.mode.set(ModeSetRequest(mode=SessionMode.PLAN))
+        assert await session.rpc.mode.get() is SessionMode.PLAN
+        unchanged = await session.rpc.mode.set(
+            ModeSetRequest(mode=SessionMode.AUTOPILOT, expected_mode=SessionMode.INTERACTIVE)
+        )
+        assert (unchanged.mode_applied, unchanged.status) == (False, "unchanged")
+        await changes.wait_for(1)
+        data = changes[0].data
+        assert (data.previous_mode, data.new_mode) == (SessionMode.INTERACTIVE, SessionMode.PLAN)
+        session_id = session.session_id
+        await session.disconnect()
+        resumed = await open_session(client, model, session_id)
+        assert await resumed.rpc.mode.get() is SessionMode.PLAN
         await resumed.disconnect()

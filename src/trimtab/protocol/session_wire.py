@@ -12,21 +12,25 @@ from typing import Literal
 
 from pydantic import Field
 
-from trimtab.events import CodeChanges, ModelMetric
+from trimtab.events import CodeChanges, ModelMetric, SessionMode
 from trimtab.protocol.wire import SessionParams, Text, Wire
 
 __all__ = [
     "ActivityResult",
+    "ApproveAllParams",
     "CurrentModelResult",
     "ForkParams",
     "ForkResult",
     "IsProcessingResult",
     "LogParams",
     "LogResult",
+    "ModeSetParams",
+    "ModeSetResult",
     "ModelEntry",
     "ModelListResult",
     "NameResult",
     "NameSetParams",
+    "PermissionModeResult",
     "ReasoningEffortParams",
     "ReasoningEffortResult",
     "ShutdownParams",
@@ -161,6 +165,36 @@ class UsageMetricsResult(Wire):
     model_metrics: dict[str, ModelMetric]
     code_changes: UsageCodeChanges = Field(default_factory=UsageCodeChanges)
     current_model: str | None = None
+
+
+# --- permissions and mode ------------------------------------------------------------------
+
+
+class ApproveAllParams(SessionParams):
+    """`session.permissions.setApproveAll`."""
+
+    enabled: bool
+
+
+class PermissionModeResult(Wire):
+    """`session.permissions.getMode`: `allow-all` while approve-all is on, else `manual`."""
+
+    mode: Literal["manual", "allow-all"]
+
+
+class ModeSetParams(SessionParams):
+    """`session.mode.set`; with `expected_mode`, only from that mode."""
+
+    mode: SessionMode
+    expected_mode: SessionMode | None = None
+
+
+class ModeSetResult(Wire):
+    """`session.mode.set`: whether the mode was applied (trimtab's modes change no model)."""
+
+    mode_applied: bool
+    status: Literal["applied", "unchanged"]
+    model_changed: bool = False
 
 
 class IsProcessingResult(Wire):

@@ -59,7 +59,7 @@ __all__ = ["CANCELLABLE", "CopilotConnection"]
 CANCELLABLE = frozenset({"session.sendAndWait"})
 """Requests a `$/cancelRequest` may cancel: only waiting, which is safe to stop halfway."""
 
-Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | None]]
+Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | str | None]]
 
 
 class CopilotConnection:

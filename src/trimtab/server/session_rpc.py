@@ -17,6 +17,7 @@ from trimtab.protocol.errors import SESSION_NOT_FOUND
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.session_wire import (
     ActivityResult,
+    ApproveAllParams,
     CurrentModelResult,
     ForkParams,
     ForkResult,
@@ -25,8 +26,11 @@ from trimtab.protocol.session_wire import (
     LogResult,
     ModelEntry,
     ModelListResult,
+    ModeSetParams,
+    ModeSetResult,
     NameResult,
     NameSetParams,
+    PermissionModeResult,
     ReasoningEffortParams,
     ReasoningEffortResult,
     ShutdownParams,
@@ -34,12 +38,12 @@ from trimtab.protocol.session_wire import (
     SwitchModelResult,
     UsageMetricsResult,
 )
-from trimtab.protocol.wire import SessionParams
+from trimtab.protocol.wire import SessionParams, SuccessResult
 from trimtab.server.hub import SessionHub, SharedSession
 
 __all__ = ["session_methods"]
 
-Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | None]]
+Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | str | None]]
 
 
 def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
@@ -56,6 +60,10 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.log": rpc.log,
         "session.usage.getMetrics": rpc.usage_metrics,
         "session.shutdown": rpc.shutdown,
+        "session.permissions.setApproveAll": rpc.set_approve_all,
+        "session.permissions.getMode": rpc.permission_mode,
+        "session.mode.get": rpc.get_mode,
+        "session.mode.set": rpc.set_mode,
         "session.metadata.isProcessing": rpc.is_processing,
         "session.metadata.activity": rpc.activity,
     }
@@ -165,6 +173,28 @@ class _SessionRpc:
 
         await self._hub.shut_down(request.session_id, shut)
         return {}
+
+    # --- permissions and mode --------------------------------------------------------------
+
+    async def set_approve_all(self, params: dict[str, Any]) -> SuccessResult:
+        request = ApproveAllParams.model_validate(params)
+        self._hub.get(self._conn, request.session_id).session.approve_all = request.enabled
+        return SuccessResult(success=True)
+
+    async def permission_mode(self, params: dict[str, Any]) -> PermissionModeResult:
+        approve_all = self._shared(params).session.approve_all
+        return PermissionModeResult(mode="allow-all" if approve_all else "manual")
+
+    async def get_mode(self, params: dict[str, Any]) -> str:
+        return self._shared(params).session.mode  # the result is the bare mode
+
+    async def set_mode(self, params: dict[str, Any]) -> ModeSetResult:
+        request = ModeSetParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        if request.expected_mode is not None and session.mode != request.expected_mode:
+            return ModeSetResult(mode_applied=False, status="unchanged")
+        await session.set_mode(request.mode)
+        return ModeSetResult(mode_applied=True, status="applied")
 
     async def is_processing(self, params: dict[str, Any]) -> IsProcessingResult:
         return IsProcessingResult(processing=self._shared(params).session.busy)
