@@ -346,3 +346,30 @@ async def test_k7_mode_is_logged_and_replayed(client: CopilotClient) -> None:
         resumed = await open_session(client, model, session_id)
         assert await resumed.rpc.mode.get() is SessionMode.PLAN
         await resumed.disconnect()
+
+
+async def test_k8_context_attribution_splits_the_window_by_source(
+    client: CopilotClient,
+) -> None:
+    async with ReplayServer([conversation(user("Hi"), assistant("Hello."))]) as model:
+        session = await open_session(client, model)
+        await session.send_and_wait("Hi", timeout=30)
+        result = await session.rpc.metadata.get_context_attribution()
+        context = result.context_attribution
+        assert context is not None
+        categories = context.categories
+        assert categories.system_prompt > 0 and categories.messages > 0
+        assert categories.custom_instructions == 0
+        assert context.model_id == "test-model"
+        assert context.total_tokens == (
+            categories.system_prompt
+            + categories.custom_instructions
+            + categories.system_tools
+            + categories.mcp_tools
+            + categories.messages
+        )
+        assert categories.free_space == context.limit - context.total_tokens
+        assert context.compaction_threshold < context.limit
+        assert {e.kind for e in context.entries} >= {"systemPrompt", "messages"}
+        assert context.compactions.count == 0
+        await session.disconnect()

@@ -18,6 +18,11 @@ from trimtab.protocol.wire import SessionParams, Text, Wire
 __all__ = [
     "ActivityResult",
     "ApproveAllParams",
+    "ContextAttribution",
+    "ContextAttributionResult",
+    "ContextCategories",
+    "ContextCompactions",
+    "ContextEntry",
     "CurrentModelResult",
     "ForkParams",
     "ForkResult",
@@ -195,6 +200,57 @@ class ModeSetResult(Wire):
     mode_applied: bool
     status: Literal["applied", "unchanged"]
     model_changed: bool = False
+
+
+# --- metadata ------------------------------------------------------------------------------
+
+
+class ContextCategories(Wire):
+    """Where the window's tokens go, by kind (estimates, as `Session.get_context()`'s)."""
+
+    system_prompt: int
+    custom_instructions: int
+    """The developer messages."""
+    system_tools: int
+    mcp_tools: int
+    messages: int
+    free_space: int
+    buffer: int = 0
+
+
+class ContextEntry(Wire):
+    """One source of tokens; `parent_id` nests it under another entry."""
+
+    id: str
+    kind: str
+    label: str
+    tokens: int
+    parent_id: str | None = None
+
+
+class ContextCompactions(Wire):
+    count: int
+
+
+class ContextAttribution(Wire):
+    """What the next model call's window spends its tokens on."""
+
+    model_id: str
+    model_source: Literal["selected", "default"]
+    limit: int
+    prompt_token_limit: int
+    total_tokens: int
+    compaction_threshold: int
+    buffer_tokens: int = 0
+    categories: ContextCategories
+    compactions: ContextCompactions
+    entries: list[ContextEntry]
+
+
+class ContextAttributionResult(Wire):
+    """`session.metadata.getContextAttribution`."""
+
+    context_attribution: ContextAttribution
 
 
 class IsProcessingResult(Wire):

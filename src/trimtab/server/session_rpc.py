@@ -13,11 +13,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from trimtab import Session
+from trimtab.events import SessionCompactionCompleteEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.session_wire import (
     ActivityResult,
     ApproveAllParams,
+    ContextAttribution,
+    ContextAttributionResult,
+    ContextCategories,
+    ContextCompactions,
+    ContextEntry,
     CurrentModelResult,
     ForkParams,
     ForkResult,
@@ -64,6 +70,7 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.permissions.getMode": rpc.permission_mode,
         "session.mode.get": rpc.get_mode,
         "session.mode.set": rpc.set_mode,
+        "session.metadata.getContextAttribution": rpc.context_attribution,
         "session.metadata.isProcessing": rpc.is_processing,
         "session.metadata.activity": rpc.activity,
     }
@@ -196,9 +203,61 @@ class _SessionRpc:
         await session.set_mode(request.mode)
         return ModeSetResult(mode_applied=True, status="applied")
 
+    async def context_attribution(self, params: dict[str, Any]) -> ContextAttributionResult:
+        session = self._shared(params).session
+        compactions = sum(
+            1
+            for e in await session.get_events()
+            if isinstance(e, SessionCompactionCompleteEvent) and e.data.success
+        )
+        return ContextAttributionResult(
+            context_attribution=attribution(session, compactions),
+        )
+
     async def is_processing(self, params: dict[str, Any]) -> IsProcessingResult:
         return IsProcessingResult(processing=self._shared(params).session.busy)
 
     async def activity(self, params: dict[str, Any]) -> ActivityResult:
         busy = self._shared(params).session.busy
         return ActivityResult(abortable=busy, has_active_work=busy)
+
+
+def attribution(session: Session, compactions: int) -> ContextAttribution:
+    """`session.get_context()` by source, in the Copilot clients' categories (spec K8): the
+    system message, the developer messages (custom instructions), the tool schemas (MCP
+    tools counted with the others) and the conversation."""
+    context = session.get_context()
+    config = session.config
+    by_role: dict[str, int] = {}
+    for sized in context.messages:
+        by_role[sized.message.role] = by_role.get(sized.message.role, 0) + sized.tokens
+    system, developer = by_role.pop("system", 0), by_role.pop("developer", 0)
+    messages = sum(by_role.values())
+    limit = context.token_limit
+    share = config.infinite_sessions.threshold if config.infinite_sessions.enabled else 1.0
+    entries = [
+        ContextEntry(id="system", kind="systemPrompt", label="System message", tokens=system),
+        ContextEntry(
+            id="developer", kind="customInstructions", label="Developer messages", tokens=developer
+        ),
+        ContextEntry(id="tools", kind="systemTools", label="Tools", tokens=context.tools_tokens),
+        ContextEntry(id="messages", kind="messages", label="Conversation", tokens=messages),
+    ]
+    return ContextAttribution(
+        model_id=config.model or "default",
+        model_source="default" if config.model is None else "selected",
+        limit=limit,
+        prompt_token_limit=limit,
+        total_tokens=context.total_tokens,
+        compaction_threshold=int(limit * share),
+        categories=ContextCategories(
+            system_prompt=system,
+            custom_instructions=developer,
+            system_tools=context.tools_tokens,
+            mcp_tools=0,
+            messages=messages,
+            free_space=max(limit - context.total_tokens, 0),
+        ),
+        compactions=ContextCompactions(count=compactions),
+        entries=entries,
+    )
