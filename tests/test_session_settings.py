@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.conftest import Recorder, echo_tool, open_session
@@ -169,3 +171,39 @@ async def test_k7_set_mode_logs_changes_only_and_survives_resume(client: Client)
     await session.disconnect()
     resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
     assert resumed.mode == "plan"
+
+
+async def test_k9_clearing_the_queue_removes_waiting_messages_only(client: Client) -> None:
+    release = asyncio.Event()
+
+    @define_tool(description="Wait until released")
+    async def hold(invocation: ToolInvocation) -> str:
+        await release.wait()
+        return "released"
+
+    model = ScriptedModel([tool_call("hold", {}), "first done"])
+    session = await open_session(client, model, hold)
+    rec = Recorder(session)
+    first = asyncio.ensure_future(session.send_and_wait("first"))
+    await rec.wait_for("tool.execution_start")  # the first run is in its tool call
+    second = asyncio.ensure_future(session.send_and_wait("second"))
+    await rec.wait_for("pending_messages.modified")
+    third_id = await session.send("third")
+    queued = await session.pending_messages()
+    assert [m.prompt for m in queued] == ["second", "third"]
+    assert queued[1].message_id == third_id
+
+    removed = await session.clear_pending_messages()
+    assert removed == [m.message_id for m in queued]
+    assert await session.pending_messages() == []
+    with pytest.raises(TrimtabError, match="removed from the queue"):
+        await second
+    release.set()
+    reply = await first
+    assert reply is not None and reply.data.content == "first done"
+    await session.wait_idle()
+    prompts = [e.data.content for e in await session.get_events() if e.type == "user.message"]
+    assert prompts == ["first"]
+    changes = rec.of("pending_messages.modified")
+    assert len(changes) == 3 and changes[-1].data.removed == removed
+    assert await session.clear_pending_messages() == []

@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, get_args, overload
 
+from pydantic import BaseModel, ConfigDict
+
 from trimtab import _loop
 from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
 from trimtab._history import History
@@ -53,9 +55,19 @@ from trimtab.providers import Message, Provider, Usage
 if TYPE_CHECKING:
     from trimtab._history import Fork
 
-__all__ = ["LogLevel", "Session"]
+__all__ = ["LogLevel", "QueuedMessage", "Session"]
 
 LogLevel = Literal["info", "warning", "error"]
+
+
+class QueuedMessage(BaseModel):
+    """A message waiting in the session's queue (`Session.pending_messages`)."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    message_id: str
+    prompt: str
+
 
 MAX_NAME_LENGTH = 100
 """Characters a session's name may have (as the Copilot clients allow)."""
@@ -352,6 +364,23 @@ class Session:
         ledger = self._runner.ledger()  # following events before the send: none slips by
         message_id = await self.send(prompt)
         return await asyncio.wait_for(asyncio.shield(ledger.wait(message_id)), timeout)
+
+    async def pending_messages(self) -> list[QueuedMessage]:
+        """The messages waiting behind the run in progress, oldest first (spec K9): sent
+        with `send` while the session was busy, here or from another runtime."""
+        if self._log.writable:
+            inputs = await self._runner.pending()
+        else:
+            inputs = await self._log.store.pending_inputs(self.session_id)
+        return [QueuedMessage(message_id=m, prompt=p) for p, m in inputs]
+
+    async def clear_pending_messages(self) -> list[str]:
+        """Remove every message still waiting (spec K9), never one whose run has begun; the
+        ids removed. Their waiters (`send_and_wait`) get a `TrimtabError`, and watchers a
+        `pending_messages.modified` event."""
+        if self.closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
+        return await self._runner.clear_queue()
 
     async def abort(self) -> None:
         """Stop the current run, or the one about to start (right after `send`): running

@@ -440,7 +440,11 @@ class ModeChangedData(WireModel):
 
 
 class PendingMessagesModifiedData(WireModel):
-    """Nothing: the event says only that the queue changed."""
+    """The queue of inputs changed (one was queued, or left it to run, or was removed)."""
+
+    removed: list[str] | None = None
+    """The message ids taken off the queue without running (a clear): their senders stop
+    waiting for them. The Copilot clients read no field of this event."""
 
 
 class TitleChangedData(WireModel):
@@ -642,7 +646,7 @@ class SessionTitleChangedEvent(EventBase):
 class PendingMessagesModifiedEvent(EventBase):
     """The queue of inputs waiting behind the run changed (`Session.pending_messages`)."""
 
-    type: Literal["pending_messages_modified"] = "pending_messages_modified"
+    type: Literal["pending_messages.modified"] = "pending_messages.modified"
     data: PendingMessagesModifiedData = Field(default_factory=lambda: PendingMessagesModifiedData())
     ephemeral: bool = True
 
@@ -727,7 +731,7 @@ EventType: TypeAlias = Literal[
     "session.model_change",
     "session.mode_changed",
     "session.title_changed",
-    "pending_messages_modified",
+    "pending_messages.modified",
     "session.shutdown",
     "session.usage_info",
     "session.error",

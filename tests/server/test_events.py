@@ -65,7 +65,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "session.model_change": {"newModel": "other-model"},
     "session.title_changed": {"title": "Release notes"},
     "session.mode_changed": {"newMode": "plan", "previousMode": "interactive"},
-    "pending_messages_modified": {},
+    "pending_messages.modified": {},
     "session.shutdown": {
         "sessionStartTime": 1700000000000,
         "modelMetrics": {"m": {"requests": {"count": 1}, "usage": {"inputTokens": 3}}},

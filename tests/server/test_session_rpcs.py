@@ -373,3 +373,55 @@ async def test_k8_context_attribution_splits_the_window_by_source(
         assert {e.kind for e in context.entries} >= {"systemPrompt", "messages"}
         assert context.compactions.count == 0
         await session.disconnect()
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+async def test_k9_queue_lists_and_clears_the_messages_waiting(client: CopilotClient) -> None:
+    release = asyncio.Event()
+
+    async def wait_for_release(params: NoArgs, invocation: Any) -> str:
+        await release.wait()
+        return "released"
+
+    hold = define_tool("hold", description="Wait", handler=wait_for_release, params_type=NoArgs)
+    recorded = conversation(
+        user("first"),
+        assistant(None, call("call_1", "hold")),
+        tool("call_1", "released"),
+        assistant("First done."),
+    )
+    async with ReplayServer([recorded]) as model:
+        session = await client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            tools=[hold],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        started = Seen(session, "tool.execution_start")
+        changes = Seen(session, "pending_messages.modified")
+        idle = Seen(session, "session.idle")
+        assert (await session.rpc.queue.pending_items()).items == []
+        await session.send("first")
+        await started.wait_for(1)
+        second = await session.send("second")
+        third = await session.send("third")
+        await changes.wait_for(2)
+        pending = await session.rpc.queue.pending_items()
+        assert [(i.display_text, i.message_id) for i in pending.items] == [
+            ("second", second),
+            ("third", third),
+        ]
+        assert pending.steering_messages == []
+
+        await session.rpc.queue.clear()
+        await changes.wait_for(3)
+        assert (await session.rpc.queue.pending_items()).items == []
+        release.set()
+        await idle.wait_for(1)
+        logged = await session.get_events()
+        prompts = [e.data.content for e in logged if isinstance(e.data, UserMessageData)]
+        assert prompts == ["first"]
+        await session.disconnect()

@@ -36,6 +36,8 @@ __all__ = [
     "NameResult",
     "NameSetParams",
     "PermissionModeResult",
+    "QueueItem",
+    "QueuePendingResult",
     "ReasoningEffortParams",
     "ReasoningEffortResult",
     "ShutdownParams",
@@ -200,6 +202,28 @@ class ModeSetResult(Wire):
     mode_applied: bool
     status: Literal["applied", "unchanged"]
     model_changed: bool = False
+
+
+# --- queue ---------------------------------------------------------------------------------
+
+
+class QueueItem(Wire):
+    """A message waiting behind the run in progress."""
+
+    id: str
+    """Its message id, as `session.send` answered it."""
+    message_id: str
+    kind: Literal["message"] = "message"
+    display_text: str
+    agent_mode: SessionMode
+    """The session's mode now (trimtab does not stamp a mode on a queued message)."""
+
+
+class QueuePendingResult(Wire):
+    """`session.queue.pendingItems`: trimtab has no steering messages."""
+
+    items: list[QueueItem]
+    steering_messages: list[str] = []
 
 
 # --- metadata ------------------------------------------------------------------------------

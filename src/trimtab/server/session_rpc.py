@@ -37,6 +37,8 @@ from trimtab.protocol.session_wire import (
     NameResult,
     NameSetParams,
     PermissionModeResult,
+    QueueItem,
+    QueuePendingResult,
     ReasoningEffortParams,
     ReasoningEffortResult,
     ShutdownParams,
@@ -70,6 +72,8 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.permissions.getMode": rpc.permission_mode,
         "session.mode.get": rpc.get_mode,
         "session.mode.set": rpc.set_mode,
+        "session.queue.pendingItems": rpc.pending_items,
+        "session.queue.clear": rpc.clear_queue,
         "session.metadata.getContextAttribution": rpc.context_attribution,
         "session.metadata.isProcessing": rpc.is_processing,
         "session.metadata.activity": rpc.activity,
@@ -179,6 +183,23 @@ class _SessionRpc:
             await session.shutdown(request.type, request.reason)
 
         await self._hub.shut_down(request.session_id, shut)
+        return {}
+
+    # --- queue -----------------------------------------------------------------------------
+
+    async def pending_items(self, params: dict[str, Any]) -> QueuePendingResult:
+        session = self._shared(params).session
+        mode = session.mode
+        items = [
+            QueueItem(
+                id=m.message_id, message_id=m.message_id, display_text=m.prompt, agent_mode=mode
+            )
+            for m in await session.pending_messages()
+        ]
+        return QueuePendingResult(items=items)
+
+    async def clear_queue(self, params: dict[str, Any]) -> dict[str, Any]:
+        await self._shared(params).session.clear_pending_messages()
         return {}
 
     # --- permissions and mode --------------------------------------------------------------
