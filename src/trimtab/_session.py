@@ -176,9 +176,9 @@ class Session:
         runner = self._runner
         return context_window(self.window(), runner.model_tools(), runner.limits.context_window)
 
-    async def get_events(self) -> list[Event]:
-        """The persisted log, oldest first."""
-        return await self._log.store.read(self.session_id)
+    async def get_events(self, *, after: int = 0) -> list[Event]:
+        """The persisted log, oldest first; with `after`, the events past its first `after`."""
+        return await self._log.store.read(self.session_id, after=after)
 
     async def metrics(self) -> SessionMetrics:
         """What the session spent so far, by model, as its log records it (spec K5)."""

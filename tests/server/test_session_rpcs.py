@@ -12,11 +12,14 @@ import pytest
 from copilot import CopilotClient, RuntimeConnection
 from copilot._jsonrpc import JsonRpcError
 from copilot.generated.rpc import (
+    EventLogReadRequest,
     ModelSetReasoningEffortRequest,
     ModelSwitchToRequest,
     ModeSetRequest,
     NameSetRequest,
     PermissionsSetApproveAllRequest,
+    RegisterEventInterestParams,
+    ReleaseEventInterestParams,
     SessionsForkRequest,
     ShutdownRequest,
 )
@@ -25,6 +28,7 @@ from copilot.generated.session_events import (
     PermissionMode,
     SessionMode,
     SessionShutdownData,
+    SessionTitleChangedData,
     ShutdownType,
     UserMessageData,
 )
@@ -424,4 +428,48 @@ async def test_k9_queue_lists_and_clears_the_messages_waiting(client: CopilotCli
         logged = await session.get_events()
         prompts = [e.data.content for e in logged if isinstance(e.data, UserMessageData)]
         assert prompts == ["first"]
+        await session.disconnect()
+
+
+async def test_k11_event_log_reads_by_cursor_and_long_polls_by_type(
+    client: CopilotClient,
+) -> None:
+    async with ReplayServer([]) as model:
+        session = await open_session(client, model)
+        tail = await session.rpc.event_log.tail()
+        empty = await session.rpc.event_log.read(EventLogReadRequest(cursor=tail.cursor, max=10))
+        assert (empty.events, empty.has_more, empty.cursor) == ([], False, tail.cursor)
+
+        waiting = asyncio.ensure_future(
+            session.rpc.event_log.read(
+                EventLogReadRequest(
+                    cursor=tail.cursor, max=10, wait_ms=20_000, types=["session.title_changed"]
+                )
+            )
+        )
+        await session.log("not this one")
+        await session.rpc.name.set(NameSetRequest(name="Polled"))
+        read = await asyncio.wait_for(waiting, timeout=30)
+        assert [e.type.value for e in read.events] == ["session.title_changed"]
+        assert isinstance(read.events[0].data, SessionTitleChangedData)
+        assert read.events[0].data.title == "Polled"
+
+        whole = await session.rpc.event_log.read(EventLogReadRequest(max=1))
+        assert [e.type.value for e in whole.events] == ["session.start"] and whole.has_more
+        rest = await session.rpc.event_log.read(EventLogReadRequest(cursor=whole.cursor))
+        assert [e.type.value for e in rest.events] == ["session.info", "session.title_changed"]
+        with pytest.raises(JsonRpcError, match="not a cursor"):
+            await session.rpc.event_log.read(EventLogReadRequest(cursor="later"))
+        await session.disconnect()
+
+
+async def test_k11_interest_registration_is_idempotent_to_release(client: CopilotClient) -> None:
+    async with ReplayServer([]) as model:
+        session = await open_session(client, model)
+        interest = await session.rpc.event_log.register_interest(
+            RegisterEventInterestParams(event_type="session.title_changed")
+        )
+        release = ReleaseEventInterestParams(handle=interest.handle)
+        assert (await session.rpc.event_log.release_interest(release)).success
+        assert (await session.rpc.event_log.release_interest(release)).success
         await session.disconnect()

@@ -8,7 +8,7 @@ shape those clients parse, with the fields they require.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -24,8 +24,13 @@ __all__ = [
     "ContextCompactions",
     "ContextEntry",
     "CurrentModelResult",
+    "CursorResult",
+    "EventLogReadParams",
+    "EventLogReadResult",
     "ForkParams",
     "ForkResult",
+    "InterestParams",
+    "InterestResult",
     "IsProcessingResult",
     "LogParams",
     "LogResult",
@@ -39,6 +44,7 @@ __all__ = [
     "QueueItem",
     "QueuePendingResult",
     "ReasoningEffortParams",
+    "ReleaseInterestParams",
     "ReasoningEffortResult",
     "ShutdownParams",
     "SwitchModelParams",
@@ -224,6 +230,51 @@ class QueuePendingResult(Wire):
 
     items: list[QueueItem]
     steering_messages: list[str] = []
+
+
+# --- event log -----------------------------------------------------------------------------
+
+
+class EventLogReadParams(SessionParams):
+    """`session.eventLog.read`: stored events after `cursor`, waiting up to `wait_ms` for one
+    when there is none yet; `types` keeps only those types (`*` or None: all)."""
+
+    cursor: str | None = None
+    max: int = Field(default=100, ge=1, le=1000)
+    wait_ms: int = Field(default=0, ge=0)
+    types: list[str] | Literal["*"] | None = None
+    direction: Literal["forward"] = "forward"
+
+
+class EventLogReadResult(Wire):
+    """`session.eventLog.read`."""
+
+    events: list[dict[str, Any]]
+    cursor: str
+    cursor_status: Literal["ok"] = "ok"
+    has_more: bool
+
+
+class CursorResult(Wire):
+    """`session.eventLog.tail`: the cursor of the log's end."""
+
+    cursor: str
+
+
+class InterestParams(SessionParams):
+    """`session.eventLog.registerInterest`."""
+
+    event_type: Text = Field(min_length=1, max_length=200)
+
+
+class InterestResult(Wire):
+    handle: str
+
+
+class ReleaseInterestParams(SessionParams):
+    """`session.eventLog.releaseInterest`."""
+
+    handle: str
 
 
 # --- metadata ------------------------------------------------------------------------------

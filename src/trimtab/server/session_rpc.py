@@ -47,6 +47,7 @@ from trimtab.protocol.session_wire import (
     UsageMetricsResult,
 )
 from trimtab.protocol.wire import SessionParams, SuccessResult
+from trimtab.server.event_log import EventLogRpc
 from trimtab.server.hub import SessionHub, SharedSession
 
 __all__ = ["session_methods"]
@@ -57,7 +58,12 @@ Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | str |
 def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
     """The session RPCs of section K, for one connection."""
     rpc = _SessionRpc(hub, conn)
+    log = EventLogRpc(hub, conn)
     return {
+        "session.eventLog.tail": log.tail,
+        "session.eventLog.read": log.read,
+        "session.eventLog.registerInterest": log.register_interest,
+        "session.eventLog.releaseInterest": log.release_interest,
         "session.model.getCurrent": rpc.current_model,
         "session.model.switchTo": rpc.switch_model,
         "session.model.setReasoningEffort": rpc.set_reasoning_effort,
