@@ -275,8 +275,9 @@ class Session:
                 event = SessionErrorEvent(data=error, ephemeral=ephemeral)
             case _:
                 raise ValueError(f"level must be info, warning or error, not {level!r}")
-        log = self._log if ephemeral else self._writable()
-        return await log.emit(event)
+        if ephemeral and not self.closed:
+            return await self._log.emit(event)  # delivered here only, also on a remote session
+        return await self._writable().emit(event)
 
     def _writable(self) -> SessionLog:
         if self.closed:

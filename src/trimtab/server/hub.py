@@ -222,11 +222,9 @@ class SessionHub:
             shared = self._open.get(session_id)
             if shared is None:
                 return
-            try:
-                await shut(shared.session)
-            finally:
-                shared.peers.clear()
-                await self._close(shared)
+            await shut(shared.session)  # refused (a remote session): it stays open
+            shared.peers.clear()
+            await self._close(shared)
 
     async def close_all(self) -> None:
         """Disconnect every open session (the server is stopping)."""
