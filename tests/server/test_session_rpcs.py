@@ -383,7 +383,9 @@ class NoArgs(BaseModel):
     pass
 
 
-async def test_k9_queue_lists_and_clears_the_messages_waiting(client: CopilotClient) -> None:
+async def test_k9_k10_queue_lists_and_clears_the_messages_waiting(
+    client: CopilotClient,
+) -> None:
     release = asyncio.Event()
 
     async def wait_for_release(params: NoArgs, invocation: Any) -> str:
@@ -410,6 +412,8 @@ async def test_k9_queue_lists_and_clears_the_messages_waiting(client: CopilotCli
         assert (await session.rpc.queue.pending_items()).items == []
         await session.send("first")
         await started.wait_for(1)
+        assert (await session.rpc.metadata.is_processing()).processing is True
+        assert (await session.rpc.metadata.activity()).has_active_work is True
         second = await session.send("second")
         third = await session.send("third")
         await changes.wait_for(2)
