@@ -13,8 +13,9 @@ from trimtab._errors import (
     TrimtabError,
 )
 from trimtab._history import ClearContextResult, CompactResult, History, TruncateResult
+from trimtab._metrics import SessionMetrics
 from trimtab._permissions import PermissionDecision, PermissionHandler
-from trimtab._session import Session
+from trimtab._session import QueuedMessage, Session
 from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
 from trimtab._window import ContextMessage, ContextWindow
 from trimtab.events import Event
@@ -35,8 +36,10 @@ __all__ = [
     "PermissionHandler",
     "PromptBlockedError",
     "ProviderError",
+    "QueuedMessage",
     "Session",
     "SessionError",
+    "SessionMetrics",
     "SessionNotFoundError",
     "SessionOptions",
     "StoreUnavailableError",

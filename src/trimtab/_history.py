@@ -177,7 +177,7 @@ class History:
             cut = next((i for i, e in enumerate(events) if e.id == event_id), 0)
             if not cut:
                 raise ValueError(
-                    f"session {runner.session_id} has no event {event_id!r} to fork at"
+                    f"Event {event_id} not found in session {runner.session_id}: nothing to fork at"
                 )
         if self._owner is None:
             raise TrimtabError("this session was not opened by a Client that can fork it")

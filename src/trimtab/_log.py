@@ -166,7 +166,10 @@ class SessionLog:
             self._idle_delivered = False
             return
         ended = not event.ephemeral and self.state.apply(event)
-        self._idle_delivered = False
+        if not event.ephemeral:
+            # (A live notice of no run, such as the queue's, may come between a run's end
+            # and the owner's idle: that idle is still the one already delivered.)
+            self._idle_delivered = False
         self.subscribers.deliver(event)
         if ended:
             aborted = isinstance(event, AbortEvent) or None

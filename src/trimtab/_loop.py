@@ -132,6 +132,8 @@ class LoopHost(CompactionHost, Protocol):
 
     session_id: str
     state: LoopState
+    approve_all: bool
+    """Every call is approved without a permission request (spec K6)."""
 
     @property
     def tools(self) -> Mapping[str, Tool]: ...
@@ -564,7 +566,7 @@ async def _run_external(
 async def _permission(
     host: LoopHost, tool: Tool, call: ToolCall, invocation: ToolInvocation
 ) -> Approval:
-    if tool.definition.skip_permission or tool.name in host.approved_tools:
+    if tool.definition.skip_permission or host.approve_all or tool.name in host.approved_tools:
         return APPROVED
     handler = host.permission_handler
     if handler is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trimtab import _loop
-from trimtab._errors import LeaseLostError
+from trimtab._errors import LeaseLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
 from trimtab._loop import LoopState
@@ -27,6 +27,8 @@ from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
     ModelLimits,
+    PendingMessagesModifiedData,
+    PendingMessagesModifiedEvent,
     SessionConfigData,
     SessionErrorData,
     SessionErrorEvent,
@@ -96,6 +98,7 @@ class Runner:
         "_queue",
         "_running",
         "_worker",
+        "approve_all",
         "closed",
         "hooks",
         "log",
@@ -123,6 +126,8 @@ class Runner:
         self.hooks = hooks
         self._provider = provider
         self._permission_handler = permission_handler
+        self.approve_all = False
+        """Approve every call without asking the handler, or anyone (spec K6)."""
         # A list, not a deque: an idle session holds an empty queue (a deque is much bigger),
         # and a queue holds a message or two.
         self._queue: list[Pending | _Operation] = []
@@ -287,6 +292,7 @@ class Runner:
                 log_.claimed = (log_.claimed or set()) | {message_id}
                 pending = Pending(prompt, message_id, False, parent=parent, headers=headers)
                 self._queue.append(pending)
+                await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
             self._start_worker()
 
     async def take_inputs(self) -> None:
@@ -299,11 +305,48 @@ class Runner:
         if self.closed or not log_.writable:
             return
         async with log_.exclusive():
+            taken = False
             for prompt, message_id in await log_.store.pending_inputs(self.session_id):
                 if message_id not in (log_.claimed or ()):
                     log_.claimed = (log_.claimed or set()) | {message_id}
                     self._queue.append(Pending(prompt, message_id, appended=False))
+                    taken = True
+            if taken:
+                await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
             self._start_worker()
+
+    async def pending(self) -> list[tuple[str, str]]:
+        """The `(prompt, message_id)` inputs waiting behind the run in progress, oldest first:
+        the store's inbox, less the input whose run is starting (spec K9)."""
+        starting = self._running.message_id if self._running is not None else None
+        inputs = await self.log.store.pending_inputs(self.session_id)
+        return [(prompt, message_id) for prompt, message_id in inputs if message_id != starting]
+
+    async def clear_queue(self) -> list[str]:
+        """Remove every input still waiting (spec K9); the message ids removed.
+
+        With the writer held, no input's message can be stored meanwhile: an input is either
+        still pending and removed, or its run has begun and it stays (never half of each)."""
+        log_ = self.log
+        if not log_.writable:
+            raise TrimtabError(f"session {self.session_id} is run by another runtime (remote)")
+        async with log_.exclusive():
+            waiting = [message_id for _, message_id in await self.pending()]
+            removed = await log_.store.discard_inputs(self.session_id, waiting)
+            if removed:
+                gone = set(removed)
+                for item in self._queue:
+                    if isinstance(item, Pending) and item.message_id in gone and item.ended:
+                        item.ended.set()  # an abort waiting for it to end
+                self._queue = [
+                    item
+                    for item in self._queue
+                    if not (isinstance(item, Pending) and item.message_id in gone)
+                ]
+                log_.claimed = (log_.claimed or set()) - gone or None
+                data = PendingMessagesModifiedData(removed=removed)
+                await log_.emit_unlocked((PendingMessagesModifiedEvent(data=data),))
+        return removed
 
     def go_on(self, interrupted: _loop.Interrupted, message_id: str) -> None:
         """Queue the continuation of a run a crash interrupted (spec P3, C10)."""
@@ -351,7 +394,8 @@ class Runner:
             if not item.appended:
                 # Stored from here, where no abort cancels: the input's message is logged
                 # (claiming it in the inbox) before its run can be stopped.
-                await self.log.emit(_loop.user_message(item.prompt, item.message_id, "user"))
+                message = _loop.user_message(item.prompt, item.message_id, "user")
+                await self.log.emit_all((message, PendingMessagesModifiedEvent()))
                 item.appended = True
         except Exception as exc:
             self._running = None

@@ -12,9 +12,11 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from trimtab._errors import TrimtabError
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
+    PendingMessagesModifiedEvent,
     SessionErrorEvent,
     SessionIdleEvent,
     UserMessageEvent,
@@ -50,7 +52,7 @@ class RunLedger:
     that cleared (its `user.message` has source `context_cleared`).
     """
 
-    __slots__ = ("_current", "_ended", "_waiters")
+    __slots__ = ("_current", "_ended", "_removed", "_waiters")
 
     _KEEP = 64
     """Ended runs remembered for a waiter that has not asked yet."""
@@ -59,6 +61,8 @@ class RunLedger:
         self._current: RunEnd | None = None
         self._ended: OrderedDict[str, RunEnd] = OrderedDict()
         self._waiters: dict[str, asyncio.Future[RunEnd]] = {}
+        self._removed: OrderedDict[str, None] = OrderedDict()
+        """Messages taken off the queue before a waiter asked (a clear right after a send)."""
 
     def observe(self, event: Event) -> None:
         """Account for one event of the session, in delivery order."""
@@ -69,8 +73,16 @@ class RunLedger:
             case AssistantMessageEvent() if self._current is not None:
                 if event.data.originating_message_id == self._current.message_id:
                     self._current.last_message = event
-            case SessionErrorEvent() if self._current is not None:
+            case SessionErrorEvent() if self._current is not None and not event.data.logged:
                 self._current.error = event
+            case PendingMessagesModifiedEvent() if event.data.removed:
+                for message_id in event.data.removed:
+                    if message_id in self._waiters:
+                        self.fail(message_id, _removed_error())
+                    else:
+                        self._removed[message_id] = None
+                        while len(self._removed) > self._KEEP:
+                            self._removed.popitem(last=False)
             case SessionIdleEvent():
                 if self._current is not None:
                     self._current.idle, self._current.aborted = event, bool(event.data.aborted)
@@ -93,6 +105,9 @@ class RunLedger:
         """The end of the run of `message_id` (already ended, or when it ends)."""
         if (run := self._ended.pop(message_id, None)) is not None:
             return run
+        if message_id in self._removed:
+            del self._removed[message_id]
+            raise _removed_error()
         waiter = self._waiters.setdefault(message_id, asyncio.get_running_loop().create_future())
         try:
             return await waiter
@@ -111,3 +126,7 @@ class RunLedger:
             if not waiter.done():
                 waiter.set_exception(reason)
         self._waiters.clear()
+
+
+def _removed_error() -> TrimtabError:
+    return TrimtabError("the message was removed from the queue before it ran")

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Literal, get_args, overload
+
+from pydantic import BaseModel, ConfigDict
 
 from trimtab import _loop
 from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
 from trimtab._history import History
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
+from trimtab._metrics import SessionMetrics, metrics_of
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._runner import Runner
@@ -30,8 +33,21 @@ from trimtab.events import (
     AssistantMessageEvent,
     Event,
     EventType,
+    InfoData,
+    ModeChangedData,
+    ModelChangeData,
     SessionConfigData,
+    SessionErrorData,
+    SessionErrorEvent,
+    SessionInfoEvent,
+    SessionMode,
+    SessionModeChangedEvent,
+    SessionModelChangeEvent,
+    SessionShutdownEvent,
+    SessionTitleChangedEvent,
     SessionWarningEvent,
+    ShutdownData,
+    TitleChangedData,
     WarningData,
     new_id,
 )
@@ -40,7 +56,22 @@ from trimtab.providers import Message, Provider, Usage
 if TYPE_CHECKING:
     from trimtab._history import SessionOwner
 
-__all__ = ["Session"]
+__all__ = ["LogLevel", "QueuedMessage", "Session"]
+
+LogLevel = Literal["info", "warning", "error"]
+
+
+class QueuedMessage(BaseModel):
+    """A message waiting in the session's queue (`Session.pending_messages`)."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    message_id: str
+    prompt: str
+
+
+MAX_NAME_LENGTH = 100
+"""Characters a session's name may have (as the Copilot clients allow)."""
 
 
 class _Rpc:
@@ -132,6 +163,11 @@ class Session:
         return self._log.state.usage
 
     @property
+    def name(self) -> str | None:
+        """The session's friendly name (`set_name`), None until one is set."""
+        return self._log.state.name
+
+    @property
     def is_remote(self) -> bool:
         """Another runtime holds this session's lease: it may be read, not driven (spec R1)."""
         return not self._log.writable
@@ -155,9 +191,115 @@ class Session:
         runner = self._runner
         return context_window(self.window(), runner.model_tools(), runner.limits.context_window)
 
-    async def get_events(self) -> list[Event]:
-        """The persisted log, oldest first."""
-        return await self._log.store.read(self.session_id)
+    async def get_events(self, *, after: int = 0) -> list[Event]:
+        """The persisted log, oldest first; with `after`, the events past its first `after`."""
+        return await self._log.store.read(self.session_id, after=after)
+
+    async def metrics(self) -> SessionMetrics:
+        """What the session spent so far, by model, as its log records it (spec K5)."""
+        return metrics_of(await self.get_events())
+
+    # --- changing it ---------------------------------------------------------------------
+
+    async def switch_model(self, model: str, reasoning_effort: str | None = None) -> None:
+        """Use `model` for the session's next model calls (spec K1), with `reasoning_effort`
+        if given (else the effort set before is kept). Logged as `session.model_change`, so
+        a resumed session keeps the model; a run in progress switches at its next turn."""
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("model must be a non-empty string")
+        await self._change_model(model.strip(), reasoning_effort or self.config.reasoning_effort)
+
+    async def set_reasoning_effort(self, reasoning_effort: str) -> None:
+        """Ask the current model for `reasoning_effort` from its next call on (spec K1)."""
+        if not isinstance(reasoning_effort, str) or not reasoning_effort.strip():
+            raise ValueError("reasoning_effort must be a non-empty string")
+        await self._change_model(self.config.model or "default", reasoning_effort.strip())
+
+    async def _change_model(self, model: str, effort: str | None) -> None:
+        config = self.config
+        data = ModelChangeData(
+            new_model=valid_text(model),
+            previous_model=config.model,
+            reasoning_effort=None if effort is None else valid_text(effort),
+            previous_reasoning_effort=config.reasoning_effort,
+        )
+        await self._writable().emit(SessionModelChangeEvent(data=data))
+
+    @property
+    def mode(self) -> SessionMode:
+        """The agent's mode as the host last set it (`set_mode`); `interactive` at first."""
+        return self._log.state.mode
+
+    async def set_mode(self, mode: SessionMode) -> None:
+        """Record the agent's mode (spec K7), logged as `session.mode_changed` when it changes.
+        trimtab runs the same in every mode: the mode is for the host and its clients."""
+        if mode not in get_args(SessionMode):
+            raise ValueError(f"mode must be interactive, plan or autopilot, not {mode!r}")
+        previous = self.mode
+        if mode != previous:
+            data = ModeChangedData(new_mode=mode, previous_mode=previous)
+            await self._writable().emit(SessionModeChangedEvent(data=data))
+
+    @property
+    def approve_all(self) -> bool:
+        """Whether every tool call is approved without a permission request, so that no
+        handler is asked (spec K6). A setting of this open session, not of its log: a resume
+        starts without it."""
+        return self._runner.approve_all
+
+    @approve_all.setter
+    def approve_all(self, enabled: bool) -> None:
+        self._runner.approve_all = bool(enabled)
+
+    async def set_name(self, name: str) -> None:
+        """Name the session (trimmed, 1 to 100 characters); logged as `session.title_changed`
+        each time, even when the name is unchanged (spec K2)."""
+        title = name.strip() if isinstance(name, str) else ""
+        if not title:
+            raise ValueError("the session name must not be empty or only whitespace")
+        if len(title) > MAX_NAME_LENGTH:
+            raise ValueError(f"the session name is longer than {MAX_NAME_LENGTH} characters")
+        if valid_text(title) != title:
+            raise ValueError("the session name is not valid Unicode text (a lone surrogate)")
+        await self._writable().emit(SessionTitleChangedEvent(data=TitleChangedData(title=title)))
+
+    async def log(
+        self,
+        message: str,
+        *,
+        level: LogLevel = "info",
+        ephemeral: bool = False,
+        kind: str = "notification",
+        url: str | None = None,
+    ) -> Event:
+        """Write a note into the session's timeline (spec K4): `session.info`, `session.warning`
+        or `session.error` by `level`, of type `kind`; stored unless `ephemeral`. An
+        error-level note is only a note: it ends no run. Returns the event as emitted."""
+        text, kind = valid_text(message), valid_text(kind)
+        event: Event
+        match level:
+            case "info":
+                data = InfoData(info_type=kind, message=text, url=url)
+                event = SessionInfoEvent(data=data, ephemeral=ephemeral)
+            case "warning":
+                event = SessionWarningEvent(
+                    data=WarningData(warning_type=kind, message=text), ephemeral=ephemeral
+                )
+            case "error":
+                error = SessionErrorData(error_type=kind, message=text, logged=True)
+                event = SessionErrorEvent(data=error, ephemeral=ephemeral)
+            case _:
+                raise ValueError(f"level must be info, warning or error, not {level!r}")
+        if ephemeral and not self.closed:
+            return await self._log.emit(event)  # delivered here only, also on a remote session
+        return await self._writable().emit(event)
+
+    def _writable(self) -> SessionLog:
+        if self.closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
+        if not self._log.writable:
+            raise TrimtabError(f"session {self.session_id} is run by another runtime (remote)")
+        return self._log
 
     # --- driving it ----------------------------------------------------------------------
 
@@ -249,6 +391,23 @@ class Session:
         # Shielded: a timeout leaves the wait (and the ledger) until the run ends.
         return await asyncio.wait_for(asyncio.shield(runner.run_end(ledger, message_id)), timeout)
 
+    async def pending_messages(self) -> list[QueuedMessage]:
+        """The messages waiting behind the run in progress, oldest first (spec K9): sent
+        with `send` while the session was busy, here or from another runtime."""
+        if self._log.writable:
+            inputs = await self._runner.pending()
+        else:
+            inputs = await self._log.store.pending_inputs(self.session_id)
+        return [QueuedMessage(message_id=m, prompt=p) for p, m in inputs]
+
+    async def clear_pending_messages(self) -> list[str]:
+        """Remove every message still waiting (spec K9), never one whose run has begun; the
+        ids removed. Their waiters (`send_and_wait`) get a `TrimtabError`, and watchers a
+        `pending_messages.modified` event."""
+        if self.closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
+        return await self._runner.clear_queue()
+
     async def abort(self) -> None:
         """Stop the current run, or the one about to start (right after `send`): running
         handlers are cancelled, the run ends with `abort` and `session.idle`. Messages queued
@@ -265,6 +424,26 @@ class Session:
         await self._runner.wait_idle()
 
     # --- letting go ----------------------------------------------------------------------
+
+    async def shutdown(
+        self, kind: Literal["routine", "error"] = "routine", reason: str | None = None
+    ) -> None:
+        """End the session for good (spec K5): abort any run, log `session.shutdown` with
+        what the session spent, then `disconnect()`. The log stays; a later resume opens the
+        session again."""
+        log = self._writable()
+        await self.abort()
+        metrics = await self.metrics()
+        data = ShutdownData(
+            shutdown_type=kind,
+            error_reason=None if reason is None else valid_text(reason),
+            session_start_time=int(metrics.start_time.timestamp() * 1000),
+            total_api_duration_ms=metrics.api_duration_ms,
+            model_metrics=metrics.models,
+            current_model=self.config.model,
+        )
+        await log.emit(SessionShutdownEvent(data=data))
+        await self.disconnect()
 
     async def disconnect(self) -> None:
         """Abort any run, release the lease; the log stays, and so do inputs queued behind the

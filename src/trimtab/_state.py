@@ -31,8 +31,12 @@ from trimtab.events import (
     SessionConfigData,
     SessionContextClearedEvent,
     SessionErrorEvent,
+    SessionMode,
+    SessionModeChangedEvent,
+    SessionModelChangeEvent,
     SessionResumeEvent,
     SessionStartEvent,
+    SessionTitleChangedEvent,
     SessionTruncatedEvent,
     ToolExecutionCompleteEvent,
     ToolExecutionStartData,
@@ -95,6 +99,8 @@ class StateSnapshot(BaseModel):
     pending_seed: str | None
     seed_recorded: bool
     approved_tools: list[str] = []
+    name: str | None = None
+    mode: SessionMode = "interactive"
 
 
 @dataclass(slots=True)
@@ -129,6 +135,10 @@ class SessionState:
     """Whether that seed's `user.message` is already in the log."""
     approved_tools: frozenset[str] = _NOTHING
     """Tools approved for the rest of the session (`approve-for-session`)."""
+    name: str | None = None
+    """The session's friendly name, as last set (`session.title_changed`)."""
+    mode: SessionMode = "interactive"
+    """The agent's mode, as last set (`session.mode_changed`)."""
 
     def apply(self, event: Event) -> bool:
         """Advance the state by one persisted event; True when the event ended a run."""
@@ -139,6 +149,16 @@ class SessionState:
                 self.config = _shared(event.data.config)
             case SessionResumeEvent() if event.data.config is not None:
                 self.config = _shared(event.data.config)
+            case SessionModelChangeEvent():
+                change = {
+                    "model": event.data.new_model,
+                    "reasoning_effort": event.data.reasoning_effort,
+                }
+                self.config = _shared(self.config.model_copy(update=change))
+            case SessionTitleChangedEvent():
+                self.name = event.data.title
+            case SessionModeChangedEvent():
+                self.mode = event.data.new_mode
             case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
                 self.projection.add(event)
             case SessionContextClearedEvent():
@@ -196,6 +216,8 @@ class SessionState:
                 self.open_turn, self.batch = None, None
                 if batch is not None and batch.ends_run():
                     return self._end_run()
+            case SessionErrorEvent() if event.data.logged:
+                pass  # a note written with `Session.log`, not the end of a run
             case SessionErrorEvent() | AbortEvent():
                 return self._end_run()
             case _:
@@ -252,6 +274,8 @@ class SessionState:
             pending_seed=self.pending_seed,
             seed_recorded=self.seed_recorded,
             approved_tools=sorted(self.approved_tools),
+            name=self.name,
+            mode=self.mode,
         )
 
     @classmethod
@@ -272,6 +296,8 @@ class SessionState:
             pending_seed=snapshot.pending_seed,
             seed_recorded=snapshot.seed_recorded,
             approved_tools=frozenset(snapshot.approved_tools) or _NOTHING,
+            name=snapshot.name,
+            mode=snapshot.mode,
         )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "AssistantTurnStartEvent",
     "AssistantUsageData",
     "AssistantUsageEvent",
+    "CodeChanges",
     "CompactionCompleteData",
     "CompactionStartData",
     "ContextClearedData",
@@ -39,8 +40,16 @@ __all__ = [
     "ExternalToolRequestedData",
     "ExternalToolRequestedEvent",
     "InfiniteSessions",
+    "InfoData",
     "Message",
+    "ModeChangedData",
+    "ModelChangeData",
     "ModelLimits",
+    "ModelMetric",
+    "ModelRequests",
+    "ModelTokens",
+    "PendingMessagesModifiedData",
+    "PendingMessagesModifiedEvent",
     "PermissionCompletedData",
     "PermissionCompletedEvent",
     "PermissionRequestData",
@@ -55,10 +64,16 @@ __all__ = [
     "SessionErrorEvent",
     "SessionIdleData",
     "SessionIdleEvent",
+    "SessionInfoEvent",
+    "SessionModeChangedEvent",
+    "SessionMode",
+    "SessionModelChangeEvent",
     "SessionResumeData",
     "SessionResumeEvent",
     "SessionStartData",
+    "SessionShutdownEvent",
     "SessionStartEvent",
+    "SessionTitleChangedEvent",
     "SessionTruncatedEvent",
     "SessionUsageInfoEvent",
     "SessionWarningEvent",
@@ -70,6 +85,8 @@ __all__ = [
     "ToolExecutionStartEvent",
     "ToolOutcome",
     "ToolRequest",
+    "ShutdownData",
+    "TitleChangedData",
     "ToolSearch",
     "ToolResultContent",
     "ToolResultError",
@@ -189,6 +206,8 @@ class SessionConfigData(WireModel):
     """The persisted part of a session's configuration (secrets are never logged)."""
 
     model: str | None = None
+    reasoning_effort: str | None = None
+    """The effort asked of a reasoning model (`low`, `medium`, `high`...); None: its default."""
     provider: dict[str, Any] | None = None
     """The provider config without its API key, or `{"type": <name>}` for an in-process provider."""
     system_message: str | None = None
@@ -369,6 +388,8 @@ class SessionErrorData(WireModel):
     status_code: int | None = None
     retryable: bool = False
     originating_message_id: str | None = None
+    logged: bool | None = None
+    """Written by `Session.log` (a note at error level): it ends no run."""
 
 
 def _threshold(value: Any) -> Any:
@@ -407,6 +428,83 @@ class TruncatedData(WireModel):
 class WarningData(WireModel):
     warning_type: str
     message: str
+
+
+class InfoData(WireModel):
+    info_type: str
+    message: str
+    url: str | None = None
+
+
+class ModelChangeData(WireModel):
+    """The model (and reasoning effort) of the session's next model calls."""
+
+    new_model: str
+    previous_model: str | None = None
+    reasoning_effort: str | None = None
+    previous_reasoning_effort: str | None = None
+
+
+SessionMode: TypeAlias = Literal["interactive", "plan", "autopilot"]
+"""How the host says the agent works: answering, planning, or on its own (spec K7)."""
+
+
+class ModeChangedData(WireModel):
+    new_mode: SessionMode
+    previous_mode: SessionMode
+
+
+class PendingMessagesModifiedData(WireModel):
+    """The queue of inputs changed (one was queued, or left it to run, or was removed)."""
+
+    removed: list[str] | None = None
+    """The message ids taken off the queue without running (a clear): their senders stop
+    waiting for them. The Copilot clients read no field of this event."""
+
+
+class TitleChangedData(WireModel):
+    title: str
+
+
+class ModelRequests(WireModel):
+    count: int = 0
+    cost: float = 0.0
+    """Premium-request cost: always 0, trimtab has no billing."""
+
+
+class ModelTokens(WireModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+
+class ModelMetric(WireModel):
+    """Model calls made with one model, and their tokens."""
+
+    requests: ModelRequests = Field(default_factory=ModelRequests)
+    usage: ModelTokens = Field(default_factory=ModelTokens)
+
+
+class CodeChanges(WireModel):
+    """Files the session changed: trimtab's runtime edits none itself (its tools might)."""
+
+    files_modified: list[str] = Field(default_factory=list)
+    lines_added: int = 0
+    lines_removed: int = 0
+
+
+class ShutdownData(WireModel):
+    """The session was shut down: why, and what it spent (from its log)."""
+
+    shutdown_type: Literal["routine", "error"] = "routine"
+    error_reason: str | None = None
+    session_start_time: int
+    """Milliseconds since the epoch."""
+    total_api_duration_ms: float = 0.0
+    code_changes: CodeChanges = Field(default_factory=CodeChanges)
+    model_metrics: dict[str, ModelMetric] = Field(default_factory=dict)
+    current_model: str | None = None
 
 
 class UsageInfoData(WireModel):
@@ -540,6 +638,39 @@ class SessionWarningEvent(EventBase):
     data: WarningData
 
 
+class SessionInfoEvent(EventBase):
+    type: Literal["session.info"] = "session.info"
+    data: InfoData
+
+
+class SessionModelChangeEvent(EventBase):
+    type: Literal["session.model_change"] = "session.model_change"
+    data: ModelChangeData
+
+
+class SessionModeChangedEvent(EventBase):
+    type: Literal["session.mode_changed"] = "session.mode_changed"
+    data: ModeChangedData
+
+
+class SessionTitleChangedEvent(EventBase):
+    type: Literal["session.title_changed"] = "session.title_changed"
+    data: TitleChangedData
+
+
+class PendingMessagesModifiedEvent(EventBase):
+    """The queue of inputs waiting behind the run changed (`Session.pending_messages`)."""
+
+    type: Literal["pending_messages.modified"] = "pending_messages.modified"
+    data: PendingMessagesModifiedData = Field(default_factory=lambda: PendingMessagesModifiedData())
+    ephemeral: bool = True
+
+
+class SessionShutdownEvent(EventBase):
+    type: Literal["session.shutdown"] = "session.shutdown"
+    data: ShutdownData
+
+
 class SessionUsageInfoEvent(EventBase):
     type: Literal["session.usage_info"] = "session.usage_info"
     data: UsageInfoData
@@ -577,6 +708,12 @@ Event: TypeAlias = Annotated[
     | SessionCompactionCompleteEvent
     | SessionTruncatedEvent
     | SessionWarningEvent
+    | SessionInfoEvent
+    | SessionModelChangeEvent
+    | SessionModeChangedEvent
+    | SessionTitleChangedEvent
+    | PendingMessagesModifiedEvent
+    | SessionShutdownEvent
     | SessionUsageInfoEvent
     | SessionErrorEvent
     | AbortEvent
@@ -605,6 +742,12 @@ EventType: TypeAlias = Literal[
     "session.compaction_complete",
     "session.truncated",
     "session.warning",
+    "session.info",
+    "session.model_change",
+    "session.mode_changed",
+    "session.title_changed",
+    "pending_messages.modified",
+    "session.shutdown",
     "session.usage_info",
     "session.error",
     "abort",

@@ -250,6 +250,7 @@ UNKNOWN_SESSION_CALLS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "acquire_lease": lambda s: s.acquire_lease("nope", "w", LONG_TTL),
     "enqueue_input": lambda s: s.enqueue_input("nope", "hi", "m1"),
     "pending_inputs": lambda s: s.pending_inputs("nope"),
+    "discard_inputs": lambda s: s.discard_inputs("nope", ["m1"]),
 }
 
 
@@ -536,6 +537,23 @@ async def test_r1_queuing_the_same_message_again_is_a_no_op(store: Store) -> Non
     await store.enqueue_input("s", "once", "m1")  # a retried send
 
     assert await store.pending_inputs("s") == [("once", "m1")]
+
+
+async def test_k9_discarding_removes_pending_inputs_only_never_a_claimed_one(
+    store: Store,
+) -> None:
+    await make(store, "s", "t")
+    for n in range(4):
+        await store.enqueue_input("s", f"prompt {n}", f"m{n}")
+    await store.enqueue_input("t", "elsewhere", "m1")
+    await store.append("s", [message("prompt 0", "m0")], lease=None)  # claimed: its run began
+
+    removed = await store.discard_inputs("s", ["m2", "m0", "m1", "unknown", "m2"])
+
+    assert removed == ["m2", "m1"]
+    assert await store.pending_inputs("s") == [("prompt 3", "m3")]
+    assert await store.pending_inputs("t") == [("elsewhere", "m1")]
+    assert await store.discard_inputs("s", []) == []
 
 
 async def test_inputs_keep_their_text_unchanged(store: Store) -> None:

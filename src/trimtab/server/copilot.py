@@ -54,13 +54,14 @@ from trimtab.protocol.wire import (
 )
 from trimtab.server.attachments import with_attachments
 from trimtab.server.hub import SessionHub, SharedSession
+from trimtab.server.session_rpc import session_methods
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
 
 CANCELLABLE = frozenset({"session.sendAndWait"})
 """Requests a `$/cancelRequest` may cancel: only waiting, which is safe to stop halfway."""
 
-Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | None]]
+Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | str | None]]
 
 
 class CopilotConnection:
@@ -119,6 +120,7 @@ class CopilotConnection:
             "session.tools.handlePendingToolCall": self._handle_tool_call,
             "session.permissions.handlePendingPermissionRequest": self._handle_permission,
         }
+        self._methods.update(session_methods(hub, conn))
 
     @property
     def peer(self) -> str:

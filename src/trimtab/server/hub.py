@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -291,6 +291,17 @@ class SessionHub:
                 await self._close(shared)
             await self.client.delete_session(session_id)
         self._lifecycle("session.deleted", session_id)
+
+    async def shut_down(self, session_id: str, shut: Callable[[Session], Awaitable[None]]) -> None:
+        """Run `shut` on the open session (it ends it), then let go of it for every
+        connection attached (their clients heard the end in its events)."""
+        async with self._locks.hold(session_id):
+            shared = self._open.get(session_id)
+            if shared is None:
+                return
+            await shut(shared.session)  # refused (a remote session): it stays open
+            shared.peers.clear()
+            await self._close(shared)
 
     async def close_all(self) -> None:
         """Disconnect every open session (the server is stopping)."""

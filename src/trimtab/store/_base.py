@@ -163,6 +163,14 @@ class Inbox(Protocol):
         """
         ...
 
+    async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
+        """Remove the named inputs that are still pending, in one atomic step; the ids removed.
+
+        An input already claimed (its `user.message` appended) is never removed: its run has
+        begun. Unknown ids are ignored.
+        """
+        ...
+
 
 class Snapshots(Protocol):
     """Derived state that saves a replay of the whole log (spec P1)."""

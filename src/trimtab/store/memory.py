@@ -212,6 +212,11 @@ class MemoryStore:
             (prompt, message_id) for message_id, prompt in self._session(session_id).inputs.items()
         ]
 
+    async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
+        """Remove the named inputs still pending (see `Store`)."""
+        inputs = self._session(session_id).inputs
+        return [m for m in dict.fromkeys(message_ids) if inputs.pop(m, None) is not None]
+
     async def close(self) -> None:
         """Drop every session and end subscriptions; the store is unusable afterwards."""
         self._sessions.clear()

@@ -252,6 +252,16 @@ _CLAIM = """
     RETURNING s.session_id, s.lease_token
 """
 
+# No row: unknown session. One row of NULL: nothing removed. Else the ids removed.
+_DISCARD_INPUTS = """
+    WITH gone AS (
+        DELETE FROM session_inputs
+        WHERE session_id = %(s)s AND message_id = ANY(%(ids)s) AND claimed_seq IS NULL
+        RETURNING message_id
+    )
+    SELECT g.message_id FROM sessions s LEFT JOIN gone g ON true WHERE s.session_id = %(s)s
+"""
+
 # No row: unknown session. One row of NULLs: nothing pending. Else the inputs, oldest first.
 _PENDING_INPUTS = """
     SELECT i.body::text, i.message_id
@@ -259,6 +269,16 @@ _PENDING_INPUTS = """
     LEFT JOIN session_inputs i ON i.session_id = s.session_id AND i.claimed_seq IS NULL
     WHERE s.session_id = %(session_id)s
     ORDER BY i.id
+"""
+
+# No row: unknown session. One row of NULL: nothing removed. Else the ids removed.
+_DISCARD_INPUTS = """
+    WITH gone AS (
+        DELETE FROM session_inputs
+        WHERE session_id = %(s)s AND message_id = ANY(%(ids)s) AND claimed_seq IS NULL
+        RETURNING message_id
+    )
+    SELECT g.message_id FROM sessions s LEFT JOIN gone g ON true WHERE s.session_id = %(s)s
 """
 
 # No row: unknown session. One row with a NULL payload: no events after the cursor.
@@ -676,6 +696,19 @@ class PostgresStore:
             for body, message_id in rows
             if body is not None
         ]
+
+    @_bounded
+    async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
+        """Remove the named inputs still pending, in one statement (see `Store`)."""
+        async with self._connection() as conn:
+            cursor = await conn.execute(
+                _DISCARD_INPUTS, {"s": session_id, "ids": list(message_ids)}
+            )
+            rows = await cursor.fetchall()
+        if not rows:
+            raise SessionNotFoundError(session_id)
+        removed = {str(row[0]) for row in rows if row[0] is not None}
+        return [m for m in dict.fromkeys(message_ids) if m in removed]
 
     async def close(self) -> None:
         """Close the pool and the listener, ending subscriptions; closing twice is a no-op.

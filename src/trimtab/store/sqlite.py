@@ -504,6 +504,23 @@ class SqliteStore:
 
         return [(prompt, message_id) for prompt, message_id in await self._run(select, _READ)]
 
+    async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
+        """Remove the named inputs still pending, in one transaction (see `Store`)."""
+
+        def delete(db: sqlite3.Connection) -> list[str]:
+            _require(db, session_id)
+            return [
+                m
+                for m in dict.fromkeys(message_ids)
+                if db.execute(
+                    "DELETE FROM inputs"
+                    " WHERE session_id = ? AND message_id = ? AND claimed_seq IS NULL",
+                    (session_id, m),
+                ).rowcount
+            ]
+
+        return await self._run(delete)
+
     async def close(self) -> None:
         """Close the connection and end subscriptions; the store is unusable afterwards.
 

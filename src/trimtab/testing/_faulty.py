@@ -133,6 +133,10 @@ class FaultyStore:
         await self._enter()
         return await self.inner.pending_inputs(session_id)
 
+    async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
+        await self._enter()
+        return await self.inner.discard_inputs(session_id, message_ids)
+
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         await self._enter()
         await self.inner.save_snapshot(session_id, event_count, data)

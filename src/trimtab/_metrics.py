@@ -1,0 +1,76 @@
+"""`SessionMetrics`: what a session spent, read from its log (spec K5).
+
+Every model call leaves an `assistant.usage` event, so the log alone says how many calls each
+model answered, with how many tokens and how much time; nothing is counted on the side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trimtab.events import (
+    AssistantUsageEvent,
+    Event,
+    ModelMetric,
+    ModelRequests,
+    ModelTokens,
+    SessionStartEvent,
+    UserMessageEvent,
+    now,
+)
+
+__all__ = ["SessionMetrics", "metrics_of"]
+
+
+class SessionMetrics(BaseModel):
+    """A session's usage so far."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    start_time: datetime
+    api_duration_ms: float = 0.0
+    """Milliseconds spent waiting for model calls."""
+    user_requests: int = 0
+    """Inputs sent to the session (the seed of a clear is not one)."""
+    last_call_tokens: tuple[int, int] = (0, 0)
+    """Input and output tokens of the latest model call."""
+    models: dict[str, ModelMetric] = Field(default_factory=dict)
+    """Calls and tokens by model."""
+
+
+def metrics_of(events: Iterable[Event]) -> SessionMetrics:
+    """The metrics of a session's log (its events, oldest first)."""
+    start: datetime | None = None
+    duration, requests, last = 0.0, 0, (0, 0)
+    calls: dict[str, tuple[int, int, int]] = {}
+    for event in events:
+        match event:
+            case SessionStartEvent():
+                start = event.data.start_time
+            case AssistantUsageEvent():
+                data = event.data
+                last = (data.input_tokens or 0, data.output_tokens or 0)
+                count, used_in, used_out = calls.get(data.model, (0, 0, 0))
+                calls[data.model] = (count + 1, used_in + last[0], used_out + last[1])
+                duration += data.duration or 0.0
+            case UserMessageEvent() if event.data.source != "context_cleared":
+                requests += 1
+            case _:
+                pass
+    models = {
+        model: ModelMetric(
+            requests=ModelRequests(count=count),
+            usage=ModelTokens(input_tokens=used_in, output_tokens=used_out),
+        )
+        for model, (count, used_in, used_out) in calls.items()
+    }
+    return SessionMetrics(
+        start_time=start or now(),
+        api_duration_ms=duration,
+        user_requests=requests,
+        last_call_tokens=last,
+        models=models,
+    )
