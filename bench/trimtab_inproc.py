@@ -25,7 +25,7 @@ import common
 from pydantic import BaseModel
 
 from trimtab import Client, PermissionHandler, Session, ToolInvocation, define_tool
-from trimtab._replay import replay
+from trimtab._state import state_of
 from trimtab.events import (
     AssistantMessageData,
     AssistantMessageEvent,
@@ -186,7 +186,7 @@ async def check_window(client: Client, model: ScriptedModel) -> None:
     session = await client.create_session(**session_options(model))
     for prompt in (common.PLAIN_PROMPT, common.TOOL_PROMPT, common.PLAIN_PROMPT):
         await session.send_and_wait(prompt)
-    expected = replay(await session.get_events()).window()
+    expected = state_of(await session.get_events()).window()
     if session.window() != expected:
         raise AssertionError(f"incremental window {session.window()} != replay {expected}")
 

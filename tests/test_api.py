@@ -140,3 +140,11 @@ def test_example_01_runs_offline() -> None:
         "[('system', 'You are a helpful assistant.'), ('user', 'Reply with exactly FRESH"
     )
     assert second_request in done.stdout
+
+
+async def test_on_refuses_an_event_type_that_does_not_exist() -> None:
+    async with Client(store="memory") as client:
+        session = await client.create_session(provider=ScriptedModel())
+        with pytest.raises(ValueError, match="unknown event type 'session.cleared'"):
+            session.on("session.cleared", print)  # type: ignore[call-overload]
+        session.on("session.context_cleared", print)

@@ -4,6 +4,7 @@ from trimtab._client import Client, SessionOptions
 from trimtab._errors import (
     ClearContextError,
     LeaseLostError,
+    PromptBlockedError,
     ProviderError,
     SessionError,
     SessionNotFoundError,
@@ -32,6 +33,7 @@ __all__ = [
     "LeaseLostError",
     "PermissionDecision",
     "PermissionHandler",
+    "PromptBlockedError",
     "ProviderError",
     "Session",
     "SessionError",

@@ -16,9 +16,13 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from trimtab._errors import SessionNotFoundError, TrimtabError
+from trimtab._history import at_rest
+from trimtab._hooks import Hooks, SessionHooks
+from trimtab._log import SessionLog, chained
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._replay import Replay, ReplaySnapshot, replay
-from trimtab._session import Session, chained
+from trimtab._session import Session
+from trimtab._state import SessionState, StateSnapshot, state_of
+from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
 from trimtab._toolsearch import TOOL_SEARCH
 from trimtab.events import (
@@ -34,7 +38,7 @@ from trimtab.events import (
     new_id,
 )
 from trimtab.providers import Provider, ProviderConfig, make_provider
-from trimtab.store import DEFAULT_TIMEOUT, SessionRecord, Store, open_store
+from trimtab.store import DEFAULT_TIMEOUT, Lease, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
     from trimtab.mcp import ServerPool
@@ -72,6 +76,8 @@ class SessionOptions(TypedDict, total=False):
     """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
     max_turns: int
     """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
+    hooks: SessionHooks
+    """The Copilot SDK's session hooks: `{"on_pre_tool_use": handler, ...}` (see `_hooks`)."""
     mcp_servers: dict[str, dict[str, Any]]
     """MCP servers whose tools the session gets, in the Copilot SDK's shapes (`trimtab.mcp`):
     started on the session's first run, shared by the sessions of this client. Not logged
@@ -201,11 +207,13 @@ class Client:
         start = SessionStartEvent(
             data=SessionStartData(session_id=session_id, selected_model=config.model, config=config)
         )
-        return await self._created(session_id, [start], provider, opts)
+        session, hooks = await self._created(session_id, [start], provider, opts)
+        await hooks.session_start("new")
+        return session
 
     async def _created(
         self, session_id: str, events: list[Event], provider: Provider, opts: SessionOptions
-    ) -> Session:
+    ) -> tuple[Session, Hooks]:
         """A new session whose log is `events` (stored with the session, in one transaction),
         and whose lease this client holds."""
         store = await self._open_store()
@@ -215,7 +223,7 @@ class Client:
             lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
             if lease is None:
                 raise TrimtabError(f"session {session_id!r} was taken by another runtime")
-            return self._session(session_id, store, lease, replay(events), provider, opts)
+            return self._session(session_id, store, lease, state_of(events), provider, opts)
         except BaseException:
             await _undo_create(store, session_id)
             raise
@@ -241,13 +249,13 @@ class Client:
         opts = _checked(options)
         _check_headers(opts.get("provider"))
         store = await self._open_store()
-        replayed = await _open_replay(store, session_id)
+        replayed = await _open_state(store, session_id)
         provider, public = self._provider(opts.get("provider"), replayed.config.provider)
         config = _storable(_config(replayed.config.model_copy(update={"provider": public}), opts))
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
-        session = self._session(session_id, store, lease, replayed, provider, opts)
+        session, hooks = self._session(session_id, store, lease, replayed, provider, opts)
         if lease is None:
-            session._follow()
+            session.ownership.follow()
             return session
         try:
             data = SessionResumeData(
@@ -255,12 +263,12 @@ class Client:
                 selected_model=config.model,
                 config=config if config != replayed.config else None,
             )
-            await session.emit(SessionResumeEvent(data=data))
-            await session._recover(continue_pending=continue_pending_work)
-            await session._take_inputs()
+            await session.ownership.resumed(SessionResumeEvent(data=data))
+            await session.ownership.recover(continue_pending=continue_pending_work)
         except BaseException:
             await session.disconnect()
             raise
+        await hooks.session_start("resume")
         return session
 
     async def list_sessions(self) -> list[SessionRecord]:
@@ -279,11 +287,12 @@ class Client:
         self,
         session_id: str,
         store: Store,
-        lease: Any,
-        replayed: Replay,
+        lease: Lease | None,
+        state: SessionState,
         provider: Provider,
         opts: SessionOptions,
-    ) -> Session:
+    ) -> tuple[Session, Hooks]:
+        """Assemble an opened session, and keep it (one per id)."""
         tools = {tool.name: tool for tool in opts.get("tools", [])}
         search = tools.get(TOOL_SEARCH)
         if search is not None and not search.definition.overrides_built_in_tool:
@@ -291,20 +300,23 @@ class Client:
                 f"a tool named {TOOL_SEARCH!r} clashes with the built-in one: "
                 "define it with overrides_built_in_tool=True to replace it"
             )
+        log = SessionLog(session_id, store, lease, state)
+        hooks = Hooks(session_id, opts.get("hooks"))
+
+        async def fork(events: list[Event]) -> Session:
+            return await self._fork(session_id, log.state.config, events, provider, opts)
+
         session = Session(
-            session_id,
-            store=store,
-            lease=lease,
-            replayed=replayed,
+            log,
             provider=provider,
-            tools=tools,
+            toolbox=Toolbox(tools, self._mcp_tools(opts.get("mcp_servers"), frozenset(tools))),
             permission_handler=opts.get("on_permission_request"),
+            hooks=hooks,
             on_close=self._forget,
-            on_fork=self._fork,
-            tool_source=self._mcp_tools(opts.get("mcp_servers"), frozenset(tools)),
+            fork=fork,
         )
         self._sessions[session_id] = session
-        return session
+        return session, hooks
 
     def _mcp_tools(self, servers: dict[str, Any] | None, reserved: frozenset[str]) -> Any:
         """The session's MCP toolset (`trimtab.mcp`, imported only when servers are named)."""
@@ -315,28 +327,32 @@ class Client:
         self._mcp = self._mcp or mcp.ServerPool()
         return mcp.toolset(servers, self._mcp, reserved)
 
-    async def _fork(self, source: Session, events: list[Event]) -> Session:
-        """A new session holding a copy of `events` (the source's log after its start event).
+    async def _fork(
+        self,
+        source: str,
+        config: SessionConfigData,
+        events: list[Event],
+        provider: Provider,
+        opts: SessionOptions,
+    ) -> Session:
+        """A new session holding a copy of `events` (the source's log after its start event),
+        with the source's configuration, tools, handlers and MCP servers.
 
-        Inert: the copy gets events of its own (new ids) and is brought to rest, so that it
-        never runs a tool or calls the model by itself (spec §6)."""
+        Inert: the copy gets events of its own (new ids) and is brought to rest in the same
+        transaction, so that it never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
-        opts: SessionOptions = {"tools": list(source._own_tools.values())}
-        if source._tool_source is not None:
-            opts["mcp_servers"] = getattr(source._tool_source, "raw", {})  # the same servers
-        if source.permission_handler is not None:
-            opts["on_permission_request"] = source.permission_handler
-        data = SessionStartData(
-            session_id=session_id,
-            selected_model=source.config.model,
-            config=source.config,
-            forked_from=source.session_id,
+        start = SessionStartEvent(
+            data=SessionStartData(
+                session_id=session_id,
+                selected_model=config.model,
+                config=config,
+                forked_from=source,
+            )
         )
-        copies = [event.model_copy(update={"id": new_id()}) for event in events]
-        session = await self._created(
-            session_id, [SessionStartEvent(data=data), *copies], source.provider, opts
-        )
-        await session._settle()
+        copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
+        copies += at_rest(state_of(copies))
+        session, hooks = await self._created(session_id, copies, provider, opts)
+        await hooks.session_start("new")
         return session
 
     def _forget(self, session: Session) -> None:
@@ -390,16 +406,17 @@ class Client:
                     kept = set(await store.renew_leases(self._owner, self._lease_ttl))
                     for session in self._sessions.values():
                         if not session.is_remote and session.session_id not in kept:
-                            session._lease_lost()
+                            session.ownership.lost()
                 for session in list(self._sessions.values()):
-                    if session.is_remote:
+                    ownership = session.ownership
+                    if not ownership.owned:
                         lease = await store.acquire_lease(
                             session.session_id, self._owner, self._lease_ttl
                         )
                         if lease is not None:
-                            await session._adopt(lease)
-                    if not session.is_remote:
-                        await session._take_inputs()
+                            await ownership.adopt(lease)
+                    else:
+                        await ownership.take_inputs()
             except Exception:
                 # Upkeep must survive a transient store error; the next tick retries.
                 log.exception("lease upkeep failed")
@@ -407,7 +424,7 @@ class Client:
 
 async def _undo_create(store: Store, session_id: str) -> None:
     """Remove a session whose creation failed halfway (best effort: the store may be what
-    failed; a log without its `session.start` is never opened, see `_open_replay`)."""
+    failed; a log without its `session.start` is never opened, see `_open_state`)."""
     try:
         await store.delete(session_id)
     except Exception:
@@ -453,21 +470,21 @@ def _storable(config: SessionConfigData) -> SessionConfigData:
     return config
 
 
-async def _open_replay(store: Store, session_id: str) -> Replay:
+async def _open_state(store: Store, session_id: str) -> SessionState:
     """The session's state: from its snapshot and the events after it when the snapshot fits
     the log, else by replaying the whole log (spec P1)."""
     saved = await store.load_snapshot(session_id)
     if saved is not None:
         count, data = saved
         try:
-            snapshot = ReplaySnapshot.model_validate_json(data)
+            snapshot = StateSnapshot.model_validate_json(data)
         except ValidationError:
             snapshot = None  # written by another version: the log is the truth
         if snapshot is not None and snapshot.event_count == count > 0:
             # The snapshot's last event must be the log's event at that position.
             tail = await store.read(session_id, after=count - 1)
             if tail and tail[0].id == snapshot.last_id:
-                replayed = Replay.restore(snapshot)
+                replayed = SessionState.restore(snapshot)
                 for event in tail[1:]:
                     replayed.apply(event)
                 return replayed
@@ -475,7 +492,7 @@ async def _open_replay(store: Store, session_id: str) -> Replay:
     if not events or not isinstance(events[0], SessionStartEvent):
         # A create that died before storing its start: nothing was ever acknowledged.
         raise SessionNotFoundError(session_id)
-    return replay(events)
+    return state_of(events)
 
 
 def _checked(options: Mapping[str, Any]) -> SessionOptions:

@@ -8,6 +8,7 @@ __all__ = [
     "ClearContextError",
     "ClearContextErrorCode",
     "LeaseLostError",
+    "PromptBlockedError",
     "ProviderError",
     "ProviderErrorType",
     "SessionError",
@@ -100,3 +101,8 @@ class StoreUnavailableError(TrimtabError):
     """The store could not be reached (a database restart, a failover). Whether the write
     went through is unknown; appending the same events again is safe (appends are idempotent
     by event id)."""
+
+
+class PromptBlockedError(TrimtabError):
+    """A `userPromptSubmitted` hook blocked the prompt: no run, no user message (its reason
+    is this error's message)."""

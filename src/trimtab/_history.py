@@ -6,20 +6,40 @@ earlier window stays readable and the session id never changes.
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+import asyncio
+import concurrent.futures
+import contextvars
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from trimtab import _loop
 from trimtab._compaction import CompactResult, compact, summarize_for_handoff
-from trimtab._errors import TrimtabError
-from trimtab._replay import replay
-from trimtab.events import SessionTruncatedEvent, TruncatedData
+from trimtab._errors import ClearContextError, TrimtabError
+from trimtab._ownership import cancelled
+from trimtab._runner import Runner
+from trimtab._state import SessionState, state_of
+from trimtab._tools import valid_text
+from trimtab.events import (
+    AbortEvent,
+    AssistantTurnEndEvent,
+    Event,
+    SessionTruncatedEvent,
+    TruncatedData,
+    TurnData,
+    new_id,
+)
 
 if TYPE_CHECKING:
     from trimtab._session import Session
 
-__all__ = ["ClearContextResult", "CompactResult", "History", "TruncateResult"]
+__all__ = ["ClearContextResult", "CompactResult", "History", "TruncateResult", "at_rest"]
+
+T = TypeVar("T")
+
+Fork = Callable[[list[Event]], Awaitable["Session"]]
+"""Makes a new session from a copy of events (the `Client` that opened the session)."""
 
 
 class ClearContextResult(BaseModel):
@@ -48,20 +68,56 @@ class TruncateResult(BaseModel):
 class History:
     """Context operations on a session's window (`session.history`)."""
 
-    __slots__ = ("_session",)
+    __slots__ = ("_fork", "_loop", "_runner")
 
-    def __init__(self, session: Session) -> None:
-        self._session = session
+    def __init__(self, runner: Runner, fork: Fork | None) -> None:
+        self._runner = runner
+        self._fork = fork
+        self._loop = asyncio.get_running_loop()
 
     def clear_context(self, prompt: str) -> ClearContextResult:
         """Stage a clear of the model-facing conversation, seeded with `prompt` (spec C1-C11).
 
         Call it from a tool handler. The clear commits when that tool call succeeds, then the
         session runs `prompt` in the fresh window; if the call fails the clear is discarded.
-        Raises `ClearContextError` (`remote_session`, `empty_prompt`, `no_tool_call_in_flight`
-        or `clear_pending`) and changes nothing when the clear cannot be accepted.
+        Raises `ClearContextError` (`remote_session`, `empty_prompt`, `invalid_prompt`,
+        `no_tool_call_in_flight` or `clear_pending`) and changes nothing when the clear cannot
+        be accepted.
         """
-        return self._session._stage_clear(prompt)
+        if not _on_loop(self._loop):
+            # A sync handler runs in a worker thread: stage on the loop, in its context.
+            return _call_on_loop(self._loop, self.clear_context, prompt)
+        runner = self._runner
+        session_id, state = runner.session_id, runner.state
+        if not runner.log.writable:
+            raise ClearContextError(
+                "remote_session", f"session {session_id} is run by another runtime"
+            )
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ClearContextError("empty_prompt", "the seed prompt must be a non-empty string")
+        if valid_text(prompt) != prompt:
+            raise ClearContextError(
+                "invalid_prompt", "the seed prompt is not valid Unicode text (a lone surrogate)"
+            )
+        current = _loop.current_tool_call.get()
+        if current is None:
+            # Called from outside any handler's context (e.g. over JSON-RPC): the earliest
+            # running call of this session is the enclosing one.
+            call_id = next(iter(state.in_flight), None)
+        elif current[0] == session_id and current[1] in state.in_flight:
+            call_id = current[1]
+        else:
+            call_id = None  # a handler of another session: never this session's call (C1)
+        if call_id is None:
+            raise ClearContextError(
+                "no_tool_call_in_flight",
+                "clear_context can only be called from a running tool handler of this session",
+            )
+        if state.staged is not None or runner.log.state.pending_seed is not None:
+            raise ClearContextError("clear_pending", "a clear is already pending in this run")
+        cleared = runner.log.state.messages_cleared()
+        state.staged = _loop.StagedClear(prompt, cleared, call_id)
+        return ClearContextResult(messages_cleared=cleared)
 
     async def compact(self, custom_instructions: str | None = None) -> CompactResult:
         """Summarise the older conversation with the session's model; keep the newest messages.
@@ -69,44 +125,115 @@ class History:
         Runs between runs (queued behind a run in flight). Emits `session.compaction_start`
         and `session.compaction_complete`.
         """
-        session = self._session
-        return await session._exclusive(
-            lambda: compact(session, trigger="manual", custom_instructions=custom_instructions)
+        runner = self._runner
+        return await self._between_runs(
+            lambda: compact(runner, trigger="manual", custom_instructions=custom_instructions)
         )
 
     async def truncate(self, event_id: str) -> TruncateResult:
         """Make the window forget `event_id` and everything after it; the log keeps them."""
-        session = self._session
+        runner = self._runner
 
         async def apply() -> TruncateResult:
-            events = await session.get_events()
+            events = await runner.log.store.read(runner.session_id)
             cut = next((i for i, e in enumerate(events) if e.id == event_id), None)
             if not cut:  # not found, or the session.start event
                 raise ValueError(
-                    f"no event {event_id!r} to truncate at in session {session.session_id}"
+                    f"no event {event_id!r} to truncate at in session {runner.session_id}"
                 )
             data = TruncatedData(
                 event_id=event_id,
                 events_removed=len(events) - cut,
-                base=replay(events[:cut]).conversation(),
+                base=state_of(events[:cut]).conversation(),
             )
-            await session.emit(SessionTruncatedEvent(data=data))
+            await runner.emit(SessionTruncatedEvent(data=data))
             return TruncateResult(events_removed=data.events_removed)
 
-        return await session._exclusive(apply)
+        return await self._between_runs(apply)
 
     async def fork(self, event_id: str | None = None) -> Session:
-        """A new session whose log is a copy of this one's before `event_id` (all of it if None)."""
-        return await self._session._fork(event_id)
+        """A new session whose log is a copy of this one's before `event_id` (all of it if
+        None), at rest: it runs nothing by itself (spec §6)."""
+        runner = self._runner
+        events = await runner.log.store.read(runner.session_id)
+        cut = len(events)
+        if event_id is not None:
+            cut = next((i for i, e in enumerate(events) if e.id == event_id), 0)
+            if not cut:
+                raise ValueError(
+                    f"session {runner.session_id} has no event {event_id!r} to fork at"
+                )
+        if self._fork is None:
+            raise TrimtabError("this session was not opened by a Client that can fork it")
+        return await self._fork(events[1:cut])
 
     async def summarize_for_handoff(self) -> str:
         """A markdown summary of the conversation for handing the work to another session.
 
         Refused on a remote session (spec R1): its model call would be logged here."""
-        session = self._session
-        if session.is_remote:
+        runner = self._runner
+        if not runner.log.writable:
             raise TrimtabError(
-                f"session {session.session_id} is run by another runtime (remote): "
+                f"session {runner.session_id} is run by another runtime (remote): "
                 "summarize it there"
             )
-        return await summarize_for_handoff(session)
+        return await summarize_for_handoff(runner)
+
+    async def _between_runs(self, apply: Callable[[], Awaitable[T]]) -> T:
+        """Run a window operation between runs, never during one (queued behind them)."""
+        runner = self._runner
+        current = _loop.current_tool_call.get()
+        if current is not None and current[0] == runner.session_id:
+            raise TrimtabError(
+                "this operation cannot run inside a tool call of the same session; "
+                "use history.clear_context from a tool handler"
+            )
+        if not runner.log.writable:
+            raise TrimtabError(f"session {runner.session_id} is run by another runtime (remote)")
+        if runner.closed:
+            raise TrimtabError(f"session {runner.session_id} is disconnected")
+        return await runner.exclusive(apply)
+
+
+def at_rest(state: SessionState) -> list[Event]:
+    """The events that bring a copied log to rest without running anything (a fork is
+    inert): calls left unfinished end `cancelled`, an open turn is closed, a committed
+    clear's seed is kept in the window, and a run left in progress ends as aborted."""
+    events: list[Event] = [
+        cancelled(call_id, start.tool_name) for call_id, start in state.unfinished_calls.items()
+    ]
+    if state.open_turn is not None:
+        events.append(AssistantTurnEndEvent(data=TurnData(turn_id=state.open_turn)))
+    if state.pending_seed is not None and not state.seed_recorded:
+        events.append(_loop.user_message(state.pending_seed, new_id(), "context_cleared"))
+    if state.run_id is not None:
+        events.append(AbortEvent())
+    return events
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+_LOOP_CALL_TIMEOUT = 60.0
+"""Seconds a worker thread waits for the event loop to run a call for it."""
+
+
+def _call_on_loop(loop: asyncio.AbstractEventLoop, function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` run on `loop`'s thread in the caller's context, from another thread."""
+    done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def call() -> None:
+        try:
+            done.set_result(function(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    loop.call_soon_threadsafe(call, context=contextvars.copy_context())
+    try:
+        return done.result(timeout=_LOOP_CALL_TIMEOUT)
+    except concurrent.futures.TimeoutError:
+        raise TrimtabError("the event loop did not answer within 60 s") from None

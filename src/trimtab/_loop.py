@@ -12,18 +12,28 @@ import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError
+from trimtab._hooks import Hooks
 from trimtab._permissions import (
+    APPROVED,
     CANCELLED,
     NO_HANDLER,
+    Approval,
     PermissionHandlerFn,
-    Verdict,
     ask_permission,
 )
-from trimtab._tools import CallOutcome, Tool, ToolInvocation, parse_arguments, valid_text
+from trimtab._runs import RunEnd
+from trimtab._tools import (
+    CallOutcome,
+    ExternalTool,
+    Tool,
+    ToolInvocation,
+    parse_arguments,
+    valid_text,
+)
 from trimtab.events import (
     AbortEvent,
     AssistantMessageData,
@@ -36,6 +46,10 @@ from trimtab.events import (
     AssistantUsageEvent,
     ContextClearedData,
     Event,
+    ExternalToolCompletedData,
+    ExternalToolCompletedEvent,
+    ExternalToolRequestedData,
+    ExternalToolRequestedEvent,
     PermissionCompletedData,
     PermissionCompletedEvent,
     PermissionRequestedData,
@@ -65,7 +79,6 @@ __all__ = [
     "Interrupted",
     "LoopHost",
     "LoopState",
-    "RunResult",
     "StagedClear",
     "current_tool_call",
     "run",
@@ -109,13 +122,6 @@ class LoopState:
     ~200 bytes in every idle session."""
 
 
-@dataclass(slots=True)
-class RunResult:
-    last_message: AssistantMessageEvent | None = None
-    error: SessionErrorEvent | None = None
-    aborted: bool = False
-
-
 class LoopHost(CompactionHost, Protocol):
     """What the loop needs from the session it runs for."""
 
@@ -128,6 +134,8 @@ class LoopHost(CompactionHost, Protocol):
     def permission_handler(self) -> PermissionHandlerFn | None: ...
     @property
     def approved_tools(self) -> frozenset[str]: ...
+    @property
+    def hooks(self) -> Hooks: ...
     @property
     def running(self) -> bool:
         """Whether the log shows the run still in progress (it did not end with its turn)."""
@@ -145,7 +153,9 @@ class LoopHost(CompactionHost, Protocol):
         ...
 
     def next_turn_id(self) -> str: ...
-    def invocation(self, call: ToolCall, arguments: object) -> ToolInvocation: ...
+    def invocation(
+        self, call: ToolCall, arguments: object, request_id: str | None = None
+    ) -> ToolInvocation: ...
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
         """Store and deliver `events` as one atomic batch, nothing between them."""
         ...
@@ -167,7 +177,7 @@ async def run(
     *,
     interrupted: Interrupted | None = None,
     aborted: bool = False,
-) -> RunResult:
+) -> RunEnd:
     """Run one `send`, whose `user.message` the host has logged, to its end, including any
     seeded run (C8). The host emits the run's one `session.idle` once this returns (spec E1),
     outside the run's task, so that no abort can take it away.
@@ -176,7 +186,7 @@ async def run(
     again, its open turn is closed, and the loop goes on from there. With `aborted` (an
     `abort()` that came before the run started) it ends at once, as an abort.
     """
-    result = RunResult()
+    result = RunEnd(message_id)
     state = host.state
     state.staged, state.discovered = None, _NO_TOOLS
     try:
@@ -253,7 +263,7 @@ _Step = Literal["end", "continue"] | _Seed
 """What follows a turn: the run ends, another turn, or the seeded run of a committed clear."""
 
 
-async def _turn(host: LoopHost, message_id: str, result: RunResult) -> _Step:
+async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
     """One model call and its batch, bracketed by turn_start / turn_end."""
     await host.refresh_tools()
     await fit_window(host)
@@ -428,6 +438,10 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     tool = host.tools.get(call.name)
     if tool is None:
         return CallOutcome("failure", f"Tool '{call.name}' does not exist.")
+    external = isinstance(tool, ExternalTool)
+    if isinstance(tool, ExternalTool) and not tool.provided():
+        # Its client left: nobody would ever answer.
+        return CallOutcome("failure", f"No connected client provides the tool '{call.name}'.")
     if call.name in host.deferred() and call.name not in host.state.discovered:
         return CallOutcome(
             "failure", f"Tool '{call.name}' is not loaded: find it with tool_search first."
@@ -435,45 +449,85 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     params = tool.validate(arguments)
     if isinstance(params, CallOutcome):
         return params
-    invocation = host.invocation(call, arguments)
-    verdict = await _permission(host, tool, call, invocation)
-    if not verdict.allowed:
-        return CallOutcome(verdict.outcome, verdict.text)
+    hooks, approved = host.hooks, False
+    if hooks:
+        pre = await hooks.pre_tool_use(call.name, arguments)
+        if pre.denied is not None:
+            return CallOutcome("denied", valid_text(pre.denied))
+        if pre.arguments is not arguments:
+            arguments, params = pre.arguments, tool.validate(pre.arguments)
+            if isinstance(params, CallOutcome):
+                return params
+        approved = pre.approved
+    invocation = host.invocation(call, arguments, new_id() if external else None)
+    if not approved:
+        approval = await _permission(host, tool, call, invocation)
+        if approval.refusal is not None:
+            return approval.refusal
     host.state.in_flight[call.id] = call.name
     token = current_tool_call.set((host.session_id, call.id))
     try:
-        outcome = await tool.run(params, invocation)
-        if outcome.outcome == "success":
-            host.state.discovered |= {r for r in outcome.references if r in host.tools}
-        return outcome
+        if external:
+            outcome = await _run_external(host, tool, params, invocation)
+        else:
+            outcome = await tool.run(params, invocation)
     finally:
         current_tool_call.reset(token)
         host.state.in_flight.pop(call.id, None)
+    if outcome.outcome == "success":
+        host.state.discovered |= {r for r in outcome.references if r in host.tools}
+        if hooks:
+            text = await hooks.post_tool_use(call.name, arguments, outcome.text)
+            outcome = outcome._replace(text=valid_text(text))
+    elif hooks:
+        await hooks.post_tool_use_failure(call.name, arguments, outcome.text)
+    return outcome
+
+
+async def _run_external(
+    host: LoopHost, tool: Tool, params: Any, invocation: ToolInvocation
+) -> CallOutcome:
+    """A call a client runs: announced, answered (the handler waits for the client), then
+    settled, also when aborted: the last event tells clients to stop and not answer."""
+    assert invocation.request_id is not None
+    request = ExternalToolRequestedData(
+        request_id=invocation.request_id,
+        session_id=host.session_id,
+        tool_call_id=invocation.tool_call_id,
+        tool_name=invocation.tool_name,
+        arguments=invocation.arguments,
+    )
+    await host.emit(ExternalToolRequestedEvent(data=request))
+    try:
+        return await tool.run(params, invocation)
+    finally:
+        settled = ExternalToolCompletedData(request_id=invocation.request_id)
+        await host.emit(ExternalToolCompletedEvent(data=settled))
 
 
 async def _permission(
     host: LoopHost, tool: Tool, call: ToolCall, invocation: ToolInvocation
-) -> Verdict:
+) -> Approval:
     if tool.definition.skip_permission or tool.name in host.approved_tools:
-        return Verdict(True, "success", "approved", "")
+        return APPROVED
     handler = host.permission_handler
     if handler is None:
         return NO_HANDLER
     request_id = new_id()
-    request = tool.permission_request(invocation.arguments, call.id)
+    request = tool.permission_request(invocation.arguments, call.id, request_id)
     try:
         await host.emit(
             PermissionRequestedEvent(
                 data=PermissionRequestedData(request_id=request_id, permission_request=request)
             )
         )
-        verdict = await ask_permission(handler, request, invocation)
+        approval = await ask_permission(handler, request, invocation)
     except asyncio.CancelledError:
         # Aborted while asking: the request is closed too, so that clients stop showing it.
         await host.emit(_permission_completed(request_id, call.id, CANCELLED))
         raise
-    await host.emit(_permission_completed(request_id, call.id, verdict.wire_kind))
-    return verdict
+    await host.emit(_permission_completed(request_id, call.id, approval.kind))
+    return approval
 
 
 def _permission_completed(request_id: str, call_id: str, kind: str) -> PermissionCompletedEvent:

@@ -2,7 +2,8 @@
 
 Deny by default: with no handler, or a handler that fails, the call is `denied`. A `reject`
 decision means the user halted the agent: the call is `rejected` and the run ends after the
-batch (spec O2).
+batch (spec O2). Every decision kind the Copilot SDKs send, in process or over the wire, is
+read from one table (`_KINDS`).
 """
 
 from __future__ import annotations
@@ -10,21 +11,23 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, TypeAlias, assert_never
+from typing import Any, Literal, NamedTuple, TypeAlias
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from trimtab._tools import ToolInvocation
+from trimtab._tools import CallOutcome, ToolInvocation
 from trimtab.events import PermissionRequestData
 
 __all__ = [
+    "APPROVED",
     "APPROVED_FOR_SESSION",
     "CANCELLED",
     "NO_HANDLER",
+    "Approval",
     "PermissionDecision",
     "PermissionHandler",
     "PermissionHandlerFn",
-    "Verdict",
+    "approval",
     "ask_permission",
     "decide",
 ]
@@ -34,23 +37,40 @@ log = logging.getLogger("trimtab")
 PermissionHandlerFn: TypeAlias = Callable[[PermissionRequestData, ToolInvocation], Any]
 """`handler(request, invocation) -> PermissionDecision | dict`, sync or async."""
 
+_Meaning = Literal["once", "session", "reject", "unavailable"]
+
+_KINDS: dict[str, _Meaning] = {
+    "approve-once": "once",
+    "approved": "once",  # legacy
+    "approve-for-location": "once",  # trimtab has no locations: it counts once
+    "approve-for-session": "session",
+    "approve-read-only-for-session": "session",
+    "approve-permanently": "session",  # a session is as long as trimtab remembers approvals
+    "reject": "reject",
+    "denied-interactively-by-user": "reject",  # legacy
+    "user-not-available": "unavailable",
+    "denied-no-approval-rule-and-could-not-request-from-user": "unavailable",  # legacy
+    "denied-by-rules": "unavailable",
+    "denied-by-content-exclusion-policy": "unavailable",
+}
+"""Every decision kind of the Copilot SDKs (protocol section 4.3), and what it means here."""
+
 
 class PermissionDecision(BaseModel):
-    """A host's answer, in the Copilot SDK's decision kinds."""
+    """A host's answer, in the Copilot SDK's decision kinds: `approve-once`,
+    `approve-for-session`, `reject`, `user-not-available` (and the others of `_KINDS`)."""
 
     model_config = ConfigDict(defer_build=True)
 
-    kind: Literal[
-        "approve-once",
-        "approve-for-session",
-        "reject",
-        "user-not-available",
-        # Legacy kinds some Copilot clients still send.
-        "approved",
-        "denied-interactively-by-user",
-        "denied-no-approval-rule-and-could-not-request-from-user",
-    ]
+    kind: str
     feedback: str | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, kind: str) -> str:
+        if kind not in _KINDS:
+            raise ValueError(f"unknown permission decision kind {kind!r}")
+        return kind
 
 
 class PermissionHandler:
@@ -69,30 +89,30 @@ class PermissionHandler:
         return PermissionDecision(kind="user-not-available")
 
 
-class Verdict(NamedTuple):
-    allowed: bool
-    outcome: Literal["success", "denied", "rejected"]
-    """`success` when allowed."""
-    wire_kind: str
-    """The `permission.completed` result kind."""
-    text: str
-    """What the model sees when the call does not run."""
+class Approval(NamedTuple):
+    """What a permission decision means for the call."""
+
+    refusal: CallOutcome | None
+    """The call's outcome when it may not run (`denied` or `rejected`); None: it may."""
+    kind: str
+    """The `permission.completed` result kind logged."""
     for_session: bool = False
+    """Approved for the rest of the session."""
 
 
-_APPROVED = Verdict(True, "success", "approved", "")
+APPROVED = Approval(None, "approved")
 APPROVED_FOR_SESSION = "approved-for-session"
 """The `permission.completed` result kind of an `approve-for-session` decision."""
 CANCELLED = "cancelled"
 """The `permission.completed` result kind of a request the run was aborted during."""
-_NOT_AVAILABLE = Verdict(
-    False,
-    "denied",
+_UNAVAILABLE = Approval(
+    CallOutcome("denied", "Permission denied and could not request permission from user."),
     "denied-no-approval-rule-and-could-not-request-from-user",
-    "Permission denied and could not request permission from user.",
 )
-NO_HANDLER = _NOT_AVAILABLE._replace(
-    text="Permission denied: no permission handler is configured for this session."
+NO_HANDLER = _UNAVAILABLE._replace(
+    refusal=CallOutcome(
+        "denied", "Permission denied: no permission handler is configured for this session."
+    )
 )
 
 
@@ -112,23 +132,24 @@ async def decide(
 
 async def ask_permission(
     handler: PermissionHandlerFn, request: PermissionRequestData, invocation: ToolInvocation
-) -> Verdict:
+) -> Approval:
     """Ask `handler`; any failure to get a valid answer is a denial, never a crash."""
     decision = await decide(handler, request, invocation)
-    if decision is None:
-        return _NOT_AVAILABLE
-    match decision.kind:
-        case "approve-once" | "approved":
-            return _APPROVED
-        case "approve-for-session":
+    return _UNAVAILABLE if decision is None else approval(decision)
+
+
+def approval(decision: PermissionDecision) -> Approval:
+    """What `decision` means for the call it answers."""
+    match _KINDS[decision.kind]:
+        case "once":
+            return APPROVED
+        case "session":
             # Logged as such, so that the approval survives a resume (a fact of the log).
-            return _APPROVED._replace(wire_kind=APPROVED_FOR_SESSION, for_session=True)
-        case "reject" | "denied-interactively-by-user":
+            return Approval(None, APPROVED_FOR_SESSION, for_session=True)
+        case "reject":
             text = "The user rejected this tool call."
             if decision.feedback:
                 text += f" Feedback: {decision.feedback}"
-            return Verdict(False, "rejected", "denied-interactively-by-user", text)
-        case "user-not-available" | "denied-no-approval-rule-and-could-not-request-from-user":
-            return _NOT_AVAILABLE
-        case _:
-            assert_never(decision.kind)
+            return Approval(CallOutcome("rejected", text), "denied-interactively-by-user")
+        case "unavailable":
+            return _UNAVAILABLE

@@ -1,7 +1,9 @@
-"""`RunLedger`: how each run of a session ended, told from its events alone.
+"""How runs end: `RunEnd`, the one result of a run, and `RunLedger`, which tells it from a
+session's events alone.
 
-A runtime that runs the session knows this from its own loop; one that follows a remote
-session (spec R1) sees only the events, stored and ephemeral, and learns it here.
+A run ends in exactly one `session.idle` (spec E1), delivered by the runtime that ran it, or,
+to a runtime that follows the session (R1), at the point where the log says it ended. So the
+events a session delivers are enough to know each run's end, wherever it ran.
 """
 
 from __future__ import annotations
@@ -23,20 +25,26 @@ __all__ = ["RunEnd", "RunLedger"]
 
 @dataclass
 class RunEnd:
-    """How one run (one `send`) ended, as `session.sendAndWait` reports it."""
+    """How one run (one `send`) ended."""
 
     message_id: str
+    """The id of the `send` that started it."""
     last_message: AssistantMessageEvent | None = None
+    """Its last `assistant.message` as stored (after a clear, the seeded run's, spec C8)."""
     error: SessionErrorEvent | None = None
+    """The `session.error` it ended with, if it failed."""
+    aborted: bool = False
+    """It was stopped by `abort()`."""
     idle: SessionIdleEvent | None = None
+    """Its one `session.idle`."""
 
 
 class RunLedger:
     """Follows a session's events to know when each run ended and what it answered.
 
-    Runs are sequential and each ends in exactly one `session.idle` (spec E1), so the run in
-    progress is the one whose user message came last; a seeded run after a clear belongs to
-    the run that cleared (its `user.message` has source `context_cleared`).
+    Runs are sequential and each ends in exactly one `session.idle`, so the run in progress
+    is the one whose user message came last; a seeded run after a clear belongs to the run
+    that cleared (its `user.message` has source `context_cleared`).
     """
 
     _KEEP = 64
@@ -48,7 +56,7 @@ class RunLedger:
         self._waiters: dict[str, asyncio.Future[RunEnd]] = {}
 
     def observe(self, event: Event) -> None:
-        """Account for one event of the session, in log order."""
+        """Account for one event of the session, in delivery order."""
         match event:
             case UserMessageEvent() if event.data.source != "context_cleared":
                 if event.data.message_id is not None:
@@ -60,7 +68,7 @@ class RunLedger:
                 self._current.error = event
             case SessionIdleEvent():
                 if self._current is not None:
-                    self._current.idle = event
+                    self._current.idle, self._current.aborted = event, bool(event.data.aborted)
                     self._ended_run(self._current)
                 self._current = None
             case _:
@@ -85,6 +93,12 @@ class RunLedger:
             return await waiter
         finally:
             self._waiters.pop(message_id, None)
+
+    def fail(self, message_id: str, reason: Exception) -> None:
+        """Fail whoever waits for the run of `message_id`, which will not run here."""
+        waiter = self._waiters.pop(message_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(reason)
 
     def close(self, reason: Exception) -> None:
         """Fail every waiter: the session is gone."""

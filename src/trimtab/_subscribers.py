@@ -6,7 +6,7 @@ import inspect
 import logging
 from collections.abc import Callable
 
-from trimtab.events import Event, EventType
+from trimtab.events import EVENT_TYPES, Event, EventType
 
 __all__ = ["EventHandler", "Subscribers"]
 
@@ -30,6 +30,9 @@ class Subscribers:
         if isinstance(first, str):
             if handler is None:
                 raise TypeError("on(event_type, handler) needs a handler")
+            if first not in EVENT_TYPES:
+                # A typo would subscribe to nothing, silently.
+                raise ValueError(f"unknown event type {first!r}: one of {sorted(EVENT_TYPES)}")
             entry: tuple[EventType | None, EventHandler] = (first, handler)
         else:
             entry = (None, first)

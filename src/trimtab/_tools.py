@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
     "CallOutcome",
+    "ExternalTool",
     "Tool",
     "ToolHandler",
     "ToolInvocation",
@@ -51,6 +52,9 @@ class ToolInvocation:
     """The arguments as the model sent them (parsed JSON)."""
     session: Session = field(repr=False)
     """The calling session, so a handler can use `invocation.session.history.clear_context`."""
+    request_id: str | None = None
+    """For an `ExternalTool`: the id of the `external_tool.requested` that announced the
+    call, which the client's answer names."""
 
 
 class ToolResult(BaseModel):
@@ -95,13 +99,16 @@ class Tool:
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, is_terminal={self.definition.is_terminal})"
 
-    def permission_request(self, arguments: Any, tool_call_id: str) -> PermissionRequestData:
+    def permission_request(
+        self, arguments: Any, tool_call_id: str, request_id: str
+    ) -> PermissionRequestData:
         """What the permission handler is asked about a call of this tool."""
         return PermissionRequestData(
             tool_name=self.name,
             tool_description=self.definition.description,
             args=arguments,
             tool_call_id=tool_call_id,
+            request_id=request_id,
         )
 
     def validate(self, arguments: Any) -> BaseModel | dict[str, Any] | CallOutcome:
@@ -185,6 +192,27 @@ class ToolSource(Protocol):
     async def close(self) -> None:
         """The session is done with the source."""
         ...
+
+
+class ExternalTool(Tool):
+    """A tool whose calls a client runs (the Copilot protocol's external tools).
+
+    The loop announces each call with `external_tool.requested` (its `request_id` is the
+    invocation's) and settles it with `external_tool.completed`, also when the call is
+    aborted; the handler waits for the client's answer. A call while `provided()` is false
+    (no client that runs the tool is attached) fails at once.
+    """
+
+    __slots__ = ("provided",)
+
+    def __init__(
+        self,
+        definition: ToolDefinition,
+        handler: ToolHandler,
+        provided: Callable[[], bool] = lambda: True,
+    ) -> None:
+        super().__init__(definition, handler, None)
+        self.provided = provided
 
 
 _FAILED = CallOutcome("failure", "Failed to execute '{name}': tool execution failed.")

@@ -32,6 +32,7 @@ __all__ = [
     "ContextClearedData",
     "Event",
     "EventAdapter",
+    "EVENT_TYPES",
     "EventType",
     "ExternalToolCompletedData",
     "ExternalToolCompletedEvent",
@@ -329,6 +330,8 @@ class PermissionRequestData(WireModel):
     """`mcp`: the tool's title (its name when it has none)."""
     read_only: bool | None = None
     """`mcp`: the server says the tool changes nothing (`readOnlyHint`)."""
+    request_id: str | None = None
+    """The id of the `permission.requested` event that asks it: what an answer names."""
 
 
 class PermissionRequestedData(WireModel):
@@ -567,11 +570,37 @@ Event: TypeAlias = Annotated[
 ]
 """Any session event; `event.type` tells which."""
 
-EventType: TypeAlias = str
-"""An event's `type` string, for `Session.on(type, handler)`."""
+EventType: TypeAlias = Literal[
+    "session.start",
+    "session.resume",
+    "user.message",
+    "assistant.turn_start",
+    "assistant.message_delta",
+    "assistant.message",
+    "assistant.usage",
+    "assistant.turn_end",
+    "tool.execution_start",
+    "tool.execution_complete",
+    "external_tool.requested",
+    "external_tool.completed",
+    "permission.requested",
+    "permission.completed",
+    "session.context_cleared",
+    "session.compaction_start",
+    "session.compaction_complete",
+    "session.truncated",
+    "session.warning",
+    "session.usage_info",
+    "session.error",
+    "abort",
+    "session.idle",
+]
+"""An event's `type`, for `Session.on(type, handler)`."""
 
 EventAdapter: TypeAdapter[Event] = TypeAdapter(Event, config=ConfigDict(defer_build=True))
 """Validates and serialises any event (log rows, wire payloads)."""
+
+EVENT_TYPES: frozenset[str] = frozenset(get_args(EventType))
 
 _MODELS: dict[str, type[BaseModel]] = {
     model.model_fields["type"].default: model for model in get_args(get_args(Event)[0])

@@ -79,8 +79,21 @@ def test_demo_calculator_and_clock_report_results_and_failures(cli: Cli) -> None
     result = cli("run", "--json", "--tools", "demo", "--yes", *cli.scripted(calls, "ok"), "Go")
 
     assert result.returncode == 0, result.stderr
-    done = [e["data"] for e in json_lines(result.stdout) if e["type"] == "tool.execution_complete"]
-    texts = [d["result"]["content"] if d["success"] else d["error"]["message"] for d in done]
+    events = json_lines(result.stdout)
+    asked = [
+        r["toolCallId"]
+        for e in events
+        if e["type"] == "assistant.message"
+        for r in e["data"].get("toolRequests") or ()
+    ]
+    done = {
+        e["data"]["toolCallId"]: e["data"] for e in events if e["type"] == "tool.execution_complete"
+    }
+    # In the order asked: sync handlers run in threads, and complete in any order (spec T3).
+    texts = [
+        done[c]["result"]["content"] if done[c]["success"] else done[c]["error"]["message"]
+        for c in asked
+    ]
     unsupported = "unsupported in arithmetic: \"__import__('os')\""
     assert texts[:3] == ["42", "division by zero", unsupported]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \(\w+day, UTC\)", texts[3])

@@ -76,7 +76,7 @@ async def test_without_llama_cpp_the_provider_fails_the_run_with_the_install_hin
     weights.write_bytes(b"GGUF")
     error = await ask(LocalProvider(ProviderConfig(type="local", model_path=str(weights))))
     assert error.error_type == "provider_unavailable"
-    assert install_command("local") in error.message
+    assert install_command("local") in error.message  # from where trimtab is installed
 
 
 def test_default_weights_are_found_without_importing_their_package() -> None:

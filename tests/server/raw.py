@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Any
 
-from trimtab.server.framing import encode_frame
+from trimtab.protocol.framing import encode_frame
 
 TIMEOUT = 30.0
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from trimtab.server.framing import FramingError, encode_frame, read_frame
+from trimtab.protocol.framing import FramingError, encode_frame, read_frame
 
 
 def reader_of(data: bytes) -> asyncio.StreamReader:

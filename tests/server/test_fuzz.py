@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.server.conftest import StartServer, assistant, conversation, provider, user
-from trimtab.server.framing import encode_frame
+from trimtab.protocol.framing import encode_frame
 from trimtab.testing import ReplayServer
 
 PARSE_ERROR, INVALID_REQUEST, INTERNAL_ERROR = -32700, -32600, -32603

@@ -20,9 +20,10 @@ import pytest
 
 from tests.server.conftest import ServerProcess, StartServer
 from tests.server.raw import RawClient, rss_kb
-from trimtab.server import SERVER_BUSY, serve
-from trimtab.server.copilot import AUTHENTICATION_FAILED, CopilotConnection
-from trimtab.server.rpc import INVALID_PARAMS, PARSE_ERROR
+from trimtab.protocol.errors import AUTHENTICATION_FAILED, SERVER_BUSY
+from trimtab.protocol.jsonrpc import INVALID_PARAMS, PARSE_ERROR
+from trimtab.server import serve
+from trimtab.server.copilot import CopilotConnection
 
 TOKEN = "s3cret-token"
 

@@ -28,7 +28,7 @@ from tests.server.conftest import (
     user,
 )
 from trimtab import TrimtabError
-from trimtab.server.framing import encode_frame
+from trimtab.protocol.framing import encode_frame
 from trimtab.testing import ReplayServer
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from trimtab.server.framing import encode_frame, read_frame
-from trimtab.server.rpc import (
+from trimtab.protocol.framing import encode_frame, read_frame
+from trimtab.protocol.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,

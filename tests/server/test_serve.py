@@ -18,8 +18,8 @@ import pytest
 
 from tests.server.conftest import StartServer
 from tests.server.raw import RawClient
+from trimtab.protocol.framing import encode_frame
 from trimtab.server import serve
-from trimtab.server.framing import encode_frame
 
 COPILOT_FLAGS = [
     "--headless",

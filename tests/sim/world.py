@@ -28,7 +28,7 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
-from trimtab._replay import replay
+from trimtab._state import state_of
 from trimtab.events import Event, PermissionRequestData
 from trimtab.providers import ModelRequest, ModelResponse, ProviderEvent, ToolCall, Usage
 from trimtab.store import MemoryStore, SqliteStore, Store
@@ -248,8 +248,8 @@ class World:
             runtime.buried = True
             runtime.store.timeout = 0.0  # its appends give up at once, with no sleep
             self.crashes.append((runtime.store.writes, runtime.store.durable))
-            session = runtime.session
-            for task in (session._worker, session._current, session._follower):
+            runner = runtime.session._runner
+            for task in (runner._worker, runner._current, runtime.session.ownership._follower):
                 if task is not None:
                     task.cancel()
 
@@ -268,8 +268,7 @@ class World:
             self.SESSION, follower.client._owner, follower.client._lease_ttl
         )
         assert lease is not None
-        await follower.session._adopt(lease)
-        await follower.session._take_inputs()
+        await follower.session.ownership.adopt(lease)
 
     async def follow(self) -> None:
         """A second runtime opens the session while its owner runs it: remote (R1)."""
@@ -318,7 +317,7 @@ class World:
                 if self.owner.dead:
                     continue
                 if await self.durable.pending_inputs(self.SESSION):
-                    await session._take_inputs()  # as the upkeep would
+                    await session.ownership.take_inputs()  # as the upkeep would
                 elif not session.busy:
                     break
         self.gates.opened = asyncio.Event()
@@ -364,7 +363,7 @@ class World:
             )
         session = self.owner.session
         assert session is not None
-        assert session.window() == replay(log).window(), "the live window is not the log's"
+        assert session.window() == state_of(log).window(), "the live window is not the log's"
         for runtime in [*self.runtimes, *([self.follower] if self.follower else [])]:
             if not runtime.dead:
                 assert_one_idle_per_run(runtime, log)
@@ -427,7 +426,7 @@ def assert_request(request: ModelRequest) -> None:
 def assert_one_idle_per_run(runtime: Runtime, log: list[Event]) -> None:
     """E1, E5: every run this runtime ran or followed ends in exactly one idle, right after the
     stored event that ended it in the log (the loop and the log agree on where a run ends)."""
-    state = replay([])
+    state = state_of([])
     ending = {event.id for event in log if state.apply(event)}
     seen = runtime.seen
     for index, event in enumerate(seen):

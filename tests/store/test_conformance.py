@@ -547,21 +547,6 @@ async def test_inputs_keep_their_text_unchanged(store: Store) -> None:
     assert await store.pending_inputs("s") == [(prompt, "m1")]
 
 
-async def test_r1_claim_next_takes_a_free_session_with_pending_input(store: Store) -> None:
-    await make(store, "idle", "waiting", "held", "done")
-    await store.enqueue_input("waiting", "hi", "m1")
-    await store.enqueue_input("held", "hi", "m2")
-    await store.enqueue_input("done", "hi", "m3")
-    await store.append("done", [message("hi", "m3")], lease=None)
-    assert await store.acquire_lease("held", "other", LONG_TTL) is not None
-
-    lease = await store.claim_next("worker", LONG_TTL)
-
-    assert lease is not None and (lease.session_id, lease.owner) == ("waiting", "worker")
-    assert (await store.get("waiting")).lease_owner == "worker"
-    assert await store.claim_next("another worker", LONG_TTL) is None
-
-
 async def test_a_retried_append_is_not_stored_again(store: Store) -> None:
     await store.create("s")
     batch: list[Event] = [user("a"), assistant("b")]

@@ -339,36 +339,7 @@ async def test_without_the_doorbell_a_subscriber_still_catches_up_by_polling(
         assert not failures
 
 
-# --- workers, idempotency, schema ---------------------------------------------------------
-
-
-async def test_workers_claim_each_session_with_pending_input_once(pg_dsn: str) -> None:
-    async with stores(pg_dsn, 1) as (store,):
-        pending = [f"s{n:02}" for n in range(24)]
-        for session_id in [*pending, "idle", "held"]:
-            await store.create(session_id)
-        for session_id in [*pending, "held"]:
-            await store.enqueue_input(session_id, "first", f"{session_id}-1")
-            await store.enqueue_input(session_id, "second", f"{session_id}-2")
-        await store.acquire_lease("held", "another runtime", 60)
-
-        async def work(owner: str) -> list[tuple[str, list[tuple[str, str]]]]:
-            done = []
-            while (lease := await store.claim_next(owner, 30)) is not None:
-                assert lease.owner == owner
-                inputs = await store.pending_inputs(lease.session_id)
-                delivered = [message(prompt, message_id) for prompt, message_id in inputs]
-                await store.append(lease.session_id, delivered, lease=lease)
-                done.append((lease.session_id, inputs))
-                await store.release_lease(lease)
-            return done
-
-        results = await asyncio.gather(*(work(f"w{n}") for n in range(4)))
-
-    # Each session's inputs were delivered by exactly one worker.
-    delivered = sorted((sid, inputs) for done in results for sid, inputs in done if inputs)
-    assert delivered == [(sid, [("first", f"{sid}-1"), ("second", f"{sid}-2")]) for sid in pending]
-    assert sum(1 for done in results if done) > 1, "one worker did everything"
+# --- idempotency, schema ---------------------------------------------------------
 
 
 async def test_a_retry_still_needs_the_lease(pg_dsn: str) -> None:

@@ -19,8 +19,8 @@ from trimtab.cli.host import SessionHost
 from trimtab.cli.render import Terminal, TextRenderer, printable
 from trimtab.cli.runtime import (
     Approver,
-    Bridge,
     Portal,
+    TerminalBridge,
     provider_type,
     read_line,
     session_error_hint,
@@ -53,7 +53,7 @@ def run_chat(resolved: Resolved, *, resume: str | None, yes: bool) -> int:
     renderer = TextRenderer(term, replies=True, activity_to_err=False)
     try:
         with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
-            bridge = Bridge(portal, term, renderer.render, approver)
+            bridge = TerminalBridge(portal, term, renderer.render, approver)
             session = host.create(bridge) if resume is None else host.resume(resume or None, bridge)
             if provider_type(session) == "local":
                 renderer.first_wait = "loading the embedded model"
@@ -77,7 +77,7 @@ class Chat:
         self,
         portal: Portal,
         host: SessionHost,
-        bridge: Bridge,
+        bridge: TerminalBridge,
         term: Terminal,
         *,
         line_editing: bool = False,

@@ -13,8 +13,8 @@ from trimtab.cli.render import JsonRenderer, Terminal, TextRenderer, printable, 
 from trimtab.cli.runtime import (
     ApprovalMode,
     Approver,
-    Bridge,
     Portal,
+    TerminalBridge,
     provider_type,
     session_error_hint,
 )
@@ -39,7 +39,7 @@ def run_once(resolved: Resolved, prompt: str | None, *, yes: bool, as_json: bool
     )
     approver = Approver(term, mode, prompt_on_err=True)
     with Portal(term) as portal, SessionHost(portal, resolved, term) as host:
-        bridge = Bridge(portal, term, renderer.render, approver)
+        bridge = TerminalBridge(portal, term, renderer.render, approver)
         session = host.create(bridge)
         provider = provider_type(session)
         if isinstance(renderer, TextRenderer) and provider == "local":

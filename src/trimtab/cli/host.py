@@ -28,7 +28,7 @@ from trimtab.cli.config import Resolved
 from trimtab.cli.demo_tools import DEMO_TOOL_NAMES, demo_tools
 from trimtab.cli.errors import EXIT_USAGE, CliError
 from trimtab.cli.render import Terminal
-from trimtab.cli.runtime import Bridge, Portal
+from trimtab.cli.runtime import Portal, TerminalBridge
 from trimtab.cli.select import ProviderChoice, choose_provider, provider_spec, timeouts
 from trimtab.cli.status import TAIL, Status, session_status
 from trimtab.events import SessionConfigData, SessionResumeEvent, SessionStartEvent
@@ -175,7 +175,7 @@ class SessionHost:
 
     # --- sessions --------------------------------------------------------------------------
 
-    def create(self, bridge: Bridge) -> Session:
+    def create(self, bridge: TerminalBridge) -> Session:
         """A new session with the configured provider, model, tools and system message."""
         choice = self.choice()
         config = self._resolved.config
@@ -191,7 +191,7 @@ class SessionHost:
         bridge.attach(session)
         return session
 
-    def resume(self, wanted: str | None, bridge: Bridge) -> Session:
+    def resume(self, wanted: str | None, bridge: TerminalBridge) -> Session:
         """Reopen a session by id or id prefix (None: the most recently active one).
 
         Without a configured provider the session keeps its own, rebuilt from its log.
@@ -242,7 +242,7 @@ class SessionHost:
         return self._provider_options(choice), choice.name
 
     @staticmethod
-    def _common_options(bridge: Bridge, *, demo: bool) -> SessionOptions:
+    def _common_options(bridge: TerminalBridge, *, demo: bool) -> SessionOptions:
         # Tools are code, not logged: they are passed on every open. An empty list also tells
         # a resumed session not to offer the model tools this process cannot run.
         return {

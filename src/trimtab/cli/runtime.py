@@ -3,9 +3,9 @@ between them.
 
 The main thread stays the terminal's: it reads input (with line editing and plain Ctrl-C),
 asks for permissions and does all the printing. Sessions run on an asyncio loop in a
-background thread (`Portal`). A `Bridge` carries events and permission requests from the loop
-to the terminal thread through one queue, so output is never interleaved and a permission
-prompt can wait as long as the person needs.
+background thread (`Portal`). A `TerminalBridge` carries events and permission requests from
+the loop to the terminal thread through one queue, so output is never interleaved and a
+permission prompt can wait as long as the person needs.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from trimtab.events import (
 
 __all__ = [
     "Approver",
-    "Bridge",
+    "TerminalBridge",
     "Portal",
     "TurnOutcome",
     "provider_type",
@@ -245,7 +245,7 @@ class TurnOutcome:
     """The id of the run's own `user.message`, where an interrupted exchange starts."""
 
 
-class Bridge:
+class TerminalBridge:
     """Carries a session's events and permission requests to the terminal thread.
 
     Create the bridge first and pass `permission_handler` to the session, then `attach` it.

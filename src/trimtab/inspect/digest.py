@@ -3,7 +3,7 @@
 The state follows the rules of `trimtab sessions list`: a run that has not ended is `running`
 while a process holds the session's lease and `interrupted` once none does; a run that ended
 in `session.error` leaves the session `failed` until the next message. When a run ends is the
-replay's to say (`Replay.apply`), so that the inspector and the runtime never disagree.
+replay's to say (`SessionState.apply`), so that the inspector and the runtime never disagree.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
-from trimtab._replay import Replay, replay
+from trimtab._state import SessionState, state_of
 from trimtab.events import (
     AbortEvent,
     AssistantTurnStartEvent,
@@ -59,7 +59,7 @@ class Summary:
 class Digest:
     """Folds a log, one event at a time, into a `Summary`."""
 
-    state: Replay = field(default_factory=lambda: replay(()))
+    state: SessionState = field(default_factory=lambda: state_of(()))
     """The runtime's own replay: it says when a run ends, and what it used."""
     event_count: int = 0
     model: str | None = None

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from trimtab._replay import replay
+from trimtab._state import state_of
 from trimtab.events import (
     AssistantTurnStartEvent,
     Event,
@@ -87,7 +87,7 @@ def _title(epoch: int, opened_by: str) -> str:
 def window_view(events: Iterable[Event], call: int, *, columns: int = 4) -> WindowView | None:
     """The window of model call `call` (1-based) and the columns before it (at most
     `columns` in all); None if the log has fewer calls."""
-    state = replay(())
+    state = state_of(())
     earlier: deque[Column] = deque(maxlen=max(columns - 1, 0))
     hidden, calls = 0, 0
     marks: dict[Message, Mark] = {}

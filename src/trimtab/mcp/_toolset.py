@@ -78,7 +78,9 @@ class McpTool(Tool):
         self.title = tool.title or (annotations.title if annotations else None) or tool.name
         self.read_only = bool(annotations and annotations.read_only_hint)
 
-    def permission_request(self, arguments: Any, tool_call_id: str) -> PermissionRequestData:
+    def permission_request(
+        self, arguments: Any, tool_call_id: str, request_id: str
+    ) -> PermissionRequestData:
         """An `mcp` request naming the server and the tool as the server calls it."""
         return PermissionRequestData(
             kind="mcp",
@@ -89,6 +91,7 @@ class McpTool(Tool):
             tool_description=self.definition.description,
             args=arguments,
             tool_call_id=tool_call_id,
+            request_id=request_id,
         )
 
 

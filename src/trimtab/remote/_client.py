@@ -9,32 +9,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from datetime import datetime
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 from urllib.parse import urlsplit
+
+from pydantic import BaseModel
 
 from trimtab import SessionNotFoundError, SessionOptions, TrimtabError
 from trimtab.events import new_id
-from trimtab.providers import Provider, ProviderConfig
-from trimtab.remote._session import RemoteSession, error_from_rpc
-from trimtab.server.rpc import METHOD_NOT_FOUND, Connection, Params, RpcError
-from trimtab.server.wire import PROTOCOL_VERSION
+from trimtab.protocol.errors import error_from_rpc
+from trimtab.protocol.jsonrpc import METHOD_NOT_FOUND, Connection, Params, RpcError
+from trimtab.protocol.wire import (
+    PROTOCOL_VERSION,
+    ConnectParams,
+    ConnectResult,
+    CreateParams,
+    ResumeParams,
+    SessionListResult,
+    SessionParams,
+    SuccessResult,
+    dump,
+    record_of,
+)
+from trimtab.remote._session import RemoteSession
 from trimtab.store import SessionRecord
 
 __all__ = ["RemoteClient"]
 
-_SUPPORTED = frozenset(
-    {
-        "model",
-        "provider",
-        "system_message",
-        "developer_messages",
-        "tools",
-        "on_permission_request",
-        "streaming",
-    }
-)
+_Result = TypeVar("_Result", bound=BaseModel)
 
 
 class RemoteClient:
@@ -88,15 +90,14 @@ class RemoteClient:
         )
         self._conn = conn
         try:
-            result = await conn.request(
-                "connect", {} if self._token is None else {"token": self._token}
-            )
-        except RpcError as exc:
+            answer = await conn.request("connect", dump(ConnectParams(token=self._token)))
+            result = ConnectResult.model_validate(answer)
+        except (RpcError, ValueError) as exc:
             await self.stop()
-            raise TrimtabError(f"the server refused the connection: {exc.message}") from None
-        if result.get("protocolVersion") != PROTOCOL_VERSION:
+            raise TrimtabError(f"the server refused the connection: {exc}") from None
+        if result.protocol_version != PROTOCOL_VERSION:
             await self.stop()
-            raise TrimtabError(f"the server speaks protocol {result.get('protocolVersion')}")
+            raise TrimtabError(f"the server speaks protocol {result.protocol_version}")
 
     async def stop(self) -> None:
         """Let go of every session, then close the connection."""
@@ -121,7 +122,8 @@ class RemoteClient:
         self, *, session_id: str | None = None, **options: Unpack[SessionOptions]
     ) -> RemoteSession:
         """Create a session on the server, as `Client.create_session`."""
-        return await self._open("session.create", session_id or new_id(), options)
+        params = CreateParams.of(session_id or new_id(), options)
+        return await self._open("session.create", params, options)
 
     async def resume_session(
         self, session_id: str, **options: Unpack[SessionOptions]
@@ -130,13 +132,13 @@ class RemoteClient:
         and permission handler again, as in-process."""
         if (open_session := self._sessions.get(session_id)) is not None:
             return open_session
-        return await self._open("session.resume", session_id, options)
+        return await self._open("session.resume", ResumeParams.of(session_id, options), options)
 
     async def _open(
-        self, method: str, session_id: str, options: Mapping[str, Any]
+        self, method: str, params: CreateParams | ResumeParams, options: Mapping[str, Any]
     ) -> RemoteSession:
         conn = await self._connection()
-        params = {"sessionId": session_id, **_wire_options(options)}
+        session_id = params.session_id
         tools = {tool.name: tool for tool in options.get("tools", [])}
         # Registered before the request: the server streams events while it opens the session.
         session = self._sessions[session_id] = RemoteSession(
@@ -147,7 +149,7 @@ class RemoteClient:
             on_close=self._forget,
         )
         try:
-            await conn.request(method, params)
+            await conn.request(method, dump(params))
         except BaseException as exc:
             self._sessions.pop(session_id, None)
             if isinstance(exc, RpcError):
@@ -157,24 +159,24 @@ class RemoteClient:
 
     async def list_sessions(self) -> list[SessionRecord]:
         """Every session the server stores, most recently active first."""
-        result = await self._request("session.list", {})
-        return [_record(entry) for entry in result.get("sessions", [])]
+        result = await self._request("session.list", {}, SessionListResult)
+        return [record_of(entry) for entry in result.sessions]
 
     async def delete_session(self, session_id: str) -> None:
         """Delete a session on the server (`SessionNotFoundError` if there is none)."""
-        result = await self._request("session.delete", {"sessionId": session_id})
-        if not result.get("success"):
+        params = dump(SessionParams(session_id=session_id))
+        result = await self._request("session.delete", params, SuccessResult)
+        if not result.success:
             raise SessionNotFoundError(session_id)
         if (session := self._sessions.get(session_id)) is not None:
             session._close()
 
-    async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _request(self, method: str, params: dict[str, Any], result: type[_Result]) -> _Result:
         conn = await self._connection()
         try:
-            result = await conn.request(method, params)
+            return result.model_validate(await conn.request(method, params))
         except RpcError as exc:
             raise error_from_rpc(exc) from None
-        return result if isinstance(result, dict) else {}
 
     def _forget(self, session: RemoteSession) -> None:
         if self._sessions.get(session.session_id) is session:
@@ -199,43 +201,3 @@ def _address(url: str) -> tuple[str, int]:
     if parts.scheme != "tcp" or not parts.hostname or parts.port is None:
         raise ValueError(f"expected a server address like tcp://127.0.0.1:8765, got {url!r}")
     return parts.hostname, parts.port
-
-
-def _wire_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """`session.create` / `session.resume` params for `SessionOptions`."""
-    unknown = set(options) - _SUPPORTED
-    if unknown:
-        raise TypeError(f"not available on a remote session (yet): {', '.join(sorted(unknown))}")
-    params: dict[str, Any] = {"requestPermission": True}
-    for key, wire in (("model", "model"), ("streaming", "streaming")):
-        if key in options:
-            params[wire] = options[key]
-    if "developer_messages" in options:
-        params["developerMessages"] = list(options["developer_messages"])
-    if (message := options.get("system_message")) is not None:
-        params["systemMessage"] = {
-            "content": message if isinstance(message, str) else message.get("content")
-        }
-    if (provider := options.get("provider")) is not None:
-        if isinstance(provider, Provider):
-            raise TypeError("a Provider object cannot be sent to a server: pass its config dict")
-        # Checked here, so that a typo fails in the caller, not as a server error.
-        config = ProviderConfig.model_validate(provider)
-        params["provider"] = config.model_dump(by_alias=True, exclude_none=True)
-    if "tools" in options:
-        params["tools"] = [
-            tool.definition.model_dump(by_alias=True, exclude_none=True, exclude={"timeout"})
-            for tool in options["tools"]
-        ]
-    return params
-
-
-def _record(entry: dict[str, Any]) -> SessionRecord:
-    return SessionRecord(
-        session_id=entry["sessionId"],
-        created_at=datetime.fromisoformat(entry["startTime"]),
-        updated_at=datetime.fromisoformat(entry["modifiedTime"]),
-        event_count=entry.get("eventCount", 0),
-        lease_owner=entry.get("leaseOwner"),
-        summary=entry.get("summary"),
-    )

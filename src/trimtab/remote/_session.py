@@ -11,23 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, cast, overload
+from typing import Any, TypeVar, cast, overload
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from trimtab import (
-    ClearContextError,
     ClearContextResult,
     CompactResult,
     PermissionDecision,
-    SessionError,
-    SessionNotFoundError,
     Tool,
     ToolInvocation,
     TrimtabError,
     TruncateResult,
 )
-from trimtab._errors import ClearContextErrorCode
 from trimtab._permissions import PermissionHandlerFn, decide
 from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import CallOutcome
@@ -41,17 +37,35 @@ from trimtab.events import (
     PermissionRequestedEvent,
     ToolOutcome,
 )
-from trimtab.server.rpc import INVALID_PARAMS, Connection, RpcError
+from trimtab.protocol.errors import error_from_rpc
+from trimtab.protocol.jsonrpc import Connection, RpcError
+from trimtab.protocol.wire import (
+    ClearContextParams,
+    ClearContextResultWire,
+    CompactParams,
+    CompactResultWire,
+    EventsResult,
+    HandlePermissionParams,
+    HandleToolCallParams,
+    PermissionAnswer,
+    ResultType,
+    SendAndWaitResult,
+    SendParams,
+    SendResult,
+    SessionParams,
+    ToolResultAnswer,
+    TruncateParams,
+    TruncateResultWire,
+    dump,
+)
 
 __all__ = ["RemoteHistory", "RemoteSession"]
 
 log = logging.getLogger("trimtab.remote")
 
+_Result = TypeVar("_Result", bound=BaseModel)
 
-_CLEAR_CODES: frozenset[str] = frozenset(
-    {"no_tool_call_in_flight", "empty_prompt", "clear_pending", "remote_session"}
-)
-_RESULT_TYPES: dict[ToolOutcome, str] = {
+_RESULT_TYPES: dict[ToolOutcome, ResultType] = {
     "success": "success",
     "failure": "failure",
     "invalid_arguments": "failure",
@@ -61,22 +75,6 @@ _RESULT_TYPES: dict[ToolOutcome, str] = {
     "cancelled": "failure",
 }
 """How a local tool outcome travels (the wire has no `invalid_arguments` nor `cancelled`)."""
-
-
-def error_from_rpc(exc: RpcError) -> Exception:
-    """The trimtab exception for a JSON-RPC error the server answered with."""
-    data = exc.data if isinstance(exc.data, dict) else {}
-    code = data.get("code")
-    if code in _CLEAR_CODES:
-        return ClearContextError(cast(ClearContextErrorCode, code), exc.message)
-    if code == "session_not_found":
-        return SessionNotFoundError(exc.message)
-    if "errorType" in data:
-        message = str(data.get("message", exc.message))
-        return SessionError(str(data["errorType"]), message, status_code=data.get("statusCode"))
-    if exc.code == INVALID_PARAMS:
-        return ValueError(exc.message)
-    return TrimtabError(exc.message)
 
 
 class RemoteHistory:
@@ -93,24 +91,31 @@ class RemoteHistory:
         Over the wire this is a coroutine: `await` it (the in-process result is awaitable too,
         so `await session.history.clear_context(...)` works with either).
         """
-        result = await self._session._call("session.history.clearContext", {"prompt": prompt})
-        return ClearContextResult(messages_cleared=result["messagesCleared"])
+        session = self._session
+        params = ClearContextParams(session_id=session.session_id, prompt=prompt)
+        result = await session._call("session.history.clearContext", params, ClearContextResultWire)
+        return ClearContextResult(messages_cleared=result.messages_cleared)
 
     async def compact(self, custom_instructions: str | None = None) -> CompactResult:
         """Summarise the older conversation, as `History.compact`."""
-        params = {} if custom_instructions is None else {"customInstructions": custom_instructions}
-        result = await self._session._call("session.history.compact", params)
+        session = self._session
+        params = CompactParams(
+            session_id=session.session_id, custom_instructions=custom_instructions
+        )
+        result = await session._call("session.history.compact", params, CompactResultWire)
         return CompactResult(
-            success=result["success"],
-            summary=result.get("summaryContent"),
-            messages_removed=result.get("messagesRemoved", 0),
-            tokens_removed=result.get("tokensRemoved", 0),
+            success=result.success,
+            summary=result.summary_content,
+            messages_removed=result.messages_removed,
+            tokens_removed=result.tokens_removed,
         )
 
     async def truncate(self, event_id: str) -> TruncateResult:
         """Make the window forget `event_id` and what follows, as `History.truncate`."""
-        result = await self._session._call("session.history.truncate", {"eventId": event_id})
-        return TruncateResult(events_removed=result["eventsRemoved"])
+        session = self._session
+        params = TruncateParams(session_id=session.session_id, event_id=event_id)
+        result = await session._call("session.history.truncate", params, TruncateResultWire)
+        return TruncateResult(events_removed=result.events_removed)
 
 
 class _Rpc:
@@ -161,8 +166,8 @@ class RemoteSession:
 
     async def send(self, prompt: str) -> str:
         """Queue `prompt` and return its message id at once, as `Session.send`."""
-        result = await self._call("session.send", {"prompt": prompt})
-        return str(result["messageId"])
+        params = SendParams(session_id=self.session_id, prompt=prompt)
+        return (await self._call("session.send", params, SendResult)).message_id
 
     async def send_and_wait(
         self, prompt: str, *, timeout: float | None = None
@@ -172,23 +177,24 @@ class RemoteSession:
         Raises `SessionError` if the run ended in `session.error`, and `TimeoutError` after
         `timeout` seconds (the run goes on).
         """
-        result = await self._call("session.sendAndWait", {"prompt": prompt}, timeout=timeout)
-        response = result.get("response")
-        if response is None:
+        params = SendParams(session_id=self.session_id, prompt=prompt)
+        result = await self._call("session.sendAndWait", params, SendAndWaitResult, timeout=timeout)
+        if result.response is None:
             return None
-        event = EventAdapter.validate_python(response)
+        event = EventAdapter.validate_python(result.response)
         if not isinstance(event, AssistantMessageEvent):
             raise TrimtabError(f"the server answered with a {event.type} event")
         return event
 
     async def abort(self) -> None:
         """Stop the current run; its tool handlers here are cancelled too."""
-        await self._call("session.abort", {})
+        await self._call("session.abort", SessionParams(session_id=self.session_id))
 
     async def get_events(self) -> list[Event]:
         """The persisted log, oldest first."""
-        result = await self._call("session.getMessages", {})
-        return [EventAdapter.validate_python(event) for event in result["events"]]
+        params = SessionParams(session_id=self.session_id)
+        result = await self._call("session.getMessages", params, EventsResult)
+        return [EventAdapter.validate_python(event) for event in result.events]
 
     async def disconnect(self) -> None:
         """Let go of the session: the server disconnects it once no client holds it."""
@@ -196,22 +202,34 @@ class RemoteSession:
             return
         try:
             if not self._conn.closed:
-                await self._call("session.detach", {})
+                await self._call("session.detach", SessionParams(session_id=self.session_id))
         finally:
             self._close()
 
     # --- from the connection -------------------------------------------------------------
 
+    @overload
     async def _call(
-        self, method: str, params: dict[str, Any], *, timeout: float | None = None
-    ) -> dict[str, Any]:
+        self, method: str, params: BaseModel, result: type[_Result], *, timeout: float | None = None
+    ) -> _Result: ...
+    @overload
+    async def _call(
+        self, method: str, params: BaseModel, result: None = None, *, timeout: float | None = None
+    ) -> None: ...
+    async def _call(
+        self,
+        method: str,
+        params: BaseModel,
+        result: type[_Result] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> _Result | None:
+        """One request with its params model; the answer as its result model."""
         try:
-            result = await self._conn.request(
-                method, {"sessionId": self.session_id, **params}, timeout=timeout
-            )
+            answer = await self._conn.request(method, dump(params), timeout=timeout)
         except RpcError as exc:
             raise error_from_rpc(exc) from None
-        return result if isinstance(result, dict) else {}
+        return None if result is None else result.model_validate(answer)
 
     def _close(self) -> None:
         self._closed = True
@@ -260,14 +278,16 @@ class RemoteSession:
         else:
             invocation = self._invocation(data.tool_call_id, data.tool_name, data.arguments)
             outcome = await tool.run(params, invocation)
-        result: dict[str, Any] = {
-            "textResultForLlm": outcome.text,
-            "resultType": _RESULT_TYPES[outcome.outcome],
-        }
-        if outcome.references:
-            result["toolReferences"] = list(outcome.references)
+        result = ToolResultAnswer(
+            text_result_for_llm=outcome.text,
+            result_type=_RESULT_TYPES[outcome.outcome],
+            tool_references=list(outcome.references) or None,
+        )
         await self._answer(
-            "session.tools.handlePendingToolCall", {"requestId": data.request_id, "result": result}
+            "session.tools.handlePendingToolCall",
+            HandleToolCallParams(
+                session_id=self.session_id, request_id=data.request_id, result=result
+            ),
         )
 
     async def _decide(self, event: PermissionRequestedEvent) -> None:
@@ -282,13 +302,14 @@ class RemoteSession:
         decision = decision or PermissionDecision(kind="user-not-available")
         await self._answer(
             "session.permissions.handlePendingPermissionRequest",
-            {
-                "requestId": event.data.request_id,
-                "result": decision.model_dump(exclude_none=True),
-            },
+            HandlePermissionParams(
+                session_id=self.session_id,
+                request_id=event.data.request_id,
+                result=PermissionAnswer(kind=decision.kind, feedback=decision.feedback),
+            ),
         )
 
-    async def _answer(self, method: str, params: dict[str, Any]) -> None:
+    async def _answer(self, method: str, params: BaseModel) -> None:
         try:
             await self._call(method, params)
         except (TrimtabError, ValueError, ConnectionError) as exc:

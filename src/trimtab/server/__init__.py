@@ -23,22 +23,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from trimtab import Client
+from trimtab.protocol.errors import SERVER_BUSY
+from trimtab.protocol.framing import encode_frame
+from trimtab.protocol.jsonrpc import Connection
 from trimtab.providers import ProviderConfig, make_provider
 from trimtab.server.copilot import CANCELLABLE, CopilotConnection
-from trimtab.server.framing import encode_frame
 from trimtab.server.hub import SessionHub
-from trimtab.server.rpc import Connection
 from trimtab.store import Store
 
-__all__ = ["SERVER_BUSY", "ServeError", "serve"]
+__all__ = ["ServeError", "serve"]
 
 log = logging.getLogger("trimtab.server")
 
 _STREAM_LIMIT = 1024 * 1024
 """Bytes a header line may take before the reader gives up (bodies are not limited by it)."""
-
-SERVER_BUSY = -32003
-"""The error a connection beyond `max_connections` gets, in one frame, before it is closed."""
 
 _FILE_MARGIN = 64
 """File descriptors kept beyond `max_connections` for the store, logs and providers."""

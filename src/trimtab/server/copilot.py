@@ -13,43 +13,52 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel
 
-from trimtab import ClearContextError, SessionNotFoundError, TrimtabError, __version__
-from trimtab.events import SessionWarningEvent, WarningData
-from trimtab.server.bridge import permission_decision
-from trimtab.server.hooks import PromptBlocked
-from trimtab.server.hub import SESSION_NOT_FOUND, SessionHub, SharedSession
-from trimtab.server.rpc import INVALID_PARAMS, METHOD_NOT_FOUND, Connection, Params, RpcError
-from trimtab.server.wire import (
+from trimtab import (
+    PermissionDecision,
+    SessionError,
+    SessionNotFoundError,
+    __version__,
+)
+from trimtab.protocol.errors import AUTHENTICATION_FAILED, rpc_error
+from trimtab.protocol.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Connection, Params, RpcError
+from trimtab.protocol.wire import (
     PROTOCOL_VERSION,
     ClearContextParams,
+    ClearContextResultWire,
     CompactParams,
+    CompactResultWire,
     ConnectParams,
+    ConnectResult,
     CreateParams,
+    EventsResult,
     HandlePermissionParams,
     HandleToolCallParams,
     PingParams,
     ResumeParams,
     SendAndWaitResult,
     SendParams,
+    SendResult,
+    SessionIdResult,
+    SessionListResult,
     SessionMetadata,
     SessionParams,
+    SuccessResult,
     TruncateParams,
+    TruncateResultWire,
     dump,
+    event_payload,
+    metadata_of,
 )
+from trimtab.server.hub import SessionHub, SharedSession
 
-__all__ = ["AUTHENTICATION_FAILED", "CANCELLABLE", "RUN_FAILED", "CopilotConnection"]
-
-AUTHENTICATION_FAILED = -32001
-"""A missing or wrong connection token (the message starts with `AUTHENTICATION_FAILED`)."""
-RUN_FAILED = -32000
-"""A refused runtime operation: a failed run, a refused clear, a blocked prompt."""
+__all__ = ["CANCELLABLE", "CopilotConnection"]
 
 CANCELLABLE = frozenset({"session.sendAndWait"})
 """Requests a `$/cancelRequest` may cancel: only waiting, which is safe to stop halfway."""
 
-Method = Callable[[dict[str, Any]], Awaitable[Any]]
+Method = Callable[[dict[str, Any]], Awaitable[BaseModel | dict[str, Any] | None]]
 
 
 class CopilotConnection:
@@ -153,34 +162,23 @@ class CopilotConnection:
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "Invalid params: expected an object")
         try:
-            return await handler(params)
-        except ValidationError as exc:
-            raise RpcError(INVALID_PARAMS, f"Invalid params: {_summary(exc)}") from None
-        except ClearContextError as exc:
-            code = INVALID_PARAMS if exc.code == "empty_prompt" else RUN_FAILED
-            raise RpcError(code, str(exc), {"code": exc.code}) from None
-        except SessionNotFoundError as exc:
-            raise RpcError(SESSION_NOT_FOUND, str(exc), {"code": "session_not_found"}) from None
-        except PromptBlocked as exc:
-            raise RpcError(
-                RUN_FAILED, f"prompt_blocked: {exc}", {"code": "prompt_blocked"}
-            ) from None
-        except ValueError as exc:
-            raise RpcError(INVALID_PARAMS, f"Invalid params: {exc}") from None
-        except RecursionError:
-            raise RpcError(INVALID_PARAMS, "Invalid params: nested too deeply") from None
-        except TrimtabError as exc:
-            raise RpcError(RUN_FAILED, str(exc)) from None
+            result = await handler(params)
+        except Exception as exc:
+            error = rpc_error(exc)
+            if error is None:
+                raise
+            raise error from None
+        return dump(result) if isinstance(result, BaseModel) else result
 
     # --- connection --------------------------------------------------------------------
 
-    async def _connect(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _connect(self, params: dict[str, Any]) -> ConnectResult:
         given = ConnectParams.model_validate(params).token
         if self._token is not None:
             if given is None or not hmac.compare_digest(_raw(given), _raw(self._token)):
                 raise _auth_failed()
             self._authenticated = True
-        return {"ok": True, "protocolVersion": PROTOCOL_VERSION, "version": __version__}
+        return ConnectResult(version=__version__)
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
         message = PingParams.model_validate(params).message
@@ -210,144 +208,125 @@ class CopilotConnection:
     def _session(self, params: dict[str, Any]) -> SharedSession:
         return self._hub.get(self._conn, SessionParams.model_validate(params).session_id)
 
-    async def _create(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _create(self, params: dict[str, Any]) -> SessionIdResult:
         shared = await self._hub.open(self._conn, CreateParams.model_validate(params), resume=False)
-        return {"sessionId": shared.session_id}
+        return SessionIdResult(session_id=shared.session_id)
 
-    async def _resume(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _resume(self, params: dict[str, Any]) -> SessionIdResult:
         shared = await self._hub.open(self._conn, ResumeParams.model_validate(params), resume=True)
-        return {"sessionId": shared.session_id}
+        return SessionIdResult(session_id=shared.session_id)
 
-    async def _send(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _send(self, params: dict[str, Any]) -> SendResult:
         shared, prompt = await self._prompt(params)
-        return {"messageId": await shared.session.send(prompt)}
+        return SendResult(message_id=await shared.session.send(prompt))
 
-    async def _send_and_wait(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _send_and_wait(self, params: dict[str, Any]) -> SendAndWaitResult:
         shared, prompt = await self._prompt(params)
         # On a remote session the owner runs it; the ledger follows its events from here.
         message_id = await shared.session.send(prompt)
-        run = await shared.bridge.ledger.wait(message_id)
+        run = await shared.questions.ledger.wait(message_id)
         idle = run.idle.id if run.idle is not None else None
         if run.error is not None:
             data = run.error.data
-            detail = {
-                "errorType": data.error_type,
-                "message": data.message,
-                "statusCode": data.status_code,
-                "completionEventId": idle,
-            }
-            raise RpcError(RUN_FAILED, f"Session error: {data.message}", detail)
-        result = SendAndWaitResult(
+            error = rpc_error(
+                SessionError(data.error_type, data.message, status_code=data.status_code)
+            )
+            assert error is not None and isinstance(error.data, dict)
+            error.data["completionEventId"] = idle  # the client waits for that event too
+            raise error
+        return SendAndWaitResult(
             aborted=bool(run.idle is not None and run.idle.data.aborted),
             message_id=message_id,
             completion_event_id=idle,
-            response=run.last_message.model_dump(by_alias=True, mode="json", exclude_none=True)
-            if run.last_message is not None
-            else None,
+            response=event_payload(run.last_message) if run.last_message is not None else None,
         )
-        return dump(result)
 
     async def _prompt(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
         request = SendParams.model_validate(params)
-        shared = self._hub.get(self._conn, request.session_id)
-        try:
-            return shared, await shared.bridge.hooks.user_prompt_submitted(request.prompt)
-        except PromptBlocked as exc:
-            # No run, no user message; clients see why (ephemeral, as in the official runtime).
-            data = WarningData(warning_type="policy_blocked", message=str(exc))
-            await shared.session.emit(SessionWarningEvent(data=data, ephemeral=True))
-            raise
+        return self._hub.get(self._conn, request.session_id), request.prompt
 
     async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:
         await self._session(params).session.abort()
         return {}
 
-    async def _detach(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _detach(self, params: dict[str, Any]) -> SuccessResult:
         session_id = SessionParams.model_validate(params).session_id
         await self._hub.release(self._conn, session_id)
-        return {"success": True}
+        return SuccessResult(success=True)
 
-    async def _get_messages(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _get_messages(self, params: dict[str, Any]) -> EventsResult:
         events = await self._session(params).session.get_events()
-        return {
-            "events": [e.model_dump(by_alias=True, mode="json", exclude_none=True) for e in events]
-        }
+        return EventsResult(events=[event_payload(e) for e in events])
 
-    async def _list(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"sessions": [dump(m) for m in await self._metadata()]}
+    async def _list(self, params: dict[str, Any]) -> SessionListResult:
+        return SessionListResult(sessions=await self._metadata())
 
     async def _get_metadata(self, params: dict[str, Any]) -> dict[str, Any]:
         session_id = SessionParams.model_validate(params).session_id
         found = [m for m in await self._metadata() if m.session_id == session_id]
         return {"session": dump(found[0])} if found else {}
 
-    async def _get_last_id(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _get_last_id(self, params: dict[str, Any]) -> SessionIdResult:
         sessions = await self._metadata()
-        return {"sessionId": sessions[0].session_id} if sessions else {}
+        return SessionIdResult(session_id=sessions[0].session_id if sessions else None)
 
     async def _metadata(self) -> list[SessionMetadata]:
         """Every stored session, most recently active first."""
         return [
-            SessionMetadata(
-                session_id=r.session_id,
-                start_time=r.created_at,
-                modified_time=r.updated_at,
-                # Run by another runtime sharing the store (spec R1).
-                is_remote=r.lease_owner is not None and not self._hub.runs(r.session_id),
-                summary=r.summary,
-                event_count=r.event_count,
-                lease_owner=r.lease_owner,
-            )
+            # Remote: run by another runtime sharing the store (spec R1).
+            metadata_of(r, is_remote=r.lease_owner is not None and not self._hub.runs(r.session_id))
             for r in await self._hub.client.list_sessions()
         ]
 
-    async def _delete(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _delete(self, params: dict[str, Any]) -> SuccessResult:
         session_id = SessionParams.model_validate(params).session_id
         try:
             await self._hub.delete(session_id)
         except SessionNotFoundError as exc:
-            return {"success": False, "error": str(exc)}
-        return {"success": True}
+            return SuccessResult(success=False, error=str(exc))
+        return SuccessResult(success=True)
 
     # --- history -------------------------------------------------------------------------
 
-    async def _clear_context(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _clear_context(self, params: dict[str, Any]) -> ClearContextResultWire:
         request = ClearContextParams.model_validate(params)
         session = self._hub.get(self._conn, request.session_id).session
         # From this request's task, outside any handler's context: the core picks the
         # session's earliest tool call in flight as the enclosing one (spec C1).
         result = session.history.clear_context(request.prompt)
-        return {"messagesCleared": result.messages_cleared}
+        return ClearContextResultWire(messages_cleared=result.messages_cleared)
 
-    async def _truncate(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _truncate(self, params: dict[str, Any]) -> TruncateResultWire:
         request = TruncateParams.model_validate(params)
         session = self._hub.get(self._conn, request.session_id).session
         result = await session.history.truncate(request.event_id)
-        return {"eventsRemoved": result.events_removed}
+        return TruncateResultWire(events_removed=result.events_removed)
 
-    async def _compact(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _compact(self, params: dict[str, Any]) -> CompactResultWire:
         request = CompactParams.model_validate(params)
         session = self._hub.get(self._conn, request.session_id).session
         result = await session.history.compact(request.custom_instructions)
-        return {
-            "success": result.success,
-            "messagesRemoved": result.messages_removed,
-            "tokensRemoved": result.tokens_removed,
-            **({"summaryContent": result.summary} if result.summary is not None else {}),
-        }
+        return CompactResultWire(
+            success=result.success,
+            messages_removed=result.messages_removed,
+            tokens_removed=result.tokens_removed,
+            summary_content=result.summary,
+        )
 
     # --- answers to the runtime's questions ----------------------------------------------
 
-    async def _handle_tool_call(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _handle_tool_call(self, params: dict[str, Any]) -> SuccessResult:
         answer = HandleToolCallParams.model_validate(params)
         shared = self._hub.get(self._conn, answer.session_id)
-        return {"success": shared.bridge.answer_tool(answer)}
+        return SuccessResult(success=shared.questions.answer_tool(answer))
 
-    async def _handle_permission(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _handle_permission(self, params: dict[str, Any]) -> SuccessResult:
         answer = HandlePermissionParams.model_validate(params)
         shared = self._hub.get(self._conn, answer.session_id)
-        decision = permission_decision(answer.result)
-        return {"success": shared.bridge.answer_permission(answer.request_id, decision)}
+        decision = PermissionDecision(kind=answer.result.kind, feedback=answer.result.feedback)
+        return SuccessResult(
+            success=shared.questions.answer_permission(answer.request_id, decision)
+        )
 
 
 def _raw(text: str) -> bytes:
@@ -358,12 +337,3 @@ def _auth_failed() -> RpcError:
     return RpcError(
         AUTHENTICATION_FAILED, "AUTHENTICATION_FAILED: missing or wrong connection token"
     )
-
-
-def _summary(exc: ValidationError) -> str:
-    """The first few validation errors, one `field: message` each."""
-    parts = [
-        f"{'.'.join(str(p) for p in error['loc']) or '(root)'}: {error['msg']}"
-        for error in exc.errors()[:3]
-    ]
-    return "; ".join(parts)

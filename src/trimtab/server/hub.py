@@ -18,17 +18,15 @@ from typing import Any
 
 from trimtab import Client, Session, SessionNotFoundError
 from trimtab.events import Event
-from trimtab.server.bridge import Bridge
-from trimtab.server.hooks import Hooks
-from trimtab.server.rpc import Connection, RpcError
-from trimtab.server.wire import ResumeParams, SessionOptionsParams
+from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
+from trimtab.protocol.jsonrpc import Connection, RpcError
+from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
+from trimtab.server.hooks import ClientHooks
+from trimtab.server.questions import ClientQuestions
 
-__all__ = ["SESSION_NOT_FOUND", "SessionHub", "SharedSession"]
+__all__ = ["SessionHub", "SharedSession"]
 
 log = logging.getLogger("trimtab.server")
-
-SESSION_NOT_FOUND = -32002
-"""Error code for a session id that is not open on this connection (or not stored at all)."""
 
 
 def _event_payload(event: Event) -> dict[str, Any]:
@@ -37,10 +35,12 @@ def _event_payload(event: Event) -> dict[str, Any]:
 
 @dataclass(eq=False)
 class SharedSession:
-    """One open session, its bridge to the clients and the connections attached to it."""
+    """One open session, its open questions to the clients and the connections attached to it."""
 
     session: Session
-    bridge: Bridge
+    questions: ClientQuestions
+    hooks: ClientHooks | None = None
+    """The hooks of the client that asked for them, if one did."""
     peers: list[Connection] = field(default_factory=list)
     _tools: dict[Connection, frozenset[str]] = field(default_factory=dict)
     """The tools each attached connection declared (and so can run)."""
@@ -51,7 +51,7 @@ class SharedSession:
 
     def __post_init__(self) -> None:
         self._unsubscribe = self.session.on(self._on_event)
-        self.bridge.provided = lambda name: any(name in t for t in self._tools.values())
+        self.questions.provided = lambda name: any(name in t for t in self._tools.values())
 
     @property
     def session_id(self) -> str:
@@ -59,11 +59,11 @@ class SharedSession:
         return self.session.session_id
 
     def _on_event(self, event: Event) -> None:
+        self.questions.observe(event)  # first: a question is open before a client hears of it
         if self._buffer is not None:
             self._buffer.append(event)  # held until the catch-up of `open` is sent
         else:
             self._fan_out(event)
-        self.bridge.observe(event)
 
     def _fan_out(self, event: Event) -> None:
         params = {"sessionId": self.session_id, "event": _event_payload(event)}
@@ -87,17 +87,18 @@ class SharedSession:
         if peer not in self.peers:
             self.peers.append(peer)
         self._tools[peer] = frozenset(t.name for t in params.tools or ())
-        if params.hooks:
-            self.bridge.hooks.target = peer
+        if params.hooks and self.hooks is not None:
+            self.hooks.target = peer
 
     def release(self, peer: Connection) -> bool:
         """Detach `peer`; True when no connection is left."""
         if peer in self.peers:
             self.peers.remove(peer)
         self._tools.pop(peer, None)
-        if self.bridge.hooks.target is peer:
-            self.bridge.hooks.target = None
-        self.bridge.abandon_unprovided()
+        # The last one out keeps the hooks until the session is let go (sessionEnd).
+        if self.hooks is not None and self.hooks.target is peer and self.peers:
+            self.hooks.target = None
+        self.questions.abandon_unprovided()
         return not self.peers
 
     def close(self) -> None:
@@ -105,7 +106,7 @@ class SharedSession:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        self.bridge.close(RpcError(SESSION_NOT_FOUND, f"session {self.session_id} was closed"))
+        self.questions.close(RpcError(SESSION_NOT_FOUND, f"session {self.session_id} was closed"))
 
 
 class SessionHub:
@@ -120,8 +121,7 @@ class SessionHub:
         """The session `peer` has attached, else a `SESSION_NOT_FOUND` error."""
         shared = self._open.get(session_id)
         if shared is None or peer not in shared.peers:
-            message = f"session {session_id} is not open on this connection (create or resume it)"
-            raise RpcError(SESSION_NOT_FOUND, message, {"code": "session_not_found"})
+            raise session_not_open(session_id)
         return shared
 
     def runs(self, session_id: str) -> bool:
@@ -150,11 +150,13 @@ class SessionHub:
                 shared.attach(peer, params)
                 return shared
             since = await self._event_count(session_id) if resume else 0
-            hooks = Hooks(session_id)
-            bridge = Bridge(session_id, hooks)
+            questions = ClientQuestions(session_id)
+            hooks = ClientHooks(session_id, peer) if params.hooks else None
             options = params.options()
-            options["tools"] = [bridge.tool(t.definition()) for t in params.tools or ()]
-            options["on_permission_request"] = bridge.ask_permission
+            options["tools"] = [questions.tool(t.definition()) for t in params.tools or ()]
+            options["on_permission_request"] = questions.ask_permission
+            if hooks is not None:
+                options["hooks"] = hooks.handlers()
             if resume:
                 pending = isinstance(params, ResumeParams) and params.continue_pending_work
                 session = await self.client.resume_session(
@@ -164,10 +166,9 @@ class SessionHub:
                 session = await self.client.create_session(session_id=session_id, **options)
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
-            shared = self._open[session_id] = SharedSession(session, bridge)
+            shared = self._open[session_id] = SharedSession(session, questions, hooks)
             shared.attach(peer, params)
             await shared.catch_up(since)
-        await hooks.session_start("resume" if resume else "new")
         return shared
 
     async def _event_count(self, session_id: str) -> int:
@@ -186,8 +187,6 @@ class SessionHub:
             shared = self._open.get(session_id)
             if shared is None or peer not in shared.peers:
                 return
-            if shared.bridge.hooks.target is peer:
-                await shared.bridge.hooks.session_end("user_exit")
             if shared.release(peer):
                 if linger and shared.session.busy:
                     shared.lingering = asyncio.get_running_loop().create_task(

@@ -11,9 +11,14 @@ from trimtab.store.sqlite import SqliteStore
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "EventLog",
+    "Inbox",
     "Lease",
+    "Leases",
+    "LiveFeed",
     "MemoryStore",
     "SessionRecord",
+    "Snapshots",
     "SqliteStore",
     "Store",
     "open_store",

@@ -9,16 +9,22 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import Event, UserMessageEvent
 
 __all__ = [
+    "EventLog",
+    "Inbox",
+    "Leases",
+    "LiveFeed",
+    "Snapshots",
     "DEFAULT_TIMEOUT",
     "Lease",
-    "Rings",
+    "Listener",
+    "Listeners",
     "SessionRecord",
     "Store",
     "claimed_input",
@@ -59,19 +65,8 @@ class SessionRecord(BaseModel):
     """When the live lease expires unless its holder renews it (None without a live lease)."""
 
 
-@runtime_checkable
-class Store(Protocol):
-    """Durable event logs. Appends are atomic: all of a batch is stored, or none of it.
-
-    Every call is bounded: it completes, or raises `StoreUnavailableError` within `timeout`
-    seconds when the store cannot be reached or is held up (a locked row or file, a database
-    that is down or stopped answering). Whether a write that raised it went through is then
-    unknown; an append can be repeated safely (it is idempotent by event id). A subscription
-    is the exception, as it follows the log until closed: it retries its reads instead.
-    """
-
-    timeout: float
-    """Seconds within which every call completes or raises `StoreUnavailableError`."""
+class EventLog(Protocol):
+    """The append-only event logs of sessions."""
 
     async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
         """Create a log holding `events` (a new session's first: its `session.start`) in one
@@ -92,27 +87,8 @@ class Store(Protocol):
         """
         ...
 
-    async def publish(self, session_id: str, event: Event, *, after: int) -> None:
-        """Hand an ephemeral event (a delta, an idle) to the session's live subscribers, in its
-        place after the session's first `after` events. Never stored: a subscriber that is not
-        listening misses it. Best effort: a delivery failure is logged, not raised.
-
-        Memory and SQLite reach the subscribers of this process; PostgreSQL those of every
-        runtime sharing the database.
-        """
-        ...
-
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
-        ...
-
-    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
-        """The events after `after`, then each new one as it is stored, by any process,
-        with the published ephemeral events in their places.
-
-        Never ends on its own: it ends when the store is closed, and raises
-        `SessionNotFoundError` for an unknown (or deleted) session.
-        """
         ...
 
     async def get(self, session_id: str) -> SessionRecord:
@@ -127,6 +103,33 @@ class Store(Protocol):
         """Remove a session and its log; False if there was none."""
         ...
 
+
+class LiveFeed(Protocol):
+    """Events as they happen: stored ones and ephemeral ones, to subscribers."""
+
+    async def publish(self, session_id: str, event: Event, *, after: int) -> None:
+        """Hand an ephemeral event (a delta, an idle) to the session's live subscribers, in its
+        place after the session's first `after` events. Never stored: a subscriber that is not
+        listening misses it. Best effort: a delivery failure is logged, not raised.
+
+        Memory and SQLite reach the subscribers of this process; PostgreSQL those of every
+        runtime sharing the database.
+        """
+        ...
+
+    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+        """The events after `after`, then each new one as it is stored, by any process,
+        with the published ephemeral events in their places.
+
+        Never ends on its own: it ends when the store is closed, and raises
+        `SessionNotFoundError` for an unknown (or deleted) session.
+        """
+        ...
+
+
+class Leases(Protocol):
+    """Which runtime runs each session (spec R1)."""
+
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         """Take the lease if it is free, expired or already `owner`'s; None if another holds it."""
         ...
@@ -139,10 +142,9 @@ class Store(Protocol):
         """Give the lease up (no-op if it was already lost)."""
         ...
 
-    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
-        """Take the lease of a session with pending input and no live lease, if there is one;
-        concurrent claimers never get the same session."""
-        ...
+
+class Inbox(Protocol):
+    """Inputs queued for a session's runtime (spec P4, R1)."""
 
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (a `send` on a remote session).
@@ -161,6 +163,10 @@ class Store(Protocol):
         """
         ...
 
+
+class Snapshots(Protocol):
+    """Derived state that saves a replay of the whole log (spec P1)."""
+
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         """Keep `data`, a session's state after its first `event_count` events (replacing any
         earlier snapshot). A snapshot is derived from the log, never a second truth: it only
@@ -170,6 +176,22 @@ class Store(Protocol):
     async def load_snapshot(self, session_id: str) -> tuple[int, str] | None:
         """The latest `(event_count, data)` saved for the session, if any."""
         ...
+
+
+@runtime_checkable
+class Store(EventLog, LiveFeed, Leases, Inbox, Snapshots, Protocol):
+    """Durable event logs with their live feed, leases, inbox and snapshots: what every
+    backend implements. Appends are atomic: all of a batch is stored, or none of it.
+
+    Every call is bounded: it completes, or raises `StoreUnavailableError` within `timeout`
+    seconds when the store cannot be reached or is held up (a locked row or file, a database
+    that is down or stopped answering). Whether a write that raised it went through is then
+    unknown; an append can be repeated safely (it is idempotent by event id). A subscription
+    is the exception, as it follows the log until closed: it retries its reads instead.
+    """
+
+    timeout: float
+    """Seconds within which every call completes or raises `StoreUnavailableError`."""
 
     async def close(self) -> None:
         """Release resources; the store is unusable afterwards."""
@@ -249,50 +271,53 @@ def record_of(row: Sequence[Any]) -> SessionRecord:
     )
 
 
-class _Feed:
-    """One subscription's wake-up bell and what woke it, in the order it happened."""
+Notice: TypeAlias = tuple[int | None, Event | None]
+"""What a subscriber is told: `(seq, None)`, the session's events up to `seq` are stored (None:
+it may have changed in any way); `(after, event)`, the ephemeral `event`, published after the
+session's first `after` events."""
 
-    __slots__ = ("bell", "loop", "marks")
+
+class Listener:
+    """One subscription's wake-up call, and the notices that woke it, in order."""
+
+    __slots__ = ("loop", "notices", "woken")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.bell = asyncio.Event()
-        self.marks: list[tuple[int | None, Event | None]] = []
-        """`(seq, None)`: events up to `seq` are stored (None: maybe any); `(after, event)`:
-        the ephemeral `event`, published after the session's first `after` events."""
+        self.woken = asyncio.Event()
+        self.notices: list[Notice] = []
 
-    def push(self, mark: tuple[int | None, Event | None]) -> None:
-        self.marks.append(mark)
-        self.bell.set()
+    def tell(self, notice: Notice) -> None:
+        self.notices.append(notice)
+        self.woken.set()
 
 
-class Rings:
-    """The wake-up bells of a store's subscriptions, one per subscriber, rung when its
-    session may have new events or an ephemeral event was published. Thread-safe to ring
-    (SQLite's appends may come from another thread); each bell is set on the loop that waits
-    for it."""
+class Listeners:
+    """The subscriptions a store serves in this process, by session: told when a session may
+    have new events or an ephemeral event was published. Thread-safe to tell (SQLite's
+    appends may come from another thread); each listener is woken on the loop it waits on."""
 
-    __slots__ = ("_feeds",)
+    __slots__ = ("_by_session",)
 
     def __init__(self) -> None:
-        self._feeds: dict[str, set[_Feed]] = {}
+        self._by_session: dict[str, set[Listener]] = {}
 
     @contextmanager
-    def registered(self, session_id: str) -> Iterator[_Feed]:
-        """A feed rung whenever `session_id` may have changed, until the block exits."""
-        feed = _Feed(asyncio.get_running_loop())
-        self._feeds.setdefault(session_id, set()).add(feed)
+    def listening_to(self, session_id: str) -> Iterator[Listener]:
+        """A listener told of every change of `session_id`, until the block exits."""
+        listener = Listener(asyncio.get_running_loop())
+        self._by_session.setdefault(session_id, set()).add(listener)
         try:
-            yield feed
+            yield listener
         finally:
-            feeds = self._feeds.get(session_id, set())
-            feeds.discard(feed)
-            if not feeds:
-                self._feeds.pop(session_id, None)
+            listeners = self._by_session.get(session_id, set())
+            listeners.discard(listener)
+            if not listeners:
+                self._by_session.pop(session_id, None)
 
     def listening(self, session_id: str) -> bool:
         """Whether any subscriber follows the session here."""
-        return session_id in self._feeds
+        return session_id in self._by_session
 
     def ring(self, session_id: str, seq: int | None = None) -> None:
         """Wake the subscribers of one session: its events up to `seq` are stored (None: it
@@ -306,17 +331,17 @@ class Rings:
 
     def ring_all(self) -> None:
         """Wake every subscriber (the store closed, or its notifications were interrupted)."""
-        for session_id in list(self._feeds):
+        for session_id in list(self._by_session):
             self.ring(session_id)
 
-    def _push(self, session_id: str, mark: tuple[int | None, Event | None]) -> None:
-        for feed in list(self._feeds.get(session_id, ())):
-            if not feed.loop.is_closed():
-                feed.loop.call_soon_threadsafe(feed.push, mark)
+    def _push(self, session_id: str, notice: Notice) -> None:
+        for listener in list(self._by_session.get(session_id, ())):
+            if not listener.loop.is_closed():
+                listener.loop.call_soon_threadsafe(listener.tell, notice)
 
 
 async def follow(
-    feed: _Feed,
+    listener: Listener,
     read: Callable[[int], Awaitable[list[Event]]],
     after: int,
     *,
@@ -324,7 +349,7 @@ async def follow(
     poll: float | None,
 ) -> AsyncGenerator[Event, None]:
     """A subscription's events: the log after `after`, then stored and ephemeral events as
-    `feed` announces them, each ephemeral one in its place among the stored ones.
+    `listener` is told of them, each ephemeral one in its place among the stored ones.
 
     `read(n)` returns the stored events after the first `n`. Without any announcement for
     `poll` seconds the log is read anyway (other processes' appends may not ring here).
@@ -342,9 +367,9 @@ async def follow(
         cursor += count
         return taken
 
-    marks: list[tuple[int | None, Event | None]] = [(None, None)]  # catch up first
+    notices: list[Notice] = [(None, None)]  # catch up first
     while not closed():
-        for seq, ephemeral in marks:
+        for seq, ephemeral in notices:
             try:
                 stored = await through(seq)
             except RuntimeError:
@@ -355,11 +380,11 @@ async def follow(
                 yield event
             if ephemeral is not None:
                 yield ephemeral
-        feed.bell.clear()
-        if not feed.marks:
+        listener.woken.clear()
+        if not listener.notices:
             try:
                 async with asyncio.timeout(poll):
-                    await feed.bell.wait()
+                    await listener.woken.wait()
             except TimeoutError:
                 pass
-        marks, feed.marks = feed.marks or [(None, None)], []
+        notices, listener.notices = listener.notices or [(None, None)], []

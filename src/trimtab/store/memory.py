@@ -15,7 +15,7 @@ from trimtab.events import Event
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
     Lease,
-    Rings,
+    Listeners,
     SessionRecord,
     check_persistable,
     claimed_input,
@@ -55,7 +55,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._sessions: dict[str, _Session] = {}
         self._closed = False
-        self._rings = Rings()
+        self._listeners = Listeners()
         """What `subscribe` waits on, per session: set when the session changed."""
 
     def _check_open(self) -> None:
@@ -106,7 +106,7 @@ class MemoryStore:
             for event in events:
                 if (message_id := claimed_input(event)) is not None:
                     session.inputs.pop(message_id, None)
-            self._rings.ring(session_id, len(session.events))
+            self._listeners.ring(session_id, len(session.events))
         return len(session.events)
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
@@ -115,7 +115,7 @@ class MemoryStore:
 
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
         """Hand an ephemeral event to the session's subscribers (see `Store`)."""
-        self._rings.post(session_id, after, event)
+        self._listeners.post(session_id, after, event)
 
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
@@ -125,9 +125,9 @@ class MemoryStore:
         `SessionNotFoundError` for an unknown (or deleted) session.
         """
         self._check_open()
-        with self._rings.registered(session_id) as feed:
+        with self._listeners.listening_to(session_id) as listener:
             events = follow(
-                feed,
+                listener,
                 lambda n: self.read(session_id, after=n),
                 after,
                 closed=lambda: self._closed,
@@ -152,7 +152,7 @@ class MemoryStore:
     async def delete(self, session_id: str) -> bool:
         """Remove a session, its log and its queued inputs; False if there was none."""
         self._check_open()
-        self._rings.ring(session_id)  # its subscribers fail as for an unknown session
+        self._listeners.ring(session_id)  # its subscribers fail as for an unknown session
         return self._sessions.pop(session_id, None) is not None
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
@@ -194,19 +194,6 @@ class MemoryStore:
             session.lease_owner = None
             session.lease_expires_at = 0.0
 
-    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
-        """Take the lease of a session with pending input and no live lease, if any."""
-        self._check_open()
-        now = time.time()
-        waiting = [
-            (session.updated_at, session_id)
-            for session_id, session in self._sessions.items()
-            if session.inputs and session.live_owner(now) is None
-        ]
-        if not waiting:
-            return None
-        return await self.acquire_lease(min(waiting)[1], owner, ttl)
-
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (see `Store`)."""
         self._session(session_id).inputs.setdefault(message_id, prompt)
@@ -229,7 +216,7 @@ class MemoryStore:
         """Drop every session and end subscriptions; the store is unusable afterwards."""
         self._sessions.clear()
         self._closed = True
-        self._rings.ring_all()
+        self._listeners.ring_all()
 
     @staticmethod
     def _record(session_id: str, session: _Session, now: float) -> SessionRecord:

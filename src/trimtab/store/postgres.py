@@ -13,8 +13,8 @@ how they hold across hosts (docs: scale-out.md, section 4):
 - Ephemeral events (deltas, idle) are never stored: `publish` sends them whole with
   `pg_notify('trimtab_live', ...)`, and each runtime's listener hands them to its subscribers,
   placed after the stored events they followed.
-- Inputs queued for a session's lease holder wait in `session_inputs`; `claim_next` lets a
-  pool of workers pick sessions with pending input (`FOR UPDATE SKIP LOCKED`).
+- Inputs queued for a session's lease holder wait in `session_inputs`, until the append of
+  the `user.message` each becomes claims it.
 
 Events are stored as their JSON (`event.model_dump_json()`, read by `event_from_json`) in a
 `json` column, not `jsonb`: `jsonb` rewrites the document (it reorders keys, normalises
@@ -60,7 +60,7 @@ from trimtab.events import Event, event_from_json
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
     Lease,
-    Rings,
+    Listeners,
     SessionRecord,
     check_persistable,
     claimed_input,
@@ -528,10 +528,10 @@ class PostgresStore:
                 log.warning("trimtab subscription to %r: %s; retrying", session_id, error)
                 return []
 
-        with doorbell.rings.registered(session_id) as feed:
+        with doorbell.listeners.listening_to(session_id) as listener:
             # Ephemeral events published before the listener is up would be missed.
             await doorbell.listening(self.timeout)
-            events = follow(feed, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
+            events = follow(listener, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
             async for event in events:
                 yield event
 
@@ -621,24 +621,6 @@ class PostgresStore:
                 " WHERE session_id = %s AND lease_owner = %s AND lease_token = %s",
                 (lease.session_id, lease.owner, lease.token),
             )
-
-    @_bounded
-    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
-        """Take the lease of a session that has queued input and no live lease, if any.
-
-        For a pool of workers sharing the database: concurrent claimers never get the same
-        session (`FOR UPDATE SKIP LOCKED`), and the least recently updated session goes
-        first. The claimer then delivers the inputs (`pending_inputs`).
-        """
-        async with self._connection() as conn:
-            cursor = await conn.execute(_CLAIM, {"owner": owner, "ttl": ttl})
-            row = await cursor.fetchone()
-        if row is None:
-            return None
-        session_id, token = row
-        return Lease(session_id=session_id, owner=owner, token=token)
-
-    # --- the input queue ------------------------------------------------------------------
 
     @_bounded
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
@@ -825,7 +807,7 @@ class _Doorbell:
     def __init__(self, dsn: str, timeout: float) -> None:
         self._dsn = dsn
         self._timeout = timeout
-        self.rings = Rings()
+        self.listeners = Listeners()
         self._ready = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
             self._listen(), name="trimtab-postgres-listener"
@@ -843,7 +825,7 @@ class _Doorbell:
                         await conn.execute(f"LISTEN {CHANNEL}; LISTEN {LIVE_CHANNEL}")
                     delay = 0.1
                     self._ready.set()
-                    self.rings.ring_all()
+                    self.listeners.ring_all()
                     await self._dispatch_until_silent(conn)
             except (psycopg.Error, TimeoutError) as error:
                 reason = str(error) or f"no answer within {self._timeout} s"
@@ -876,16 +858,16 @@ class _Doorbell:
         if channel == CHANNEL:
             session_id, _, seq = payload.rpartition(":")
             # 0: the session was deleted, which its subscribers learn by reading.
-            self.rings.ring(session_id, int(seq) or None)
+            self.listeners.ring(session_id, int(seq) or None)
             return
         head, _, body = payload.partition("\n")
         session_id, after, event_type = json.loads(head)
-        if self.rings.listening(session_id):  # parsed only when someone here wants it
-            self.rings.post(session_id, after, event_from_json(body, event_type))
+        if self.listeners.listening(session_id):  # parsed only when someone here wants it
+            self.listeners.post(session_id, after, event_from_json(body, event_type))
 
     async def close(self, timeout: float) -> None:
         """Stop listening and wake every subscriber (they see the store closed and end)."""
         self._task.cancel()
         # Cancelling its query in a server that does not answer takes psycopg a while.
         await asyncio.wait((self._task,), timeout=timeout)
-        self.rings.ring_all()
+        self.listeners.ring_all()

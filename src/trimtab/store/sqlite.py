@@ -31,7 +31,7 @@ from trimtab.events import Event, event_from_json
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
     Lease,
-    Rings,
+    Listeners,
     SessionRecord,
     check_persistable,
     claimed_input,
@@ -160,7 +160,7 @@ class SqliteStore:
         self._waiting: deque[object] = deque()
         # What `subscribe` waits on, per session, with the loop each subscriber runs on:
         # an append may come from another thread.
-        self._rings = Rings()
+        self._listeners = Listeners()
 
     async def _run(self, work: Callable[[sqlite3.Connection], T], begin: str = _WRITE) -> T:
         """`work` in one transaction (see `_transaction`), committed before this returns.
@@ -291,7 +291,7 @@ class SqliteStore:
                 raise ValueError(f"an event of the batch is already in {session_id!r}") from None
             return stored
         if rows:
-            self._rings.ring(session_id, last_seq)
+            self._listeners.ring(session_id, last_seq)
         return last_seq
 
     @staticmethod
@@ -330,7 +330,7 @@ class SqliteStore:
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
         """Hand an ephemeral event to the session's subscribers in this process (see `Store`):
         other processes sharing the file see the stored events only."""
-        self._rings.post(session_id, after, event)
+        self._listeners.post(session_id, after, event)
 
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
@@ -349,8 +349,10 @@ class SqliteStore:
             except StoreUnavailableError:
                 return []  # locked for long: keep the cursor and read again at the next poll
 
-        with self._rings.registered(session_id) as feed:
-            events = follow(feed, read, after, closed=lambda: self._db is None, poll=SUBSCRIBE_POLL)
+        with self._listeners.listening_to(session_id) as listener:
+            events = follow(
+                listener, read, after, closed=lambda: self._db is None, poll=SUBSCRIBE_POLL
+            )
             async for event in events:
                 yield event
 
@@ -389,7 +391,7 @@ class SqliteStore:
             return cursor.rowcount > 0
 
         deleted = await self._run(delete)
-        self._rings.ring(session_id)  # its subscribers fail as for an unknown session
+        self._listeners.ring(session_id)  # its subscribers fail as for an unknown session
         return deleted
 
     async def acquire_lease(self, session_id: str, owner: str, ttl: float) -> Lease | None:
@@ -453,28 +455,6 @@ class SqliteStore:
 
         await self._run(release)
 
-    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
-        """Take the lease of a session with pending input and no live lease, if any (the
-        write lock serialises concurrent claimers)."""
-
-        def claim(db: sqlite3.Connection) -> tuple[str, int] | None:
-            now = time.time()
-            row: tuple[str, int] | None = db.execute(
-                "UPDATE sessions SET lease_owner = ?, lease_token = lease_token + 1,"
-                " lease_expires_at = ? WHERE session_id = ("
-                "  SELECT s.session_id FROM sessions s"
-                "  WHERE (s.lease_owner IS NULL OR s.lease_expires_at <= ?)"
-                "    AND EXISTS (SELECT 1 FROM inputs i"
-                "                WHERE i.session_id = s.session_id AND i.claimed_seq IS NULL)"
-                "  ORDER BY s.updated_at LIMIT 1)"
-                " RETURNING session_id, lease_token",
-                (owner, now + ttl, now),
-            ).fetchone()
-            return row
-
-        row = await self._run(claim)
-        return None if row is None else Lease(session_id=row[0], owner=owner, token=row[1])
-
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (see `Store`)."""
 
@@ -533,7 +513,7 @@ class SqliteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-        self._rings.ring_all()
+        self._listeners.ring_all()
 
 
 def _connect(path: Path, timeout: float) -> sqlite3.Connection:

@@ -125,10 +125,6 @@ class FaultyStore:
         await self._enter()
         await self.inner.release_lease(lease)
 
-    async def claim_next(self, owner: str, ttl: float) -> Lease | None:
-        await self._enter()
-        return await self.inner.claim_next(owner, ttl)
-
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         await self._enter()
         await self.inner.enqueue_input(session_id, prompt, message_id)

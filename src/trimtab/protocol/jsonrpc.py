@@ -22,7 +22,7 @@ import math
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
-from trimtab.server.framing import MAX_FRAME, FramingError, encode_frame, read_frame
+from trimtab.protocol.framing import MAX_FRAME, FramingError, encode_frame, read_frame
 
 __all__ = [
     "INTERNAL_ERROR",

@@ -7,35 +7,50 @@ Results are serialised with `dump`, which leaves out fields that are None.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from trimtab.events import ToolDefinition
+from trimtab.events import Event, ToolDefinition
 from trimtab.mcp import wire_servers
 from trimtab.providers import ProviderConfig
+from trimtab.store import SessionRecord
 
 __all__ = [
     "PROTOCOL_VERSION",
     "ClearContextParams",
+    "ClearContextResultWire",
     "CompactParams",
+    "CompactResultWire",
     "ConnectParams",
+    "ConnectResult",
     "CreateParams",
+    "EventsResult",
     "HandlePermissionParams",
     "HandleToolCallParams",
     "PermissionAnswer",
     "PingParams",
+    "ResultType",
     "ResumeParams",
     "SendAndWaitResult",
     "SendParams",
+    "SendResult",
+    "SessionIdResult",
+    "SessionListResult",
     "SessionMetadata",
     "SessionParams",
+    "SuccessResult",
     "ToolResultAnswer",
     "TruncateParams",
+    "TruncateResultWire",
     "WireTool",
     "dump",
+    "event_payload",
+    "metadata_of",
+    "record_of",
 ]
 
 PROTOCOL_VERSION = 3
@@ -131,6 +146,11 @@ class WireTool(Wire):
         fields["parameters"] = {k: v for k, v in parameters.items() if k != "$schema"}
         return ToolDefinition.model_validate(fields)
 
+    @classmethod
+    def of(cls, definition: ToolDefinition) -> WireTool:
+        """How a client declares a tool it defined (its handler stays with the client)."""
+        return cls.model_validate(definition.model_dump(include=set(cls.model_fields)))
+
 
 class SystemMessage(Wire):
     """The SDKs' `systemMessage` object."""
@@ -174,6 +194,55 @@ class SessionOptionsParams(SessionParams):
         if self.mcp_servers:
             options["mcp_servers"] = wire_servers(self.mcp_servers)
         return options
+
+    @classmethod
+    def of(cls, session_id: str, options: Mapping[str, Any]) -> Self:
+        """The params a client sends for `Client.create_session` / `resume_session` options
+        (the inverse of `options()`; tools go as their definitions, handlers stay here).
+
+        Raises:
+            TypeError: An option a remote session does not take, or a `Provider` object.
+        """
+        unknown = set(options) - _REMOTE_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"not available on a remote session (yet): {', '.join(sorted(unknown))}"
+            )
+        fields: dict[str, Any] = {
+            key: options[key]
+            for key in ("model", "streaming", "developer_messages")
+            if key in options
+        }
+        if (message := options.get("system_message")) is not None:
+            fields["system_message"] = SystemMessage(
+                content=message if isinstance(message, str) else message.get("content")
+            )
+        if (provider := options.get("provider")) is not None:
+            if not isinstance(provider, Mapping):
+                raise TypeError(
+                    "a Provider object cannot be sent to a server: pass its config dict"
+                )
+            # Checked here, so that a typo fails in the caller, not as a server error.
+            fields["provider"] = ProviderConfig.model_validate(provider).model_dump(
+                by_alias=True, exclude_none=True
+            )
+        if "tools" in options:
+            fields["tools"] = [WireTool.of(tool.definition) for tool in options["tools"]]
+        return cls(session_id=session_id, request_permission=True, **fields)
+
+
+_REMOTE_OPTIONS = frozenset(
+    {
+        "model",
+        "provider",
+        "system_message",
+        "developer_messages",
+        "tools",
+        "on_permission_request",
+        "streaming",
+    }
+)
+"""The `SessionOptions` a remote session takes (the others have no wire form yet)."""
 
 
 class CreateParams(SessionOptionsParams):
@@ -266,11 +335,15 @@ class CompactParams(SessionParams):
 # --- answers to the server's questions ---------------------------------------------------
 
 
+ResultType = Literal["success", "failure", "rejected", "denied", "timeout"]
+"""A tool result's `resultType` on the wire."""
+
+
 class ToolResultAnswer(Wire):
     """A client tool's result object (`ToolResult` in the SDKs)."""
 
     text_result_for_llm: Text = ""
-    result_type: Literal["success", "failure", "rejected", "denied", "timeout"] | None = None
+    result_type: ResultType | None = None
     error: Text | None = None
     tool_references: list[str] | None = None
 
@@ -295,3 +368,98 @@ class HandlePermissionParams(SessionParams):
 
     request_id: str
     result: PermissionAnswer
+
+
+# --- results ------------------------------------------------------------------------------
+# What each method answers, as both ends see it: the server dumps these, `trimtab.remote`
+# validates them, so the two cannot drift.
+
+
+class ConnectResult(Wire):
+    """`connect`."""
+
+    ok: bool = True
+    protocol_version: int = PROTOCOL_VERSION
+    version: str | None = None
+
+
+class SessionIdResult(Wire):
+    """`session.create`, `session.resume`, `session.getLastId` (None: no session)."""
+
+    session_id: str | None = None
+
+
+class SendResult(Wire):
+    """`session.send`: the id of the stored input."""
+
+    message_id: str
+
+
+class EventsResult(Wire):
+    """`session.getMessages`: the persisted log, as event payloads."""
+
+    events: list[dict[str, Any]]
+
+
+class SessionListResult(Wire):
+    """`session.list`."""
+
+    sessions: list[SessionMetadata]
+
+
+class SuccessResult(Wire):
+    """`session.detach`, `session.delete` and the answers to the server's questions."""
+
+    success: bool
+    error: str | None = None
+
+
+class ClearContextResultWire(Wire):
+    """`session.history.clearContext`."""
+
+    messages_cleared: int
+
+
+class TruncateResultWire(Wire):
+    """`session.history.truncate`."""
+
+    events_removed: int
+
+
+class CompactResultWire(Wire):
+    """`session.history.compact`."""
+
+    success: bool
+    messages_removed: int = 0
+    tokens_removed: int = 0
+    summary_content: str | None = None
+
+
+def record_of(metadata: SessionMetadata) -> SessionRecord:
+    """A `session.list` entry as the runtime's `SessionRecord`."""
+    return SessionRecord(
+        session_id=metadata.session_id,
+        created_at=metadata.start_time,
+        updated_at=metadata.modified_time,
+        event_count=metadata.event_count,
+        lease_owner=metadata.lease_owner,
+        summary=metadata.summary,
+    )
+
+
+def metadata_of(record: SessionRecord, *, is_remote: bool) -> SessionMetadata:
+    """A `SessionRecord` as a `session.list` entry."""
+    return SessionMetadata(
+        session_id=record.session_id,
+        start_time=record.created_at,
+        modified_time=record.updated_at,
+        is_remote=is_remote,
+        summary=record.summary,
+        event_count=record.event_count,
+        lease_owner=record.lease_owner,
+    )
+
+
+def event_payload(event: Event) -> dict[str, Any]:
+    """An event as it travels in `session.event` and in results."""
+    return event.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -1,4 +1,4 @@
-"""`Replay`: everything a session knows, rebuilt from its log one event at a time (spec P1).
+"""`SessionState`: everything a session knows, rebuilt from its log one event at a time (P1).
 
 Resume is replay, so nothing here may depend on anything but the events applied: the window
 (through its `Projection`), the configuration, usage, the approvals given for the session,
@@ -42,7 +42,7 @@ from trimtab.events import (
 )
 from trimtab.providers import Usage
 
-__all__ = ["Batch", "Replay", "ReplaySnapshot", "replay"]
+__all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
 
 _NOTHING: frozenset[str] = frozenset()
 """Shared: `frozenset()` is not a singleton, and an empty one takes ~200 bytes."""
@@ -75,9 +75,9 @@ class Batch(BaseModel):
         return any(self.outcomes.get(call_id) == "success" for call_id in self.terminal)
 
 
-class ReplaySnapshot(BaseModel):
-    """A `Replay` as a store keeps it (`Store.save_snapshot`), so that opening a session costs
-    O(window + events since), not O(log). Every field is a field of the replay."""
+class StateSnapshot(BaseModel):
+    """A `SessionState` as a store keeps it (`Store.save_snapshot`), so that opening a session costs
+    O(window + events since), not O(log). Every field is a field of the state."""
 
     model_config = ConfigDict(defer_build=True)
 
@@ -98,7 +98,7 @@ class ReplaySnapshot(BaseModel):
 
 
 @dataclass(slots=True)
-class Replay:
+class SessionState:
     """What a session needs in memory, rebuilt from its log (resume is replay, spec P1)."""
 
     config: SessionConfigData = field(default_factory=SessionConfigData)
@@ -131,7 +131,7 @@ class Replay:
     """Tools approved for the rest of the session (`approve-for-session`)."""
 
     def apply(self, event: Event) -> bool:
-        """Advance the replay by one persisted event; True when the event ended a run."""
+        """Advance the state by one persisted event; True when the event ended a run."""
         self.event_count += 1
         self.last_id = event.id
         match event:
@@ -235,9 +235,9 @@ class Replay:
         assistant message that asked for the clearing call included."""
         return len(self.base) + self.projection.count()
 
-    def snapshot(self) -> ReplaySnapshot:
-        """This replay as data; its conversation becomes the base of the one restored."""
-        return ReplaySnapshot(
+    def snapshot(self) -> StateSnapshot:
+        """This state as data; its conversation becomes the base of the one restored."""
+        return StateSnapshot(
             event_count=self.event_count,
             last_id=self.last_id,
             config=self.config,
@@ -255,8 +255,8 @@ class Replay:
         )
 
     @classmethod
-    def restore(cls, snapshot: ReplaySnapshot) -> Replay:
-        """The replay a snapshot describes; apply the events after it to bring it up to date."""
+    def restore(cls, snapshot: StateSnapshot) -> SessionState:
+        """The state a snapshot describes; apply the events after it to bring it up to date."""
         return cls(
             config=_shared(snapshot.config),
             event_count=snapshot.event_count,
@@ -291,9 +291,9 @@ def _shared(config: SessionConfigData) -> SessionConfigData:
     return shared
 
 
-def replay(events: Iterable[Event]) -> Replay:
-    """The replay of a whole log (or of its first events)."""
-    state = Replay()
+def state_of(events: Iterable[Event]) -> SessionState:
+    """The state of a whole log (or of its first events): its replay."""
+    state = SessionState()
     for event in events:
         state.apply(event)
     return state

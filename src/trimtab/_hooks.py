@@ -1,0 +1,167 @@
+"""Hooks: the host's say at fixed points of a session, in the Copilot SDK's shape.
+
+`create_session(hooks={"on_pre_tool_use": handler, ...})` takes the Copilot SDK's session hooks:
+each handler is called with the hook's input (a dict with camelCase keys, as the Copilot
+clients receive it over the wire) and `{"session_id": ...}`, sync or async, and may return an
+output dict or None. The loop calls them at its hook points; `trimtab serve` plugs a client's
+hooks in the same way (it forwards each call as `hooks.invoke`). A hook that fails, returns
+nonsense or takes longer than `HOOK_TIMEOUT` is ignored, as the official clients ignore a
+failing handler: a hook can shape a session, never break it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias, cast
+
+import pydantic_core
+from typing_extensions import TypedDict
+
+from trimtab._errors import PromptBlockedError
+
+__all__ = ["HOOK_TIMEOUT", "HookHandler", "Hooks", "PreToolUse", "SessionHooks"]
+
+log = logging.getLogger("trimtab")
+
+HOOK_TIMEOUT = 30.0
+"""Seconds a hook may take before the session goes on without its output."""
+
+HookHandler: TypeAlias = Callable[[dict[str, Any], dict[str, str]], Any]
+"""`handler(input, invocation) -> output | None`, sync or async; `invocation` holds the
+`session_id`."""
+
+
+class SessionHooks(TypedDict, total=False):
+    """The Copilot SDK's session hooks that trimtab calls."""
+
+    on_pre_tool_use: HookHandler
+    """Before a tool call runs: `permissionDecision` `deny` (with a reason) refuses it,
+    `allow` runs it without asking the permission handler; `modifiedArgs` replace its
+    arguments."""
+    on_post_tool_use: HookHandler
+    """After a call succeeded: `modifiedResult` (text) replaces what the model sees."""
+    on_post_tool_use_failure: HookHandler
+    """After a call ended any other way; told the failure text."""
+    on_user_prompt_submitted: HookHandler
+    """Before a prompt is sent: `modifiedPrompt` replaces it, `decision: "block"` refuses it
+    (`PromptBlockedError`; nothing is stored)."""
+    on_session_start: HookHandler
+    """When a session is created or resumed (`source`: `new` or `resume`)."""
+    on_session_end: HookHandler
+    """When a session is let go (`reason`)."""
+
+
+_WIRE_NAMES = {
+    "on_pre_tool_use": "preToolUse",
+    "on_post_tool_use": "postToolUse",
+    "on_post_tool_use_failure": "postToolUseFailure",
+    "on_user_prompt_submitted": "userPromptSubmitted",
+    "on_session_start": "sessionStart",
+    "on_session_end": "sessionEnd",
+}
+"""Each hook's `hookType` on the wire."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreToolUse:
+    """What `preToolUse` decided about a call."""
+
+    arguments: Any
+    """The arguments to run it with (the model's, or the hook's `modifiedArgs`)."""
+    denied: str | None = None
+    """Why the hook refused the call; None: not refused."""
+    approved: bool = False
+    """The hook approved the call: the permission handler is not asked."""
+
+
+class Hooks:
+    """A session's hooks, called at the loop's hook points."""
+
+    __slots__ = ("_handlers", "_session_id")
+
+    def __init__(self, session_id: str, handlers: SessionHooks | None) -> None:
+        self._session_id = session_id
+        self._handlers = handlers or {}
+
+    def __bool__(self) -> bool:
+        return bool(self._handlers)
+
+    async def _call(self, name: str, data: dict[str, Any]) -> dict[str, Any]:
+        """The hook's output, or `{}` when there is none or it failed."""
+        handler = cast("HookHandler | None", self._handlers.get(name))
+        if handler is None:
+            return {}
+        hook_input = {
+            **data,
+            "sessionId": self._session_id,
+            "timestamp": int(time.time() * 1000),
+            "cwd": os.getcwd(),
+        }
+        try:
+            async with asyncio.timeout(HOOK_TIMEOUT):
+                output = handler(hook_input, {"session_id": self._session_id})
+                if inspect.isawaitable(output):
+                    output = await output
+        except Exception as exc:
+            log.warning(
+                "hook %s of session %s failed: %s", _WIRE_NAMES[name], self._session_id, exc
+            )
+            return {}
+        if not isinstance(output, dict) or not _storable(output):
+            return {}  # what a hook returns may end up in the log
+        return output
+
+    async def pre_tool_use(self, name: str, arguments: Any) -> PreToolUse:
+        output = await self._call("on_pre_tool_use", {"toolName": name, "toolArgs": arguments})
+        decision = output.get("permissionDecision")
+        if decision == "deny":
+            reason = output.get("permissionDecisionReason")
+            return PreToolUse(
+                arguments, denied=str(reason or f"The preToolUse hook denied {name}.")
+            )
+        return PreToolUse(output.get("modifiedArgs", arguments), approved=decision == "allow")
+
+    async def post_tool_use(self, name: str, arguments: Any, result: str) -> str:
+        """The result text the model sees after a successful call."""
+        data = {"toolName": name, "toolArgs": arguments, "toolResult": result}
+        modified = (await self._call("on_post_tool_use", data)).get("modifiedResult")
+        return modified if isinstance(modified, str) else result
+
+    async def post_tool_use_failure(self, name: str, arguments: Any, error: str) -> None:
+        data = {"toolName": name, "toolArgs": arguments, "error": error}
+        await self._call("on_post_tool_use_failure", data)
+
+    async def user_prompt_submitted(self, prompt: str) -> str:
+        """The prompt to send, or `PromptBlockedError`."""
+        output = await self._call("on_user_prompt_submitted", {"prompt": prompt})
+        if output.get("decision") == "block":
+            raise PromptBlockedError(str(output.get("reason") or "blocked by a hook"))
+        modified = output.get("modifiedPrompt")
+        return modified if isinstance(modified, str) and modified.strip() else prompt
+
+    async def session_start(self, source: str) -> None:
+        await self._call("on_session_start", {"source": source})
+
+    async def session_end(self, reason: str) -> None:
+        await self._call("on_session_end", {"reason": reason})
+
+
+def wire_name(hook: str) -> str:
+    """A hook's `hookType` on the wire (`on_pre_tool_use` -> `preToolUse`)."""
+    return _WIRE_NAMES[hook]
+
+
+def _storable(value: Any) -> bool:
+    """Whether the event log can hold `value`: JSON the store can encode, with no lone
+    surrogates."""
+    try:
+        pydantic_core.to_json(value)
+    except pydantic_core.PydanticSerializationError:
+        return False
+    return True

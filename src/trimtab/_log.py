@@ -1,0 +1,174 @@
+"""`SessionLog`: the only writer of a session's log, and what the session knows from it.
+
+Every event of a session passes here: stamped into the log's one chain (spec E3), stored
+(unless ephemeral, E2), applied to the session's state (`SessionState`), then delivered to the
+session's subscribers, in that order and one batch at a time. A runtime that only follows the
+session (R1) feeds the owner's events through `follow` instead, which delivers each run's one
+idle where the log says the run ended (E5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+from trimtab._errors import LeaseLostError, StoreUnavailableError
+from trimtab._state import SessionState
+from trimtab._subscribers import Subscribers
+from trimtab.events import (
+    AbortEvent,
+    Event,
+    SessionIdleData,
+    SessionIdleEvent,
+    UserMessageEvent,
+)
+from trimtab.store import Lease, Store
+
+__all__ = ["SessionLog", "chained"]
+
+log = logging.getLogger("trimtab")
+
+_STORE_RETRY_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
+"""Seconds between tries of an append while the store is unavailable (a database restart),
+the last one repeated, for as long as the store's `timeout` allows in all; past that the run
+ends in a `store` error (and the lease may be gone)."""
+
+
+class SessionLog:
+    """A session's log, as this runtime writes or follows it."""
+
+    def __init__(
+        self, session_id: str, store: Store, lease: Lease | None, state: SessionState
+    ) -> None:
+        self.session_id = session_id
+        self.store = store
+        self.lease = lease
+        """This runtime's lease: it may write the log while it holds one (spec R1)."""
+        self.state = state
+        self.subscribers = Subscribers()
+        self.claimed: set[str] | None = None
+        """Inputs queued here from the store's inbox whose user message is not stored yet
+        (None, not an empty set, in every idle session)."""
+        self._writing = asyncio.Lock()
+        """Held while events are stamped, stored and delivered: one chain (E3) however many
+        tool calls finish at once, whatever the store awaits."""
+        self._unsure = False
+        """An append was given up on: the log may hold more than the state has applied."""
+        self._idle_delivered = False
+        """While following: the idle of the owner's last run was delivered from its log."""
+
+    @property
+    def writable(self) -> bool:
+        return self.lease is not None
+
+    async def emit(self, event: Event) -> Event:
+        """Stamp, store (unless ephemeral), then deliver one event."""
+        return (await self.emit_all((event,)))[0]
+
+    async def emit_all(self, events: Sequence[Event]) -> list[Event]:
+        """`emit` for events that must be stored together (one atomic append) and in a row.
+
+        Never half done: an abort that cancels the caller meanwhile takes effect once the
+        events are stored and delivered (a call's start without its end, or an end that is
+        stored but not known here, would break O1 and E3)."""
+        emitting = asyncio.ensure_future(self._emit_locked(events))
+        try:
+            return await asyncio.shield(emitting)
+        except asyncio.CancelledError:
+            while not emitting.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([emitting])
+            raise
+
+    async def _emit_locked(self, events: Sequence[Event]) -> list[Event]:
+        async with self._writing:
+            return await self.emit_unlocked(events)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the writer for several steps (a takeover): emit with `emit_unlocked` inside."""
+        async with self._writing:
+            yield
+
+    async def emit_unlocked(self, events: Sequence[Event]) -> list[Event]:
+        """`emit_all`, with the writer held by the caller (`exclusive`)."""
+        state = self.state
+        if self._unsure and self.lease is not None and not all(e.ephemeral for e in events):
+            await self.catch_up()
+        stamped = chained(events, state.last_id, state.epoch)
+        stored = [e for e in stamped if not e.ephemeral]
+        if stored:
+            if self.lease is None:
+                raise LeaseLostError(
+                    f"session {self.session_id} is remote: this runtime cannot write it"
+                )
+            await self._append(stored)
+        for event in stamped:
+            if not event.ephemeral:
+                state.apply(event)
+                if self.claimed and isinstance(event, UserMessageEvent):
+                    self.claimed.discard(event.data.message_id or "")
+            elif self.lease is not None:
+                # Hosts following this session from other runtimes see its live events too.
+                await self.store.publish(self.session_id, event, after=state.event_count)
+            self.subscribers.deliver(event)
+        return stamped
+
+    async def _append(self, events: Sequence[Event]) -> None:
+        """Store events, riding out a short store outage (a database restart) for at most the
+        store's `timeout` in all: appends are idempotent by event id, so a try whose outcome
+        was unknown is simply repeated."""
+        assert self.lease is not None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for attempt in itertools.count():
+            try:
+                await self.store.append(self.session_id, events, lease=self.lease)
+                return
+            except StoreUnavailableError:
+                delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]
+                if loop.time() + delay >= started + self.store.timeout:
+                    # Given up, but it may still land (a frozen server that wakes): the next
+                    # append first reads the log's tail, so that it follows whatever did.
+                    self._unsure = True
+                    raise
+                log.warning("store unavailable for session %s; retrying", self.session_id)
+                await asyncio.sleep(delay)
+
+    async def catch_up(self) -> None:
+        """Apply (and deliver) the events stored after what this session knows: appends given
+        up on that landed after all, or another runtime's before a takeover (E3)."""
+        for event in await self.store.read(self.session_id, after=self.state.event_count):
+            self.state.apply(event)
+            self.subscribers.deliver(event)
+        self._unsure = False
+
+    def follow(self, event: Event) -> None:
+        """Deliver one of the owner's events, with exactly one idle per run (spec E1, E5):
+        the log tells when a run ended, so the idle is delivered then; the owner's own idle,
+        where the store carries it here at all, comes right after and is dropped."""
+        if isinstance(event, SessionIdleEvent) and self._idle_delivered:
+            self._idle_delivered = False
+            return
+        ended = not event.ephemeral and self.state.apply(event)
+        self._idle_delivered = False
+        self.subscribers.deliver(event)
+        if ended:
+            aborted = isinstance(event, AbortEvent) or None
+            self.subscribers.deliver(SessionIdleEvent(data=SessionIdleData(aborted=aborted)))
+            self._idle_delivered = True
+
+
+def chained(events: Sequence[Event], parent: str | None, epoch: int) -> list[Event]:
+    """`events` stamped to follow the stored event `parent` in context epoch `epoch`: each
+    stored one links to the one before it (E3), and a clear starts the next epoch (C9)."""
+    stamped: list[Event] = []
+    for event in events:
+        epoch += event.type == "session.context_cleared"
+        stamped.append(event.model_copy(update={"parent_id": parent, "context_epoch": epoch}))
+        if not event.ephemeral:
+            parent = event.id
+    return stamped

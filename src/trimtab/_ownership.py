@@ -1,0 +1,153 @@
+"""`Ownership`: which runtime runs a session, and what happens when that changes.
+
+A runtime holding the session's lease writes its log and runs it (spec R1). Without the lease
+it follows the owner's log, delivering the owner's events to its own subscribers. When it
+takes the session over (the owner's lease expired), or opens it after a crash, it finishes
+what the crash left (P3, C10) before anything new runs. `Client` drives this through
+`lost`, `follow`, `adopt` and `recover`; the session itself never needs to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from trimtab import _loop
+from trimtab._errors import SessionNotFoundError
+from trimtab._log import SessionLog
+from trimtab._runner import Runner
+from trimtab._tools import Tool
+from trimtab.events import (
+    SessionResumeData,
+    SessionResumeEvent,
+    ToolExecutionCompleteData,
+    ToolExecutionCompleteEvent,
+    ToolResultError,
+)
+from trimtab.providers import ToolCall
+from trimtab.store import Lease
+
+__all__ = ["Ownership", "cancelled"]
+
+
+class Ownership:
+    """A session's lease, as this runtime holds or follows it."""
+
+    def __init__(self, log: SessionLog, runner: Runner) -> None:
+        self._log = log
+        self._runner = runner
+        self._follower: asyncio.Task[None] | None = None
+
+    @property
+    def owned(self) -> bool:
+        return self._log.lease is not None
+
+    def lost(self) -> None:
+        """Another runtime may own the session now: stop writing (the next append would fail),
+        and follow it."""
+        self._log.lease = None
+        self.follow()
+
+    def follow(self) -> None:
+        """While remote, deliver the owner's events to this session's subscribers as they are
+        stored, so that a host attached here sees a run executing elsewhere (spec R1)."""
+        if self._follower is None and not self._runner.closed:
+            self._follower = asyncio.get_running_loop().create_task(
+                self._follow(), name=f"trimtab-follow-{self._log.session_id}"
+            )
+
+    async def _follow(self) -> None:
+        log = self._log
+        events = log.store.subscribe(log.session_id, after=log.state.event_count)
+        try:
+            async for event in events:
+                log.follow(event)
+        except SessionNotFoundError:
+            pass  # deleted: nothing more will come
+        finally:
+            await events.aclose()
+
+    async def unfollow(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.wait([self._follower])
+            self._follower = None
+
+    async def adopt(self, lease: Lease) -> None:
+        """Take the session over from a runtime whose lease expired: catch up, then recover.
+
+        The writer is held throughout, so that a `send` racing the takeover comes after its
+        `session.resume` and recovery, never between them (E3)."""
+        await self.unfollow()
+        log = self._log
+        async with log.exclusive():
+            await log.catch_up()
+            log.lease = lease
+            resumed = SessionResumeData(event_count=log.state.event_count)
+            await log.emit_unlocked((SessionResumeEvent(data=resumed),))
+            # Hosts here were following a run the crashed owner left: it goes on, from here.
+            await self._recover(continue_pending=False, continue_run=True)
+        await self._runner.take_inputs()
+
+    async def resumed(self, event: SessionResumeEvent) -> None:
+        """Log the session's opening by this runtime (the first event it writes)."""
+        await self._log.emit(event)
+
+    async def take_inputs(self) -> None:
+        """Queue the inputs other runtimes stored for the session (spec R1, P4)."""
+        await self._runner.take_inputs()
+
+    async def recover(self, *, continue_pending: bool = False) -> None:
+        """Finish what a crash left (spec P3, C10), then queue the inputs stored for the
+        session, in order (P4)."""
+        async with self._log.exclusive():
+            await self._recover(continue_pending=continue_pending, continue_run=False)
+        await self._runner.take_inputs()
+
+    async def _recover(self, *, continue_pending: bool, continue_run: bool) -> None:
+        """Unfinished calls of idempotent tools (all of them with `continue_pending`) run
+        again, the others end `cancelled`. The interrupted run goes on when a call runs again,
+        when a committed clear's seed has not run yet (C10), or when asked
+        (`continue_pending`, `continue_run`); otherwise it is left as the crash left it."""
+        state = self._log.state
+        tools = self._runner.toolbox.own
+        again = {
+            call_id: start
+            for call_id, start in state.unfinished_calls.items()
+            if continue_pending or _idempotent(tools.get(start.tool_name))
+        }
+        ended = [
+            cancelled(call_id, start.tool_name)
+            for call_id, start in state.unfinished_calls.items()
+            if call_id not in again
+        ]
+        if ended:
+            await self._log.emit_unlocked(ended)
+        go_on = continue_pending or continue_run or again or state.pending_seed is not None
+        if state.run_id is not None and go_on:
+            calls = tuple(
+                ToolCall(id=call_id, name=d.tool_name, arguments=_arguments_text(d.arguments))
+                for call_id, d in again.items()
+            )
+            self._runner.go_on(_loop.Interrupted(state.open_turn, calls), state.run_id)
+
+
+def cancelled(call_id: str, tool_name: str) -> ToolExecutionCompleteEvent:
+    """The end of a call that will never finish (a crash, or a copied log at rest)."""
+    return ToolExecutionCompleteEvent(
+        data=ToolExecutionCompleteData(
+            tool_call_id=call_id,
+            success=False,
+            outcome="cancelled",
+            error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
+            tool_name=tool_name,
+        )
+    )
+
+
+def _idempotent(tool: Tool | None) -> bool:
+    return tool is not None and tool.definition.idempotent
+
+
+def _arguments_text(arguments: object) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)

@@ -1,0 +1,419 @@
+"""`Runner`: runs a session's inputs one after another, each to its one idle, and is the host
+the loop runs in.
+
+It owns the queue (inputs and window operations, in order), the task of the run in progress
+(what `abort` cancels) and the one way to wait for a run's end (`RunLedger`, from the events
+the session delivers: the same whether the run is here or in another runtime).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from trimtab import _loop
+from trimtab._errors import LeaseLostError
+from trimtab._hooks import Hooks
+from trimtab._log import SessionLog
+from trimtab._loop import LoopState
+from trimtab._permissions import PermissionHandlerFn
+from trimtab._runs import RunEnd, RunLedger
+from trimtab._toolbox import Toolbox
+from trimtab._tools import Tool, ToolInvocation, valid_text
+from trimtab.events import (
+    Event,
+    ModelLimits,
+    SessionConfigData,
+    SessionErrorData,
+    SessionErrorEvent,
+    SessionIdleData,
+    SessionIdleEvent,
+    SessionWarningEvent,
+    ToolDefinition,
+    WarningData,
+)
+from trimtab.providers import Message, Provider, ToolCall
+from trimtab.providers._limits import limits_for
+
+if TYPE_CHECKING:
+    from trimtab._session import Session
+
+__all__ = ["Pending", "Runner"]
+
+T = TypeVar("T")
+
+log = logging.getLogger("trimtab")
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A run to make: a queued message (its input waits in the store's inbox until its
+    `user.message` is stored), or the continuation of a run a crash interrupted."""
+
+    prompt: str
+    message_id: str
+    appended: bool
+    """Its `user.message` is logged already."""
+    interrupted: _loop.Interrupted | None = None
+    """Set when this run goes on from one a crash interrupted (spec P3, C10)."""
+    aborted: bool = False
+    """`abort()` came before the run started: it ends at once, as an abort."""
+    started: bool = False
+    """Its run's task has begun (cancelling a task before that would skip its body, and the
+    abort it logs)."""
+    ended: asyncio.Event | None = None
+    """Set once the run ended (created for whoever waits for that)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Operation:
+    """A queued window operation (compact, truncate): it never overlaps a run."""
+
+    apply: Callable[[], Awaitable[Any]]
+    waiter: asyncio.Future[Any]
+
+
+class Runner:
+    """The runs of one session, and what the loop sees of it (`LoopHost`)."""
+
+    def __init__(
+        self,
+        session: Session,
+        log: SessionLog,
+        *,
+        provider: Provider,
+        toolbox: Toolbox,
+        permission_handler: PermissionHandlerFn | None,
+        hooks: Hooks,
+        on_lease_lost: Callable[[], None],
+    ) -> None:
+        self.session = session
+        self.session_id = session.session_id
+        self.log = log
+        self.state = LoopState()
+        self.toolbox = toolbox
+        self.hooks = hooks
+        self._provider = provider
+        self._permission_handler = permission_handler
+        self._on_lease_lost = on_lease_lost
+        # A list, not a deque: an idle session holds an empty queue (a deque is much bigger),
+        # and a queue holds a message or two.
+        self._queue: list[Pending | _Operation] = []
+        self._worker: asyncio.Task[None] | None = None
+        self._current: asyncio.Task[RunEnd] | None = None
+        self._running: Pending | None = None
+        self._ledger: RunLedger | None = None
+        self.closed = False
+
+    # --- what the loop sees (LoopHost) ---------------------------------------------------
+
+    @property
+    def config(self) -> SessionConfigData:
+        return self.log.state.config
+
+    @property
+    def provider(self) -> Provider:
+        return self._provider
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        return self.toolbox.callable(self.config)
+
+    def deferred(self) -> frozenset[str]:
+        return self.toolbox.deferred(self.config)
+
+    def model_tools(self) -> list[ToolDefinition]:
+        return self.toolbox.shown(self.config, self.state.discovered)
+
+    async def refresh_tools(self) -> None:
+        warnings = await self.toolbox.refresh()
+        if warnings:
+            await self.log.emit_all(
+                [
+                    SessionWarningEvent(data=WarningData(warning_type="mcp", message=valid_text(w)))
+                    for w in warnings
+                ]
+            )
+
+    @property
+    def limits(self) -> ModelLimits:
+        """The model's context window and output limit (the session's override, else the table)."""
+        config = self.config
+        model = config.model
+        if model is None and (config.provider or {}).get("type") == "local":
+            model = "smollm2"  # the embedded default model, whose window is small
+        return limits_for(model, config.model_limits)
+
+    @property
+    def permission_handler(self) -> PermissionHandlerFn | None:
+        return self._permission_handler
+
+    @property
+    def approved_tools(self) -> frozenset[str]:
+        return self.log.state.approved_tools
+
+    @property
+    def running(self) -> bool:
+        return self.log.state.run_id is not None
+
+    @property
+    def pending_seed(self) -> tuple[str, bool] | None:
+        state = self.log.state
+        if state.pending_seed is None:
+            return None
+        return state.pending_seed, state.seed_recorded
+
+    def next_turn_id(self) -> str:
+        return str(self.log.state.turns)
+
+    def invocation(
+        self, call: ToolCall, arguments: object, request_id: str | None = None
+    ) -> ToolInvocation:
+        return ToolInvocation(
+            session_id=self.session_id,
+            tool_call_id=call.id,
+            tool_name=call.name,
+            arguments=arguments,
+            session=self.session,
+            request_id=request_id,
+        )
+
+    def window(self) -> list[Message]:
+        return self.log.state.window()
+
+    def conversation(self) -> list[Message]:
+        return self.log.state.conversation()
+
+    async def emit(self, event: Event) -> Event:
+        return await self.log.emit(event)
+
+    async def emit_all(self, events: Sequence[Event]) -> list[Event]:
+        return await self.log.emit_all(events)
+
+    # --- inputs --------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self._worker is not None
+
+    async def wait_idle(self) -> None:
+        while (worker := self._worker) is not None:
+            await asyncio.wait([worker])
+
+    def ledger(self) -> RunLedger:
+        """The ledger of this session's runs, following every event from its first use (a
+        session nobody waits on keeps none)."""
+        if self._ledger is None:
+            self._ledger = RunLedger()
+            self.log.subscribers.add(self._ledger.observe, None)
+        return self._ledger
+
+    async def submit(self, prompt: str, message_id: str) -> None:
+        """Accept an input once it is stored: as the run's `user.message` when idle, else in
+        the store's inbox behind the runs queued before it (spec P4)."""
+        log_ = self.log
+        async with log_.exclusive():
+            if self._worker is None:
+                # Idle: the message is stored before this returns, and its run starts.
+                await log_.emit_unlocked((_loop.user_message(prompt, message_id, "user"),))
+                self._queue.append(Pending(prompt, message_id, appended=True))
+            else:
+                # Busy: the input waits in the store, never only in memory (nothing
+                # acknowledged may be lost to a crash); its run stores its message.
+                await log_.store.enqueue_input(self.session_id, prompt, message_id)
+                log_.claimed = (log_.claimed or set()) | {message_id}
+                self._queue.append(Pending(prompt, message_id, appended=False))
+            self._start_worker()
+
+    async def take_inputs(self) -> None:
+        """Queue the stored inputs (sent by other runtimes, or left by a crash, spec R1) that
+        are not queued here yet. An input stays pending in the store until its user message
+        is stored, so that a crash cannot lose it; until then it must not be queued twice.
+        The inbox is read with the writer held: an input whose message is being stored right
+        now is either still pending and queued here, or claimed, never both."""
+        log_ = self.log
+        if self.closed or not log_.writable:
+            return
+        async with log_.exclusive():
+            for prompt, message_id in await log_.store.pending_inputs(self.session_id):
+                if message_id not in (log_.claimed or ()):
+                    log_.claimed = (log_.claimed or set()) | {message_id}
+                    self._queue.append(Pending(prompt, message_id, appended=False))
+            self._start_worker()
+
+    def go_on(self, interrupted: _loop.Interrupted, message_id: str) -> None:
+        """Queue the continuation of a run a crash interrupted (spec P3, C10)."""
+        self._queue.append(Pending("", message_id, appended=True, interrupted=interrupted))
+        self._start_worker()
+
+    async def exclusive(self, apply: Callable[[], Awaitable[T]]) -> T:
+        """Run a window operation between runs, never during one (queued behind them)."""
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Operation(apply, waiter))
+        self._start_worker()
+        result: T = await waiter
+        return result
+
+    # --- runs ----------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        if self._worker is None and self._queue:
+            self._worker = asyncio.get_running_loop().create_task(
+                self._drain(), name=f"trimtab-{self.session_id}"
+            )
+
+    async def _drain(self) -> None:
+        """Run queued items one after another; each run ends in one idle (spec E1)."""
+        try:
+            while self._queue:
+                if not self.log.writable:
+                    self.drop(LeaseLostError(f"session {self.session_id} moved"))
+                    return
+                item = self._queue.pop(0)
+                if isinstance(item, _Operation):
+                    await _settle(item)
+                    continue
+                try:
+                    await self._run(item)
+                finally:
+                    if item.ended is not None:
+                        item.ended.set()
+        finally:
+            self._worker = None
+
+    async def _run(self, item: Pending) -> None:
+        self._running = item
+        try:
+            if not item.appended:
+                # Stored from here, where no abort cancels: the input's message is logged
+                # (claiming it in the inbox) before its run can be stopped.
+                await self.log.emit(_loop.user_message(item.prompt, item.message_id, "user"))
+                item.appended = True
+        except Exception as exc:
+            self._running = None
+            self._failed(exc, item.message_id)
+            return
+        self._current = asyncio.get_running_loop().create_task(self._body(item))
+        # When this waiter is cancelled (close), the run's task may still fail on its own:
+        # its failure was already reported by the loop, so it is read here, not left to warn.
+        self._current.add_done_callback(_retrieve)
+        try:
+            end = await asyncio.shield(self._current)
+        except asyncio.CancelledError:
+            end = RunEnd(item.message_id, aborted=True)  # aborted again while it stopped
+        except Exception as exc:
+            # The store failed or the lease was lost: nothing more can be logged, but no
+            # waiter may hang, here or in a host following the session.
+            self._failed(exc, item.message_id)
+            return
+        finally:
+            self._current = self._running = None
+        # The run's one idle (E1), from here: an abort cancels the run's task, not this one.
+        await self.log.emit(SessionIdleEvent(data=SessionIdleData(aborted=end.aborted or None)))
+
+    async def _body(self, item: Pending) -> RunEnd:
+        """The run's task: it reads `item.aborted` only once it has started."""
+        item.started = True
+        return await _loop.run(
+            self, item.message_id, interrupted=item.interrupted, aborted=item.aborted
+        )
+
+    def _failed(self, exc: Exception, message_id: str) -> None:
+        cause = _cause(exc)
+        if isinstance(cause, LeaseLostError):
+            self._on_lease_lost()
+        log.error("run of session %s failed", self.session_id, exc_info=exc)
+        if self._ledger is not None:
+            self._ledger.fail(message_id, cause)
+        # Delivered, not stored (the store is what failed): the run still ends in a typed
+        # error and one idle for whoever watches (spec E1).
+        error_type = "lease_lost" if isinstance(cause, LeaseLostError) else "store"
+        data = SessionErrorData(
+            error_type=error_type,
+            message=valid_text(f"{type(cause).__name__}: {cause}"),
+            retryable=True,
+            originating_message_id=message_id,
+        )
+        self.log.subscribers.deliver(SessionErrorEvent(data=data, ephemeral=True))
+        self.log.subscribers.deliver(SessionIdleEvent())
+
+    # --- stopping ------------------------------------------------------------------------
+
+    async def abort(self) -> None:
+        """Stop the run in progress, or the one about to start (right after `send`); return
+        once it ended. Runs queued behind it still run."""
+        target = self._running
+        if target is None and self._worker is not None:
+            target = next((item for item in self._queue if isinstance(item, Pending)), None)
+        if target is None:
+            return
+        current = self._current
+        if target.started and current is not None and not current.done():
+            current.cancel()
+        else:
+            target.aborted = True  # it ends as an abort as soon as it starts
+        target.ended = target.ended or asyncio.Event()
+        await target.ended.wait()
+
+    def drop(self, reason: Exception) -> None:
+        """Let go of the queued items: their stored inputs wait for the session's next
+        owner, and whoever waits for them gets `reason`."""
+        for item in self._queue:
+            if isinstance(item, _Operation):
+                if not item.waiter.done():
+                    item.waiter.set_exception(reason)
+                continue
+            if self._ledger is not None:
+                self._ledger.fail(item.message_id, reason)
+            if item.ended is not None:
+                item.ended.set()
+        self._queue.clear()
+        self.log.claimed = None
+
+    async def close(self, reason: Exception) -> None:
+        """Stop: the run in progress (and one about to start) ends as an abort, the rest of
+        the queue is dropped; returns once nothing runs."""
+        self.closed = True
+        kept: list[Pending | _Operation] = []
+        dropped: list[Pending | _Operation] = []
+        for item in self._queue:
+            if isinstance(item, Pending) and item.appended and item.interrupted is None:
+                item.aborted = True  # its message is logged: the run ends, as an abort
+                kept.append(item)
+            else:
+                dropped.append(item)
+        self._queue = dropped
+        self.drop(reason)
+        self._queue = kept
+        await self.abort()
+        if self._worker is not None:
+            await asyncio.wait([self._worker])
+        if self._ledger is not None:
+            self._ledger.close(reason)
+
+
+async def _settle(operation: _Operation) -> None:
+    try:
+        result = await operation.apply()
+    except Exception as exc:
+        if not operation.waiter.done():
+            operation.waiter.set_exception(exc)
+        return
+    if not operation.waiter.done():
+        operation.waiter.set_result(result)
+
+
+def _cause(exc: BaseException) -> Exception:
+    """The exception that ended a run: the first one inside an `ExceptionGroup` (a batch's
+    calls fail together when the store fails)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def _retrieve(task: asyncio.Task[RunEnd]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,84 @@
+"""`Toolbox`: the tools a session can call and the ones its model is shown.
+
+The host's own tools, the tools of a tool source (MCP servers) that may change between turns,
+and, when there are more than the session's threshold, the built-in `tool_search` in front of
+the deferred ones (see `_toolsearch`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from trimtab._tools import Tool, ToolSource
+from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
+from trimtab.events import SessionConfigData, ToolDefinition
+
+__all__ = ["Toolbox"]
+
+log = logging.getLogger("trimtab")
+
+_NOTHING: frozenset[str] = frozenset()
+"""Shared: nothing is deferred in most sessions, and an empty frozenset is not a singleton."""
+
+
+class Toolbox:
+    """A session's tools."""
+
+    __slots__ = ("_cache", "_own", "_source", "_tools")
+
+    def __init__(self, tools: Mapping[str, Tool], source: ToolSource | None = None) -> None:
+        # The client hands over a dict of its own: no copy (one less dict per idle session).
+        self._own = tools if type(tools) is dict else dict(tools)
+        """The tools the host gave: they win a name clash with the source's."""
+        self._tools = self._own
+        self._source = source
+        self._cache: tuple[SessionConfigData, frozenset[str], dict[str, Tool]] | None = None
+
+    @property
+    def own(self) -> Mapping[str, Tool]:
+        """The host's own tools (what a fork is given)."""
+        return self._own
+
+    def callable(self, config: SessionConfigData) -> Mapping[str, Tool]:
+        """Every callable tool, the built-in `tool_search` included when tools are deferred."""
+        return self._deferral(config)[1]
+
+    def deferred(self, config: SessionConfigData) -> frozenset[str]:
+        """Tools left out of the model's list until `tool_search` finds them."""
+        return self._deferral(config)[0]
+
+    def shown(self, config: SessionConfigData, discovered: frozenset[str]) -> list[ToolDefinition]:
+        """The tool definitions the model is sent: all but the deferred ones not found yet."""
+        hidden, tools = self._deferral(config)
+        return [t.definition for n, t in tools.items() if n not in hidden or n in discovered]
+
+    def _deferral(self, config: SessionConfigData) -> tuple[frozenset[str], dict[str, Tool]]:
+        # Recomputed only when the configuration changes (it is replaced, never mutated).
+        if self._cache is None or self._cache[0] is not config:
+            hidden = deferred(self._tools, config.tool_search) or _NOTHING
+            tools = self._tools
+            if hidden and TOOL_SEARCH not in tools:
+                tools = {**tools, TOOL_SEARCH: make_tool_search(self._tools, hidden)}
+            self._cache = (config, hidden, tools)
+        return self._cache[1], self._cache[2]
+
+    async def refresh(self) -> Sequence[str]:
+        """Take in what changed in the tool source (MCP servers started, their lists changed)
+        before a turn, never during one, so that a batch sees one set of tools; returns the
+        source's warnings for the log."""
+        if self._source is None:
+            return ()
+        try:
+            tools, warnings = await self._source.refresh()
+        except Exception:
+            log.exception("a tool source failed")
+            return ()
+        if tools is not None:
+            self._tools = {**tools, **self._own}
+            self._cache = None
+        return warnings
+
+    async def close(self) -> None:
+        if self._source is not None:
+            await self._source.close()

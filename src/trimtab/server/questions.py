@@ -1,0 +1,146 @@
+"""What the runtime waits for from clients: tool results, permission decisions, run ends.
+
+A tool declared over the wire becomes an `ExternalTool`: the loop announces each call
+(`external_tool.requested`), its handler here waits for a client to answer
+(`session.tools.handlePendingToolCall`), and the loop settles it (`external_tool.completed`).
+Permission requests wait the same way for `handlePendingPermissionRequest`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from trimtab import PermissionDecision, ToolInvocation, ToolResult
+from trimtab._runs import RunLedger
+from trimtab._tools import ExternalTool
+from trimtab.events import (
+    Event,
+    ExternalToolRequestedEvent,
+    PermissionRequestData,
+    PermissionRequestedEvent,
+    ToolDefinition,
+)
+from trimtab.protocol.wire import HandleToolCallParams, ToolResultAnswer
+
+__all__ = ["ClientQuestions", "tool_result"]
+
+
+def tool_result(answer: HandleToolCallParams, name: str, arguments: Any) -> ToolResult:
+    """The trimtab result of a client's answer (protocol sections 4.2 and 6e).
+
+    A client's `error` text is never shown to the model: it sees the generic failure text the
+    official runtime uses, so recordings made against it still match.
+    """
+    result = answer.result
+    if isinstance(result, str):
+        return ToolResult(text_result_for_llm=result)
+    if isinstance(result, ToolResultAnswer):
+        return _from_object(result)
+    if answer.error is not None:
+        shown = json.dumps(arguments, separators=(",", ":"))
+        text = (
+            f"Failed to execute `{name}` tool with arguments: {shown} "
+            "due to error: Error: Tool execution failed"
+        )
+        return ToolResult(text_result_for_llm=text, result_type="failure", error=answer.error)
+    return ToolResult(text_result_for_llm="")
+
+
+def _from_object(result: ToolResultAnswer) -> ToolResult:
+    kind = result.result_type or ("failure" if result.error is not None else "success")
+    return ToolResult(
+        text_result_for_llm=result.text_result_for_llm,
+        # trimtab has no client-reported timeout outcome: it is a failure the model can read.
+        result_type="failure" if kind == "timeout" else kind,
+        error=result.error,
+        tool_references=result.tool_references or [],
+    )
+
+
+class ClientQuestions:
+    """A session's open questions to its clients: external tool calls and permissions."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.ledger = RunLedger()
+        self.provided: Callable[[str], bool] = lambda name: True
+        """Whether some attached client declared the tool (set by the session's owner)."""
+        self._calls: dict[str, tuple[str, asyncio.Future[HandleToolCallParams]]] = {}
+        self._permissions: dict[str, asyncio.Future[PermissionDecision]] = {}
+
+    # --- tools ---------------------------------------------------------------------------
+
+    def tool(self, definition: ToolDefinition) -> ExternalTool:
+        """A tool whose calls a client answers (the loop announces and settles each call)."""
+        name = definition.name
+
+        async def handler(arguments: dict[str, Any], invocation: ToolInvocation) -> ToolResult:
+            request_id = invocation.request_id or ""
+            pending = self._calls.get(request_id)
+            if pending is None:  # not announced here: nobody could answer it
+                return ToolResult(text_result_for_llm="", result_type="failure")
+            try:
+                return tool_result(await pending[1], name, arguments)
+            finally:
+                self._calls.pop(request_id, None)
+
+        return ExternalTool(definition, handler, provided=lambda: self.provided(name))
+
+    def abandon_unprovided(self) -> None:
+        """Fail the pending calls of tools no attached client declares any more."""
+        for request_id, (name, answer) in self._calls.items():
+            if not answer.done() and not self.provided(name):
+                error = "the client that provides this tool disconnected"
+                answer.set_result(
+                    HandleToolCallParams(
+                        session_id=self.session_id, request_id=request_id, error=error
+                    )
+                )
+
+    def answer_tool(self, answer: HandleToolCallParams) -> bool:
+        """Settle a pending external call; False if it is unknown or already settled."""
+        pending = self._calls.get(answer.request_id)
+        if pending is None or pending[1].done():
+            return False
+        pending[1].set_result(answer)
+        return True
+
+    # --- permissions ---------------------------------------------------------------------
+
+    def observe(self, event: Event) -> None:
+        """Open a pending question when the loop announces one: before any client hears of
+        it, so that no answer can come first."""
+        loop = asyncio.get_running_loop()
+        if isinstance(event, PermissionRequestedEvent):
+            self._permissions[event.data.request_id] = loop.create_future()
+        elif isinstance(event, ExternalToolRequestedEvent):
+            self._calls[event.data.request_id] = (event.data.tool_name, loop.create_future())
+        self.ledger.observe(event)
+
+    async def ask_permission(
+        self, request: PermissionRequestData, invocation: ToolInvocation
+    ) -> PermissionDecision:
+        """The session's permission handler: wait for a client's decision on the request the
+        loop announced (`observe` saw its `permission.requested`, of the same request id)."""
+        future = self._permissions.get(request.request_id or "")
+        if future is None:
+            return PermissionDecision(kind="user-not-available")
+        try:
+            return await future
+        finally:
+            self._permissions.pop(request.request_id or "", None)
+
+    def answer_permission(self, request_id: str, decision: PermissionDecision) -> bool:
+        """Settle a pending permission request; False if it is unknown or already settled."""
+        future = self._permissions.get(request_id)
+        if future is None or future.done():
+            return False
+        future.set_result(decision)
+        return True
+
+    def close(self, reason: Exception) -> None:
+        """The session is gone: nobody may wait for it any more."""
+        self.ledger.close(reason)
