@@ -335,7 +335,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
-        args.sessions, args.connections, args.paced_seconds = 50, 5, 2.0
+        args.sessions, args.connections, args.paced_seconds = 50, 5, 1.0
         args.inproc_sessions = 20
     return args
 
