@@ -290,6 +290,35 @@ def _scale_rows(results: dict[str, Any]) -> list[list[str]]:
                 _yes(p99 <= 2),
             ]
         )
+    pg = results.get("postgres")
+    if pg:
+        commits = max(pg[kind]["commits_per_step"] for kind in ("plain", "tool"))
+        rows.append(
+            [
+                "PostgreSQL: durable commits per run step (plain, one-tool)",
+                "≤ 1",
+                " / ".join(f"{pg[kind]['commits_per_step']:g}" for kind in ("plain", "tool")),
+                _yes(commits <= 1),
+            ]
+        )
+        streaming = pg["streaming"]["per_turn"]
+        rows.append(
+            [
+                f"PostgreSQL: NOTIFY round trips of a streaming turn ({pg['chunks']} deltas)",
+                "fewer than the deltas (coalesced)",
+                f"{streaming.get('notify', 0):.1f}",
+                _yes(streaming.get("notify", 0) < pg["chunks"]),
+            ]
+        )
+        cpu = pg["plain"]["cpu_ms_per_turn"]
+        rows.append(
+            [
+                "PostgreSQL: trimtab's CPU per plain turn (in process)",
+                "≤ 1.5 ms",
+                f"{_ms(cpu)} ms",
+                _yes(cpu <= 1.5),
+            ]
+        )
     local = results.get("local")
     if local:
         for kind, turns in local["conversation"].items():
@@ -404,6 +433,54 @@ def _streaming(results: dict[str, Any]) -> list[str]:
     ]
     header = ["delta latency (ms)", "p50", "p99", "max", "deltas"]
     return ["### Streaming latency", "", *_table(header, rows), *notes]
+
+
+def _postgres(results: dict[str, Any]) -> list[str]:
+    data = results.get("postgres")
+    if not data:
+        return []
+    rows = []
+    for kind in ("plain", "tool", "streaming"):
+        part = data[kind]
+        turn = part["per_turn"]
+        rows.append(
+            [
+                kind if kind != "streaming" else f"streaming ({data['chunks']} deltas)",
+                str(part["steps_per_turn"]),
+                f"{turn.get('round_trips', 0):.1f}",
+                f"{turn.get('writes', 0):.1f}",
+                f"{turn.get('notify', 0):.1f}",
+                f"{turn.get('other', 0):.1f}",
+                f"{turn.get('transactions', 0):.1f}",
+                f"{turn.get('commits', 0):.1f} ({part['commits_per_step']:g} per step)",
+                _ms(part["cpu_ms_per_turn"]),
+            ]
+        )
+    header = [
+        "turn",
+        "steps",
+        "round trips",
+        "writes",
+        "NOTIFY alone",
+        "other statements",
+        "transactions",
+        "durable commits",
+        "trimtab CPU ms per turn",
+    ]
+    settings = data.get("postgres", {})
+    notes = [
+        "",
+        f"Per turn, mean of {data['plain']['turns']} turns of a `trimtab.Client` session in"
+        " process on a fresh PostgreSQL"
+        f" {settings.get('server_version', '?').split()[0]} database"
+        f" (fsync={settings.get('fsync', '?')},"
+        f" synchronous_commit={settings.get('synchronous_commit', '?')}), counted by wrapping"
+        " psycopg: every statement is a round trip, a transaction two more; a write in"
+        " autocommit, or a transaction holding one, is a durable commit. A step is one model"
+        " call. The floor is one durable commit per step: today each stored event is its own"
+        " append.",
+    ]
+    return ["### PostgreSQL per turn", "", *_table(header, rows), *notes]
 
 
 def _local(results: dict[str, Any]) -> list[str]:
@@ -742,6 +819,7 @@ MAIN: tuple[Section, ...] = (
     _many,
     _streaming,
     _store,
+    _postgres,
     _local,
     _errors,
 )
