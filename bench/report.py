@@ -130,6 +130,20 @@ def _budget(results: dict[str, Any]) -> list[str]:
     if "import" in results:
         seconds = results["import"]["import_trimtab_s"]
         rows.append(["`import trimtab`", "≤ 0.3 s", f"{seconds:.3f} s", _yes(seconds <= 0.3)])
+        if "import_loads_opentelemetry" in results["import"]:
+            loads = results["import"]["import_loads_opentelemetry"]
+            measured = "yes" if loads else "no"
+            rows.append(["`import trimtab` loads OpenTelemetry", "no", measured, _yes(not loads)])
+    if tracing := results.get("tracing", {}).get("not loaded"):
+        extra = tracing["on"]["plain"]["median"] - tracing["off"]["plain"]["median"]
+        rows.append(
+            [
+                "plain turn, tracing on (OpenTelemetry not loaded) vs off",
+                "≤ 0.05 ms",
+                f"{extra:+.3f} ms",
+                _yes(extra <= 0.05),
+            ]
+        )
     if "memory" in results:
         per = results["memory"]["sqlite"]["traced"]
         rows.append(
@@ -600,6 +614,33 @@ def _scripted(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def _tracing(results: dict[str, Any]) -> list[str]:
+    tracing = results.get("tracing")
+    if not tracing:
+        return []
+    rows = []
+    for phase, label in (("not loaded", "not loaded"), ("loaded", "API and SDK loaded")):
+        off = tracing.get(phase, {}).get("off")
+        for name, row in tracing.get(phase, {}).items():
+            extra = "; ".join(
+                f"{row[kind]['median'] - off[kind]['median']:+.2f}" for kind in ("plain", "tool")
+            )
+            rows.append(
+                [label, name, _pair(row["plain"]), _pair(row["tool"]), "" if row is off else extra]
+            )
+    header = ["OpenTelemetry in the process", "tracing", "plain turn", "one-tool turn", "vs off"]
+    notes = [
+        "",
+        "ScriptedModel, memory store, no HTTP; each group interleaved in one process. *Not"
+        " loaded*: the application never imported OpenTelemetry, so trimtab does not either."
+        " *API without SDK*: the global provider is the API's no-op. *SDK*: a `TracerProvider`"
+        " with a span processor whose exporter drops the spans (what recording them costs).",
+    ]
+    if "sdk" in tracing:
+        notes.append(f"SDK rows missing: {tracing['sdk']}.")
+    return ["### Tracing (OpenTelemetry) off and on", "", *_table(header, rows), *notes]
+
+
 def _server(results: dict[str, Any]) -> list[str]:
     server = results.get("server", {})
     if not server:
@@ -815,6 +856,7 @@ MAIN: tuple[Section, ...] = (
     _budget,
     _in_process,
     _scripted,
+    _tracing,
     _server,
     _many,
     _streaming,

@@ -4,28 +4,27 @@
                         [--write docs/performance.md] [--json results.json]
 
 NAMES (comma-separated, default all): trimtab (in process: turns above the floor, pure
-overhead, memory, import time), agents, pydantic-ai, langgraph (the peers, each above its own
-floor), server (`trimtab serve` driven by the official Copilot client), copilot (the Copilot
-CLI driven by the same client), many (1,000 sessions on one `trimtab serve` over JSON-RPC:
-server CPU per turn against the same turns in process, latency, RSS), streaming (a delta's
-latency from the provider's bytes to an `on()` handler and to a JSON-RPC client), store
-(SQLite append rate, open and clear_context costs), local (the embedded model: tokens read
-per turn, time to first token against raw llama-cpp-python; skipped without the `local`
-extra and its weights), postgres (database round trips, commits and NOTIFYs per turn, in
-process), scaleout (1, 2 and 4 `trimtab serve` processes sharing one
-PostgreSQL database, 200 concurrent sessions). The last two need $TRIMTAB_BENCH_PG_DSN or
-$TRIMTAB_TEST_PG_DSN, and are skipped without.
+overhead, memory, import time, tracing off and on), agents, pydantic-ai, langgraph (the peers,
+each above its own floor), server (`trimtab serve` driven by the official Copilot client),
+copilot (the Copilot CLI driven by the same client), many (1,000 sessions on one `trimtab
+serve` over JSON-RPC: server CPU per turn against the same turns in process, latency, RSS),
+streaming (a delta's latency from the provider's bytes to an `on()` handler and to a JSON-RPC
+client), store (SQLite append rate, open and clear_context costs), local (the embedded model:
+tokens read per turn, time to first token against raw llama-cpp-python; skipped without the
+`local` extra and its weights), postgres (database round trips, commits and NOTIFYs per turn,
+in process), scaleout (1, 2 and 4 `trimtab serve` processes sharing one PostgreSQL database,
+200 concurrent sessions). The last two need $TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, and
+are skipped without.
 
 Every measurement runs in a subprocess of its own (see `common.py` for the scenario). The
 peers are installed into a virtual environment under the cache directory
 ($TRIMTAB_BENCH_CACHE, default ~/.cache/trimtab-bench), never into this one; the Copilot CLI
 comes from npm into the same cache.
 
-`--smoke` (CI) runs trimtab's in-process pure-overhead, memory, import, append and context
-benchmarks with few runs, and the many-sessions, streaming and (with a DSN) PostgreSQL
-benches small: no network
-beyond 127.0.0.1, no peers, well under a minute. Timings never fail a run; a worker that
-crashes, or whose correctness check fails, does.
+`--smoke` (CI) runs trimtab's in-process pure-overhead, memory, import, append, context and
+tracing benchmarks with few runs, and the many-sessions, streaming and (with a DSN) PostgreSQL
+benches small: no network beyond 127.0.0.1, no peers, well under a minute. Timings never fail
+a run; a worker that crashes, or whose correctness check fails, does.
 """
 
 from __future__ import annotations
@@ -162,6 +161,7 @@ def smoke(results: dict[str, Any]) -> None:
     results["import"] = trimtab_part("import")
     results["append"] = trimtab_part("append", "--smoke")
     results["context"] = trimtab_part("context", "--smoke")
+    results["tracing"] = trimtab_part("tracing", "--runs", str(SMOKE_RUNS), "--warmup", "5")
     for name, script in SERVER_BENCHES.items():
         results[name] = worker([sys.executable, str(BENCH / script), "--smoke"])
     if any(os.environ.get(variable) for variable in PG_DSN_VARIABLES):
@@ -179,6 +179,7 @@ def full(results: dict[str, Any], names: set[str], runs: str, warmup: str) -> No
             results["memory"] = trimtab_part("memory", "--sessions", "1000")
             results["rss"] = trimtab_part("rss", "--sessions", "10000")
             results["import"] = trimtab_part("import")
+            results["tracing"] = trimtab_part("tracing", "--runs", runs, "--warmup", warmup)
         wanted = [name for name in PEERS if name in names]
         if wanted:
             try:

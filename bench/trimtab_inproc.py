@@ -4,7 +4,7 @@ append rate, and the cost of clear_context and of opening a session against hist
 One part per process, so that a measurement never inherits another's heap or caches:
 
     python bench/trimtab_inproc.py --part turns --base-url http://127.0.0.1:PORT/v1
-    python bench/trimtab_inproc.py --part scripted|memory|rss|import|append|context
+    python bench/trimtab_inproc.py --part scripted|memory|rss|import|append|context|tracing
 
 Each prints one JSON line (see `common.report`).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -238,8 +239,11 @@ async def rss(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def import_time() -> dict[str, Any]:
+    loads = "import sys, trimtab; print(any(m.startswith('opentelemetry') for m in sys.modules))"
+    check = subprocess.run([sys.executable, "-c", loads], capture_output=True, text=True)
     return {
         "import_trimtab_s": common.import_seconds("import trimtab"),
+        "import_loads_opentelemetry": check.stdout.strip() == "True",
         "import_with_openai_provider_s": common.import_seconds(
             "import trimtab; from trimtab.providers import ProviderConfig, make_provider;"
             " make_provider(ProviderConfig(type='openai', base_url='http://x'))"
@@ -422,6 +426,62 @@ async def context(args: argparse.Namespace) -> dict[str, Any]:
     return rows
 
 
+# --- tracing ------------------------------------------------------------------------------
+
+
+async def tracing(args: argparse.Namespace) -> dict[str, Any]:
+    """A turn's cost with tracing off and on (ScriptedModel, memory store, no HTTP): first
+    while the process has not loaded OpenTelemetry, then with the API (no SDK: the global
+    provider is the API's no-op) and with the SDK exporting to an exporter that drops spans."""
+    clients = {"off": Client(store="memory", tracing=False), "on": Client(store="memory")}
+    rows: dict[str, Any] = {"not loaded": await _tracing_turns(clients, args)}
+    if any(name.startswith("opentelemetry") for name in sys.modules):
+        raise AssertionError("a traced run loaded OpenTelemetry on its own")
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            SimpleSpanProcessor,
+            SpanExporter,
+            SpanExportResult,
+        )
+    except ImportError:
+        rows["sdk"] = "not installed: pip install opentelemetry-sdk"
+        return rows
+
+    class Drop(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    sdk = TracerProvider()
+    sdk.add_span_processor(SimpleSpanProcessor(Drop()))
+    clients = {
+        "off": Client(store="memory", tracing=False),
+        "on, API without SDK": Client(store="memory"),
+        "on, SDK (spans dropped)": Client(store="memory", tracer_provider=sdk),
+    }
+    rows["loaded"] = await _tracing_turns(clients, args)
+    sdk.shutdown()
+    return rows
+
+
+async def _tracing_turns(clients: dict[str, Client], args: argparse.Namespace) -> dict[str, Any]:
+    turns: dict[str, common.Turn] = {}
+    for name, client in clients.items():
+        await client.start()
+        for kind, prompt in (("plain", common.PLAIN_PROMPT), ("tool", common.TOOL_PROMPT)):
+            fresh = FreshSessions(client, session_options(ScriptedModel(then=scripted_answer)))
+            await fresh.fill(args.runs + args.warmup)
+            turns[f"{name}|{kind}"] = fresh.turn(prompt)
+    times = await common.interleaved(turns, args.runs, args.warmup)
+    for client in clients.values():
+        await client.stop()
+    rows: dict[str, Any] = {}
+    for key, samples in times.items():
+        name, kind = key.split("|")
+        rows.setdefault(name, {})[kind] = common.summary(samples)
+    return rows
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "turns": turns_vs_floor,
     "scripted": scripted,
@@ -429,6 +489,7 @@ PARTS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = {
     "rss": rss,
     "append": append_rate,
     "context": context,
+    "tracing": tracing,
 }
 
 

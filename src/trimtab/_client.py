@@ -10,7 +10,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -25,6 +25,7 @@ from trimtab._state import SessionState, StateSnapshot, state_of
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
 from trimtab._toolsearch import TOOL_SEARCH
+from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
     InfiniteSessions,
@@ -41,6 +42,8 @@ from trimtab.providers import Provider, ProviderConfig, make_provider
 from trimtab.store import DEFAULT_TIMEOUT, Lease, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
     from trimtab.mcp import ServerPool
     from trimtab.remote import RemoteClient
 
@@ -104,6 +107,12 @@ class Client:
         store_timeout: seconds within which every call of the store this client opens
             completes or raises `StoreUnavailableError` (spec W1); a `Store` passed in keeps
             its own `timeout`.
+        tracing: emit OpenTelemetry spans of runs, model calls and tool calls once the
+            application has loaded OpenTelemetry (spec OT1); None reads `TRIMTAB_TRACING`
+            (on unless `0`).
+        trace_content: put message contents, tool arguments and results on the spans; None
+            reads `TRIMTAB_TRACING_CONTENT` (off unless `1`).
+        tracer_provider: the OpenTelemetry `TracerProvider` to use instead of the global one.
     """
 
     def __init__(
@@ -114,6 +123,9 @@ class Client:
         lease_ttl: float = 30.0,
         poll_interval: float = 1.0,
         store_timeout: float = DEFAULT_TIMEOUT,
+        tracing: bool | None = None,
+        trace_content: bool | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         if lease_ttl <= 0 or poll_interval <= 0 or store_timeout <= 0:
             raise ValueError("lease_ttl, poll_interval and store_timeout must be positive")
@@ -123,8 +135,10 @@ class Client:
         self._default_provider = provider
         self._lease_ttl = lease_ttl
         self._poll_interval = poll_interval
+        self._tracing = Tracing(tracing, content=trace_content, provider=tracer_provider)
         self._owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._sessions: dict[str, Session] = {}
+        self._owner_of_sessions = _SessionOwner(self)
         self._providers: dict[str, Provider] = {}
         self._maintainer: asyncio.Task[None] | None = None
         self._mcp: ServerPool | None = None
@@ -302,18 +316,13 @@ class Client:
             )
         log = SessionLog(session_id, store, lease, state)
         hooks = Hooks(session_id, opts.get("hooks"))
-
-        async def fork(events: list[Event]) -> Session:
-            return await self._fork(session_id, log.state.config, events, provider, opts)
-
         session = Session(
             log,
             provider=provider,
             toolbox=Toolbox(tools, self._mcp_tools(opts.get("mcp_servers"), frozenset(tools))),
             permission_handler=opts.get("on_permission_request"),
             hooks=hooks,
-            on_close=self._forget,
-            fork=fork,
+            owner=self._owner_of_sessions,
         )
         self._sessions[session_id] = session
         return session, hooks
@@ -327,31 +336,28 @@ class Client:
         self._mcp = self._mcp or mcp.ServerPool()
         return mcp.toolset(servers, self._mcp, reserved)
 
-    async def _fork(
-        self,
-        source: str,
-        config: SessionConfigData,
-        events: list[Event],
-        provider: Provider,
-        opts: SessionOptions,
-    ) -> Session:
+    async def _fork(self, source: Session, events: list[Event]) -> Session:
         """A new session holding a copy of `events` (the source's log after its start event),
-        with the source's configuration, tools, handlers and MCP servers.
+        with the source's configuration, provider, tools, handlers and MCP servers.
 
         Inert: the copy gets events of its own (new ids) and is brought to rest in the same
         transaction, so that it never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
+        config = source.config
         start = SessionStartEvent(
             data=SessionStartData(
                 session_id=session_id,
                 selected_model=config.model,
                 config=config,
-                forked_from=source,
+                forked_from=source.session_id,
             )
         )
+        opts = cast("SessionOptions", source.options())
         copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
         copies += at_rest(state_of(copies))
-        session, hooks = await self._created(session_id, copies, provider, opts)
+        session, hooks = await self._created(
+            session_id, copies, cast("Provider", opts["provider"]), opts
+        )
         await hooks.session_start("new")
         return session
 
@@ -533,3 +539,22 @@ def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
         if key in opts:
             update[key] = model.model_validate(opts[key])  # type: ignore[literal-required]
     return base.model_copy(update=update)
+
+
+class _SessionOwner:
+    """The `Client` as its sessions see it (`SessionOwner`): one per client."""
+
+    __slots__ = ("_client",)
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    async def fork_session(self, source: Session, events: list[Event]) -> Session:
+        return await self._client._fork(source, events)
+
+    def forget_session(self, session: Session) -> None:
+        self._client._forget(session)
+
+    @property
+    def tracing(self) -> Tracing:
+        return self._client._tracing

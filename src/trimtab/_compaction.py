@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trimtab._errors import ProviderError
 from trimtab._tools import valid_text
+from trimtab._tracing import Tracing
 from trimtab._window import estimate_tokens, units
 from trimtab.events import (
     AssistantUsageData,
@@ -85,6 +86,10 @@ class CompactionHost(Protocol):
     def provider(self) -> Provider: ...
     @property
     def limits(self) -> ModelLimits: ...
+    @property
+    def tracing(self) -> Tracing: ...
+
+    session_id: str
 
     async def emit(self, event: Event) -> Event: ...
     def window(self) -> list[Message]: ...
@@ -183,7 +188,7 @@ async def _summarize_fitting(
         messages_length=len(request.messages),
     )
     try:
-        response = await _ask(host.provider, request)
+        response = await _ask(host, request, info.current_tokens)
     except ProviderError as exc:
         await _warn(
             host,
@@ -277,13 +282,17 @@ def _transcript(groups: Sequence[list[Message]]) -> Message:
     return Message(role="user", content="Conversation to summarise:\n\n" + "\n".join(lines))
 
 
-async def _ask(provider: Provider, request: ModelRequest) -> ModelResponse:
+async def _ask(host: CompactionHost, request: ModelRequest, tokens: int) -> ModelResponse:
+    """The summary's model call, a `chat` span of its own (spec OT3)."""
     response: ModelResponse | None = None
-    async for event in provider.stream(request):
-        if isinstance(event, ModelResponse):
-            response = event
-    if response is None:
-        raise ProviderError("bad_response", "the provider's stream ended without a response")
+    provider = host.provider
+    with host.tracing.chat(request, tokens, host.session_id, provider.name) as span:
+        async for event in provider.stream(request):
+            if isinstance(event, ModelResponse):
+                response = event
+        if response is None:
+            raise ProviderError("bad_response", "the provider's stream ended without a response")
+        span.response(response)
     return response
 
 

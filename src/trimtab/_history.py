@@ -10,7 +10,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -33,13 +33,29 @@ from trimtab.events import (
 
 if TYPE_CHECKING:
     from trimtab._session import Session
+    from trimtab._tracing import Tracing
 
 __all__ = ["ClearContextResult", "CompactResult", "History", "TruncateResult", "at_rest"]
 
 T = TypeVar("T")
 
-Fork = Callable[[list[Event]], Awaitable["Session"]]
-"""Makes a new session from a copy of events (the `Client` that opened the session)."""
+
+class SessionOwner(Protocol):
+    """What opened a session (the `Client`): one reference per session, not a closure, so
+    an idle session holds nothing more (docs/performance.md, memory per idle session)."""
+
+    async def fork_session(self, source: Session, events: list[Event]) -> Session:
+        """A new session from `source`'s options and a copy of `events`."""
+        ...
+
+    def forget_session(self, session: Session) -> None:
+        """`session` has closed."""
+        ...
+
+    @property
+    def tracing(self) -> Tracing:
+        """How the owner's sessions trace (spec OT1)."""
+        ...
 
 
 class ClearContextResult(BaseModel):
@@ -68,11 +84,11 @@ class TruncateResult(BaseModel):
 class History:
     """Context operations on a session's window (`session.history`)."""
 
-    __slots__ = ("_fork", "_loop", "_runner")
+    __slots__ = ("_loop", "_owner", "_runner")
 
-    def __init__(self, runner: Runner, fork: Fork | None) -> None:
+    def __init__(self, runner: Runner, owner: SessionOwner | None) -> None:
         self._runner = runner
-        self._fork = fork
+        self._owner = owner
         self._loop = asyncio.get_running_loop()
 
     def clear_context(self, prompt: str) -> ClearContextResult:
@@ -163,9 +179,9 @@ class History:
                 raise ValueError(
                     f"session {runner.session_id} has no event {event_id!r} to fork at"
                 )
-        if self._fork is None:
+        if self._owner is None:
             raise TrimtabError("this session was not opened by a Client that can fork it")
-        return await self._fork(events[1:cut])
+        return await self._owner.fork_session(runner.session, events[1:cut])
 
     async def summarize_for_handoff(self) -> str:
         """A markdown summary of the conversation for handing the work to another session.

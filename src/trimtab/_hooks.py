@@ -89,6 +89,11 @@ class Hooks:
         self._session_id = session_id
         self._handlers = handlers or {}
 
+    @property
+    def handlers(self) -> SessionHooks:
+        """The host's handlers, by hook name."""
+        return self._handlers
+
     def __bool__(self) -> bool:
         return bool(self._handlers)
 

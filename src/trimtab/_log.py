@@ -40,6 +40,18 @@ ends in a `store` error (and the lease may be gone)."""
 class SessionLog:
     """A session's log, as this runtime writes or follows it."""
 
+    __slots__ = (
+        "_idle_delivered",
+        "_unsure",
+        "_writing",
+        "claimed",
+        "lease",
+        "session_id",
+        "state",
+        "store",
+        "subscribers",
+    )
+
     def __init__(
         self, session_id: str, store: Store, lease: Lease | None, state: SessionState
     ) -> None:

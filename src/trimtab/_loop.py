@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError
@@ -34,6 +34,7 @@ from trimtab._tools import (
     parse_arguments,
     valid_text,
 )
+from trimtab._tracing import Tracing
 from trimtab.events import (
     AbortEvent,
     AssistantMessageData,
@@ -74,6 +75,9 @@ from trimtab.events import (
 )
 from trimtab.providers import ModelRequest, ModelResponse, TextDelta, ToolCall
 
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
 __all__ = [
     "INTERRUPTED",
     "Interrupted",
@@ -97,7 +101,7 @@ INTERRUPTED = "The tool call was interrupted before it completed."
 
 
 _NO_TOOLS: frozenset[str] = frozenset()
-"""Shared: `frozenset()` is not a singleton, and an empty one takes ~200 bytes."""
+"""One empty set for every session (docs/performance.md, memory per idle session)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +122,7 @@ class LoopState:
     discovered: frozenset[str] = _NO_TOOLS
     """Deferred tools found by `tool_search`, callable for the rest of the window's run.
 
-    A frozen set, replaced on change: an empty one is shared, where an empty `set()` takes
-    ~200 bytes in every idle session."""
+    A frozen set, replaced on change, so that the empty one is shared."""
 
 
 class LoopHost(CompactionHost, Protocol):
@@ -136,6 +139,13 @@ class LoopHost(CompactionHost, Protocol):
     def approved_tools(self) -> frozenset[str]: ...
     @property
     def hooks(self) -> Hooks: ...
+    @property
+    def tracing(self) -> Tracing: ...
+    @property
+    def epoch(self) -> int:
+        """How many clears the session has committed."""
+        ...
+
     @property
     def running(self) -> bool:
         """Whether the log shows the run still in progress (it did not end with its turn)."""
@@ -177,6 +187,7 @@ async def run(
     *,
     interrupted: Interrupted | None = None,
     aborted: bool = False,
+    parent: Context | None = None,
 ) -> RunEnd:
     """Run one `send`, whose `user.message` the host has logged, to its end, including any
     seeded run (C8). The host emits the run's one `session.idle` once this returns (spec E1),
@@ -184,11 +195,15 @@ async def run(
 
     With `interrupted`, the run continues a crashed one instead: its unfinished calls run
     again, its open turn is closed, and the loop goes on from there. With `aborted` (an
-    `abort()` that came before the run started) it ends at once, as an abort.
+    `abort()` that came before the run started) it ends at once, as an abort. `parent` is the
+    trace context of whoever sent (spec OT2).
     """
     result = RunEnd(message_id)
     state = host.state
     state.staged, state.discovered = None, _NO_TOOLS
+    trace = host.tracing.run(host.session_id, host.provider.name, parent)
+    trace.start(host.epoch, host.config.model)
+    failure: str | None = None
     try:
         if aborted:
             raise asyncio.CancelledError
@@ -197,6 +212,7 @@ async def run(
         while step != "end":
             if isinstance(step, _Seed):
                 turns = 0  # the seeded run is a run of its own (C8)
+                trace.start(host.epoch, host.config.model, seeded=True)
                 if not step.recorded:
                     await host.emit(user_message(step.prompt, new_id(), "context_cleared"))
             if turns >= host.config.max_turns:
@@ -227,8 +243,14 @@ async def run(
                 # (not answered: the user stopped the run), never silently lost (C12).
                 await host.emit(user_message(seed[0], new_id(), "context_cleared"))
             await host.emit(AbortEvent())
+    except Exception as exc:
+        failure = type(exc).__qualname__  # the log cannot be written: the runner reports it
+        raise
     finally:
         state.staged = None
+        if result.error is not None:
+            failure = result.error.data.error_type
+        trace.end(error=failure, aborted=result.aborted)
     return result
 
 
@@ -279,7 +301,7 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
                 messages_length=len(host.window()),
             )
             reply_id = new_id()
-            response, duration = await _call_model(host, reply_id)
+            response, duration = await _call_model(host, reply_id, info.current_tokens)
         except ProviderError as exc:
             result.error = _error_event(
                 exc.error_type, valid_text(exc.message), exc.status_code, exc.retryable, message_id
@@ -349,9 +371,10 @@ def _distinct(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
     return tuple(distinct)
 
 
-async def _call_model(host: LoopHost, reply_id: str) -> tuple[ModelResponse, float]:
+async def _call_model(host: LoopHost, reply_id: str, tokens: int) -> tuple[ModelResponse, float]:
     """The model's response and how long it took (ms); streams deltas when configured, under
-    the id the final `assistant.message` will carry (clients join them on it)."""
+    the id the final `assistant.message` will carry (clients join them on it). `tokens` is the
+    request's estimate, for its span."""
     config = host.config
     request = ModelRequest(
         model=config.model or "default",
@@ -363,17 +386,22 @@ async def _call_model(host: LoopHost, reply_id: str) -> tuple[ModelResponse, flo
     )
     response: ModelResponse | None = None
     started = time.perf_counter()
-    async for event in host.provider.stream(request):
-        if isinstance(event, TextDelta) and config.streaming:
-            await host.emit(
-                AssistantMessageDeltaEvent(
-                    data=AssistantMessageDeltaData(message_id=reply_id, delta_content=event.text)
+    provider = host.provider
+    with host.tracing.chat(request, tokens, host.session_id, provider.name) as span:
+        async for event in provider.stream(request):
+            if isinstance(event, TextDelta) and config.streaming:
+                await host.emit(
+                    AssistantMessageDeltaEvent(
+                        data=AssistantMessageDeltaData(
+                            message_id=reply_id, delta_content=event.text
+                        )
+                    )
                 )
-            )
-        elif isinstance(event, ModelResponse):
-            response = event
-    if response is None:
-        raise ProviderError("bad_response", "the provider's stream ended without a response")
+            elif isinstance(event, ModelResponse):
+                response = event
+        if response is None:
+            raise ProviderError("bad_response", "the provider's stream ended without a response")
+        span.response(response)
     return response, (time.perf_counter() - started) * 1000
 
 
@@ -406,31 +434,35 @@ async def _run_batch(
 
 
 async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) -> CallOutcome:
-    """One call from `tool.execution_start` to its single `tool.execution_complete` (O1)."""
+    """One call from `tool.execution_start` to its single `tool.execution_complete` (O1), in
+    its span (OT4)."""
     arguments = parse_arguments(call.arguments)
-    try:
-        if not started:
-            # (An emit is never half done: cancelled during it, the start is stored.)
-            tool = host.tools.get(call.name)
-            start = ToolExecutionStartData(
-                tool_call_id=call.id,
-                tool_name=call.name,
-                arguments=arguments,
-                turn_id=turn_id,
-                is_terminal=(tool is not None and tool.definition.is_terminal) or None,
+    with host.tracing.tool(call, arguments, turn_id):
+        try:
+            if not started:
+                # (An emit is never half done: cancelled during it, the start is stored.)
+                tool = host.tools.get(call.name)
+                start = ToolExecutionStartData(
+                    tool_call_id=call.id,
+                    tool_name=call.name,
+                    arguments=arguments,
+                    turn_id=turn_id,
+                    is_terminal=(tool is not None and tool.definition.is_terminal) or None,
+                )
+                await host.emit(ToolExecutionStartEvent(data=start))
+            outcome = await _decide(host, call, arguments)
+        except asyncio.CancelledError:
+            await _complete(host, call, CallOutcome("cancelled", INTERRUPTED), turn_id)
+            raise
+        except (StoreUnavailableError, LeaseLostError):
+            raise  # the log cannot be written: the run ends (the session reports it)
+        except Exception:
+            # A bug below the loop: the call still ends, and the model only learns it failed.
+            log.exception("tool call %s of session %s failed", call.id, host.session_id)
+            outcome = CallOutcome(
+                "failure", f"Failed to execute '{call.name}': tool execution failed."
             )
-            await host.emit(ToolExecutionStartEvent(data=start))
-        outcome = await _decide(host, call, arguments)
-    except asyncio.CancelledError:
-        await _complete(host, call, CallOutcome("cancelled", INTERRUPTED), turn_id)
-        raise
-    except (StoreUnavailableError, LeaseLostError):
-        raise  # the log cannot be written: the run ends (the session reports it)
-    except Exception:
-        # A bug below the loop: the call still ends, and the model only learns it failed.
-        log.exception("tool call %s of session %s failed", call.id, host.session_id)
-        outcome = CallOutcome("failure", f"Failed to execute '{call.name}': tool execution failed.")
-    await _complete(host, call, outcome, turn_id)
+        await _complete(host, call, outcome, turn_id)
     return outcome
 
 
@@ -475,13 +507,21 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
         current_tool_call.reset(token)
         host.state.in_flight.pop(call.id, None)
     if outcome.outcome == "success":
-        host.state.discovered |= {r for r in outcome.references if r in host.tools}
+        _discover(host, outcome.references)
         if hooks:
             text = await hooks.post_tool_use(call.name, arguments, outcome.text)
             outcome = outcome._replace(text=valid_text(text))
     elif hooks:
         await hooks.post_tool_use_failure(call.name, arguments, outcome.text)
     return outcome
+
+
+def _discover(host: LoopHost, references: Sequence[str]) -> None:
+    """Deferred tools a successful call (`tool_search`) found become callable."""
+    found = [r for r in references if r in host.tools]
+    if found:
+        host.state.discovered |= set(found)
+        host.tracing.found(found)
 
 
 async def _run_external(
@@ -496,6 +536,7 @@ async def _run_external(
         tool_call_id=invocation.tool_call_id,
         tool_name=invocation.tool_name,
         arguments=invocation.arguments,
+        **host.tracing.carrier(),
     )
     await host.emit(ExternalToolRequestedEvent(data=request))
     try:

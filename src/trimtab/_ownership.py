@@ -33,6 +33,8 @@ __all__ = ["Ownership", "cancelled"]
 class Ownership:
     """A session's lease, as this runtime holds or follows it."""
 
+    __slots__ = ("_follower", "_log", "_runner")
+
     def __init__(self, log: SessionLog, runner: Runner) -> None:
         self._log = log
         self._runner = runner

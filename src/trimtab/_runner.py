@@ -23,6 +23,7 @@ from trimtab._permissions import PermissionHandlerFn
 from trimtab._runs import RunEnd, RunLedger
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, ToolInvocation, valid_text
+from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
     ModelLimits,
@@ -39,6 +40,8 @@ from trimtab.providers import Message, Provider, ToolCall
 from trimtab.providers._limits import limits_for
 
 if TYPE_CHECKING:
+    from opentelemetry.context import Context
+
     from trimtab._session import Session
 
 __all__ = ["Pending", "Runner"]
@@ -66,6 +69,8 @@ class Pending:
     abort it logs)."""
     ended: asyncio.Event | None = None
     """Set once the run ended (created for whoever waits for that)."""
+    parent: Context | None = None
+    """The trace context of whoever sent it (spec OT2)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -79,6 +84,25 @@ class _Operation:
 class Runner:
     """The runs of one session, and what the loop sees of it (`LoopHost`)."""
 
+    __slots__ = (
+        "_current",
+        "_ledger",
+        "_ledger_users",
+        "_stop_ledger",
+        "_permission_handler",
+        "_provider",
+        "_queue",
+        "_running",
+        "_worker",
+        "closed",
+        "hooks",
+        "log",
+        "session",
+        "session_id",
+        "state",
+        "toolbox",
+    )
+
     def __init__(
         self,
         session: Session,
@@ -88,7 +112,6 @@ class Runner:
         toolbox: Toolbox,
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
-        on_lease_lost: Callable[[], None],
     ) -> None:
         self.session = session
         self.session_id = session.session_id
@@ -98,7 +121,6 @@ class Runner:
         self.hooks = hooks
         self._provider = provider
         self._permission_handler = permission_handler
-        self._on_lease_lost = on_lease_lost
         # A list, not a deque: an idle session holds an empty queue (a deque is much bigger),
         # and a queue holds a message or two.
         self._queue: list[Pending | _Operation] = []
@@ -106,6 +128,8 @@ class Runner:
         self._current: asyncio.Task[RunEnd] | None = None
         self._running: Pending | None = None
         self._ledger: RunLedger | None = None
+        self._ledger_users = 0
+        self._stop_ledger: Callable[[], None] | None = None
         self.closed = False
 
     # --- what the loop sees (LoopHost) ---------------------------------------------------
@@ -166,6 +190,14 @@ class Runner:
             return None
         return state.pending_seed, state.seed_recorded
 
+    @property
+    def tracing(self) -> Tracing:
+        return self.session.tracing
+
+    @property
+    def epoch(self) -> int:
+        return self.log.state.epoch
+
     def next_turn_id(self) -> str:
         return str(self.log.state.turns)
 
@@ -188,10 +220,14 @@ class Runner:
         return self.log.state.conversation()
 
     async def emit(self, event: Event) -> Event:
-        return await self.log.emit(event)
+        stored = await self.log.emit(event)
+        self.tracing.note((stored,))
+        return stored
 
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
-        return await self.log.emit_all(events)
+        stored = await self.log.emit_all(events)
+        self.tracing.note(stored)
+        return stored
 
     # --- inputs --------------------------------------------------------------------------
 
@@ -204,28 +240,43 @@ class Runner:
             await asyncio.wait([worker])
 
     def ledger(self) -> RunLedger:
-        """The ledger of this session's runs, following every event from its first use (a
-        session nobody waits on keeps none)."""
+        """The ledger of this session's runs, following every event while someone waits for
+        a run's end (an idle session keeps none); `release_ledger` when done with it."""
+        self._ledger_users += 1
         if self._ledger is None:
             self._ledger = RunLedger()
-            self.log.subscribers.add(self._ledger.observe, None)
+            self._stop_ledger = self.log.subscribers.add(self._ledger.observe, None)
         return self._ledger
+
+    def release_ledger(self) -> None:
+        self._ledger_users -= 1
+        if self._ledger_users == 0 and self._stop_ledger is not None:
+            self._stop_ledger()
+            self._ledger = self._stop_ledger = None
+
+    async def run_end(self, ledger: RunLedger, message_id: str) -> RunEnd:
+        """The end of the run of `message_id`, then `release_ledger`."""
+        try:
+            return await ledger.wait(message_id)
+        finally:
+            self.release_ledger()
 
     async def submit(self, prompt: str, message_id: str) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
         log_ = self.log
+        parent = self.tracing.parent()
         async with log_.exclusive():
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
                 await log_.emit_unlocked((_loop.user_message(prompt, message_id, "user"),))
-                self._queue.append(Pending(prompt, message_id, appended=True))
+                self._queue.append(Pending(prompt, message_id, appended=True, parent=parent))
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
                 # acknowledged may be lost to a crash); its run stores its message.
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
-                self._queue.append(Pending(prompt, message_id, appended=False))
+                self._queue.append(Pending(prompt, message_id, appended=False, parent=parent))
             self._start_worker()
 
     async def take_inputs(self) -> None:
@@ -318,13 +369,17 @@ class Runner:
         """The run's task: it reads `item.aborted` only once it has started."""
         item.started = True
         return await _loop.run(
-            self, item.message_id, interrupted=item.interrupted, aborted=item.aborted
+            self,
+            item.message_id,
+            interrupted=item.interrupted,
+            aborted=item.aborted,
+            parent=item.parent,
         )
 
     def _failed(self, exc: Exception, message_id: str) -> None:
         cause = _cause(exc)
         if isinstance(cause, LeaseLostError):
-            self._on_lease_lost()
+            self.session.ownership.lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
         if self._ledger is not None:
             self._ledger.fail(message_id, cause)

@@ -47,6 +47,8 @@ class RunLedger:
     that cleared (its `user.message` has source `context_cleared`).
     """
 
+    __slots__ = ("_current", "_ended", "_waiters")
+
     _KEEP = 64
     """Ended runs remembered for a waiter that has not asked yet."""
 

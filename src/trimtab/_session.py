@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from trimtab import _loop
 from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
@@ -24,6 +24,7 @@ from trimtab._runs import RunEnd
 from trimtab._subscribers import EventHandler
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
+from trimtab._tracing import OFF, Tracing
 from trimtab._window import ContextWindow, context_window
 from trimtab.events import (
     AssistantMessageEvent,
@@ -37,7 +38,7 @@ from trimtab.events import (
 from trimtab.providers import Message, Provider, Usage
 
 if TYPE_CHECKING:
-    from trimtab._history import Fork
+    from trimtab._history import SessionOwner
 
 __all__ = ["Session"]
 
@@ -59,11 +60,10 @@ class Session:
         "_closing",
         "_hooks",
         "_log",
-        "_on_close",
+        "_owner",
         "_runner",
         "history",
         "ownership",
-        "rpc",
         "session_id",
     )
 
@@ -75,8 +75,7 @@ class Session:
         toolbox: Toolbox,
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
-        on_close: Callable[[Session], None] | None = None,
-        fork: Fork | None = None,
+        owner: SessionOwner | None = None,
     ) -> None:
         self.session_id = log.session_id
         self._log = log
@@ -88,23 +87,34 @@ class Session:
             toolbox=toolbox,
             permission_handler=permission_handler,
             hooks=hooks,
-            on_lease_lost=self._lease_lost,
         )
         self.ownership = Ownership(log, self._runner)
         """Who runs the session: what the runtime that opened it (`Client`) drives."""
-        self.history = History(self._runner, fork)
-        self.rpc = _Rpc(self.history)
-        """`session.rpc.history.*`: the Copilot SDK's spelling of `session.history.*`."""
-        self._on_close = on_close
+        self.history = History(self._runner, owner)
+        self._owner = owner
         self._closing: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
 
-    def _lease_lost(self) -> None:
-        self.ownership.lost()
-
     # --- what the session is -------------------------------------------------------------
+
+    @property
+    def rpc(self) -> _Rpc:
+        """`session.rpc.history.*`: the Copilot SDK's spelling of `session.history.*`."""
+        return _Rpc(self.history)  # made on use: one object less in every idle session
+
+    def options(self) -> dict[str, Any]:
+        """What the host gave this session that its log does not keep (provider, tools,
+        handlers, hooks, MCP servers): what a fork of it is given again."""
+        runner = self._runner
+        return {
+            "provider": runner.provider,
+            "tools": list(runner.toolbox.own.values()),
+            "on_permission_request": runner.permission_handler,
+            "hooks": self._hooks.handlers,
+            "mcp_servers": runner.toolbox.source_options,
+        }
 
     @property
     def config(self) -> SessionConfigData:
@@ -125,6 +135,11 @@ class Session:
     def is_remote(self) -> bool:
         """Another runtime holds this session's lease: it may be read, not driven (spec R1)."""
         return not self._log.writable
+
+    @property
+    def tracing(self) -> Tracing:
+        """How this session traces: its client's setting (spec OT1)."""
+        return self._owner.tracing if self._owner is not None else OFF
 
     @property
     def context_epoch(self) -> int:
@@ -220,9 +235,15 @@ class Session:
                 "send_and_wait from a tool handler of the same session would wait for its own "
                 "run to end: use send(), which queues the message behind the run"
             )
-        ledger = self._runner.ledger()  # following events before the send: none slips by
-        message_id = await self.send(prompt)
-        return await asyncio.wait_for(asyncio.shield(ledger.wait(message_id)), timeout)
+        runner = self._runner
+        ledger = runner.ledger()  # following events before the send: none slips by
+        try:
+            message_id = await self.send(prompt)
+        except BaseException:
+            runner.release_ledger()
+            raise
+        # Shielded: a timeout leaves the wait (and the ledger) until the run ends.
+        return await asyncio.wait_for(asyncio.shield(runner.run_end(ledger, message_id)), timeout)
 
     async def abort(self) -> None:
         """Stop the current run, or the one about to start (right after `send`): running
@@ -271,8 +292,8 @@ class Session:
             await log.store.release_lease(log.lease)
             log.lease = None
         await self._runner.toolbox.close()
-        if self._on_close is not None:
-            self._on_close(self)
+        if self._owner is not None:
+            self._owner.forget_session(self)
 
     @property
     def closed(self) -> bool:

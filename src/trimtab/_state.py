@@ -45,7 +45,7 @@ from trimtab.providers import Usage
 __all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
 
 _NOTHING: frozenset[str] = frozenset()
-"""Shared: `frozenset()` is not a singleton, and an empty one takes ~200 bytes."""
+"""One empty set for every session (docs/performance.md, memory per idle session)."""
 
 
 class Batch(BaseModel):
@@ -113,7 +113,7 @@ class SessionState:
     tokens: tuple[int, int] | None = field(default=None, repr=False)
     """Input and output tokens summed over every `assistant.usage`; None before the first.
 
-    Two ints rather than a `Usage` model: ~300 bytes less in every idle session."""
+    Two ints rather than a `Usage` model (docs/performance.md, memory per idle session)."""
     unfinished_calls: dict[str, ToolExecutionStartData] = field(default_factory=dict)
     """Tool calls started but never completed (a crash mid-call), by call id."""
     open_turn: str | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from trimtab._tools import Tool, ToolSource
 from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
@@ -39,6 +40,11 @@ class Toolbox:
     def own(self) -> Mapping[str, Tool]:
         """The host's own tools (what a fork is given)."""
         return self._own
+
+    @property
+    def source_options(self) -> Mapping[str, Any] | None:
+        """The tool source's configuration as given (what a fork is given again)."""
+        return None if self._source is None else self._source.options
 
     def callable(self, config: SessionConfigData) -> Mapping[str, Tool]:
         """Every callable tool, the built-in `tool_search` included when tools are deferred."""

@@ -189,6 +189,11 @@ class ToolSource(Protocol):
         warnings for the log (a server that could not start)."""
         ...
 
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The source's configuration as given (what a fork of the session is given)."""
+        ...
+
     async def close(self) -> None:
         """The session is done with the source."""
         ...

@@ -307,6 +307,9 @@ class ExternalToolRequestedData(WireModel):
     tool_call_id: str
     tool_name: str
     arguments: Any = None
+    traceparent: str | None = None
+    """The W3C trace context of the call's span, for the client's handler (spec OT5)."""
+    tracestate: str | None = None
 
 
 class ExternalToolCompletedData(WireModel):

@@ -46,17 +46,17 @@ _EMPTY_STREAM = _sse(
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[ReplayServer]:
-    async with ReplayServer() as replay:
-        yield replay
+def server() -> ReplayServer:
+    """Reached through its transport: these tests are about the wire format, not sockets."""
+    return ReplayServer()
 
 
 @pytest.fixture
 async def provider(server: ReplayServer) -> AsyncIterator[AnthropicProvider]:
     config = ProviderConfig(
-        type="anthropic", base_url=server.root_url, api_key="sk-ant-test", max_retries=0
+        type="anthropic", base_url="http://replay.test", api_key="sk-ant-test", max_retries=0
     )
-    anthropic = AnthropicProvider(config)
+    anthropic = AnthropicProvider(config, transport=server.transport())
     yield anthropic
     await anthropic.aclose()
 

@@ -94,17 +94,24 @@ async def server() -> AsyncIterator[ReplayServer]:
 
 
 @pytest.fixture
-async def make(server: ReplayServer) -> AsyncIterator[Make]:
-    """Build providers pointed at the server (no retries unless asked); close them after."""
+async def make(server: ReplayServer, request: pytest.FixtureRequest) -> AsyncIterator[Make]:
+    """Build providers pointed at the server (no retries unless asked); close them after.
+
+    They reach it in process (`ReplayServer.transport()`), except in tests marked
+    `over_http`, which are about what happens on a connection.
+    """
     providers: list[OpenAIProvider] = []
+    over_http = request.node.get_closest_marker("over_http") is not None
 
     def build(**overrides: Any) -> OpenAIProvider:
         options: dict[str, Any] = {
-            "base_url": server.base_url,
+            "base_url": server.base_url if over_http else "http://replay.test/v1",
             "api_key": "sk-test",
             "max_retries": 0,
         }
-        provider = OpenAIProvider(ProviderConfig(type="openai", **{**options, **overrides}))
+        config = ProviderConfig(type="openai", **{**options, **overrides})
+        transport = None if over_http else server.transport()
+        provider = OpenAIProvider(config, transport=transport)
         providers.append(provider)
         return provider
 
@@ -474,6 +481,7 @@ async def test_connection_refused_is_provider_unavailable() -> None:
     assert (error.error_type, error.retryable) == ("provider_unavailable", True)
 
 
+@pytest.mark.over_http
 async def test_request_timeout(make: Make, server: ReplayServer) -> None:
     server.stall_next(5.0)
 
@@ -482,6 +490,7 @@ async def test_request_timeout(make: Make, server: ReplayServer) -> None:
     assert error.error_type == "timeout"
 
 
+@pytest.mark.over_http
 async def test_stall_timeout_while_streaming(make: Make, server: ReplayServer) -> None:
     server.stall_next(5.0)
 
@@ -609,3 +618,22 @@ async def test_stream_closed_cleanly_before_its_finish_is_an_error(
 
     assert (error.error_type, error.retryable) == ("provider_unavailable", True)
     assert "before the response was complete" in error.message
+
+
+async def test_make_provider_sends_through_an_injected_transport(server: ReplayServer) -> None:
+    """No socket: the transport answers, and it saw the request the provider built."""
+    config = ProviderConfig(type="openai", base_url="http://replay.test/v1", api_key="sk-test")
+    provider = make_provider(config, transport=server.transport())
+    assert isinstance(provider, OpenAIProvider)
+    try:
+        response = await _response(provider, _request(user("Say hello")))
+    finally:
+        await provider.aclose()
+    assert response.content == HELLO
+    assert server.received[-1].headers["authorization"] == "Bearer sk-test"
+    assert server.received[-1].path == "/v1/chat/completions"
+
+
+def test_a_local_provider_takes_no_transport() -> None:
+    with pytest.raises(ValueError, match="no HTTP client"):
+        make_provider(ProviderConfig(type="local"), transport=ReplayServer().transport())

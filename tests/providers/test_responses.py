@@ -33,17 +33,21 @@ COMPLETED = {
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[ReplayServer]:
-    async with ReplayServer() as replay:
-        yield replay
+def server() -> ReplayServer:
+    """Reached through its transport: these tests are about the wire format, not sockets."""
+    return ReplayServer()
 
 
 @pytest.fixture
 async def provider(server: ReplayServer) -> AsyncIterator[OpenAIResponsesProvider]:
     config = ProviderConfig(
-        type="openai", wire_api="responses", base_url=server.base_url, api_key="k", max_retries=0
+        type="openai",
+        wire_api="responses",
+        base_url="http://replay.test/v1",
+        api_key="k",
+        max_retries=0,
     )
-    responses = OpenAIResponsesProvider(config)
+    responses = OpenAIResponsesProvider(config, transport=server.transport())
     yield responses
     await responses.aclose()
 

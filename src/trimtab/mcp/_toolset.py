@@ -107,7 +107,7 @@ class McpToolset:
         raw: Mapping[str, Any],
     ) -> None:
         self.configs = dict(servers)
-        self.raw = dict(raw)
+        self.options = dict(raw)
         """The configs as given (what a fork of the session is given again)."""
         self._pool = pool
         self._reserved = reserved

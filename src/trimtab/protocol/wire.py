@@ -285,6 +285,9 @@ class SendParams(SessionParams):
     """`session.send` and `session.sendAndWait` (attachments and modes are ignored)."""
 
     prompt: Text
+    traceparent: str | None = None
+    """The sender's W3C trace context: the run's span is its child (spec OT5)."""
+    tracestate: str | None = None
 
 
 class SendAndWaitResult(Wire):

@@ -17,13 +17,16 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from trimtab.providers._base import Provider
+
+if TYPE_CHECKING:
+    import httpx2
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -162,7 +165,12 @@ def credentials_environment(config: ProviderConfig, *, env_credentials: bool) ->
     return os.environ if env_credentials or config.base_url is None else {}
 
 
-def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> Provider:
+def make_provider(
+    config: ProviderConfig,
+    *,
+    env_credentials: bool = False,
+    transport: httpx2.AsyncBaseTransport | None = None,
+) -> Provider:
     """Build the provider `config` describes.
 
     Provider modules are imported here, not at the top: the `openai` package alone takes
@@ -174,6 +182,9 @@ def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> P
             and the like) go to the config's `base_url`. Only for a config the operator
             chose; a config with no `base_url` goes to the vendor's own endpoint and gets
             them anyway (spec S1).
+        transport: What the provider's HTTP client sends requests through, instead of the
+            network (an `httpx2.MockTransport`, or `ReplayServer.transport()` in tests).
+            Every type but "local", which has no HTTP client.
 
     Raises:
         ValueError: The type or wire API is not available, or an option does not fit the type.
@@ -184,10 +195,12 @@ def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> P
         if config.wire_api == "responses":
             from trimtab.providers.openai_responses import OpenAIResponsesProvider
 
-            return OpenAIResponsesProvider(config, env_credentials=env_credentials)
+            return OpenAIResponsesProvider(
+                config, env_credentials=env_credentials, transport=transport
+            )
         from trimtab.providers.openai import OpenAIProvider
 
-        return OpenAIProvider(config, env_credentials=env_credentials)
+        return OpenAIProvider(config, env_credentials=env_credentials, transport=transport)
     if config.type == "anthropic":
         try:
             from trimtab.providers.anthropic import AnthropicProvider
@@ -200,8 +213,10 @@ def make_provider(config: ProviderConfig, *, env_credentials: bool = False) -> P
                 "provider type 'anthropic' needs the anthropic package: "
                 + install_command("anthropic")
             ) from exc
-        return AnthropicProvider(config, env_credentials=env_credentials)
+        return AnthropicProvider(config, env_credentials=env_credentials, transport=transport)
     if config.type == "local":
+        if transport is not None:
+            raise ValueError("provider type 'local' has no HTTP client to give a transport")
         # Found, not imported (that takes 0.3 s, on the first request, with the weights): a
         # missing package fails here like anthropic's, before a session starts. Weights that
         # are missing or unreadable fail the first request with a ProviderError.

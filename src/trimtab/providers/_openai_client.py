@@ -48,9 +48,9 @@ _PLACEHOLDER_KEY = "unused"
 
 # The `openai` client's defaults (its timeouts excepted: see `ProviderConfig.deadline`), but
 # for the idle connections kept: the pool probes every idle connection's socket each time a
-# request starts or ends, so with the `openai` client's 100 a server with many sessions spent
-# a third of its CPU on those probes and on reconnecting (see docs/performance.md). httpx's
-# own default of 20 keeps the probes cheap; up to 1000 requests still run at once.
+# request starts or ends, which with the `openai` client's 100 dominated the CPU of a server
+# with many sessions (docs/performance.md, many sessions). httpx's own default of 20 keeps the
+# probes cheap, while up to 1000 requests still run at once.
 _BASE_URL = "https://api.openai.com/v1"
 _LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=20)
 _MAX_RETRY_AFTER = 120.0
@@ -97,9 +97,15 @@ class OpenAIClient:
     (organisation, project, `OPENAI_CUSTOM_HEADERS`) are switched off too.
     """
 
-    def __init__(self, config: ProviderConfig, environment: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        environment: Mapping[str, str],
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.config = config
         self._environment = environment
+        self._transport = transport
         self._client: openai.AsyncOpenAI | None = None
 
     def model(self, requested: str) -> str:
@@ -153,6 +159,9 @@ class OpenAIClient:
         headers = self._headers()
         # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
         timeout = openai.Timeout(**attempt_timeout(config.deadline(stream=False)))
+        http_client = None
+        if self._transport is not None:
+            http_client = openai.DefaultAsyncHttpxClient(transport=self._transport)
         if config.type == "azure":
             # No `azure_deployment`: the client then puts the request's model, which is the
             # deployment (see `model`), in the path of the endpoints that need it.
@@ -163,6 +172,7 @@ class OpenAIClient:
                 timeout=timeout,
                 max_retries=config.max_retries,
                 default_headers=headers,
+                http_client=http_client,
             )
         return openai.AsyncOpenAI(
             api_key=api_key,
@@ -170,6 +180,7 @@ class OpenAIClient:
             timeout=timeout,
             max_retries=config.max_retries,
             default_headers=headers,
+            http_client=http_client,
         )
 
 
@@ -222,9 +233,15 @@ class ChatClient:
     is where credentials may come from (see `credentials_environment`).
     """
 
-    def __init__(self, config: ProviderConfig, environment: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        environment: Mapping[str, str],
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.config = config
         self._environment = environment
+        self._transport = transport
         self._client: httpx2.AsyncClient | None = None
 
     def model(self, requested: str) -> str:
@@ -319,9 +336,9 @@ class ChatClient:
         ):
             if value := self._environment.get(variable):
                 headers[name] = value
-        # Loading the certificate store costs ~1 MB and ~20 ms, for nothing when the server is
-        # reached over plain HTTP (a local model). HTTPS there (a redirect, a TLS proxy) then
-        # fails verification instead of being trusted.
+        # The certificate store is loaded only for HTTPS (docs/performance.md, the `openai`
+        # package): not for a server reached over plain HTTP (a local model). HTTPS there (a
+        # redirect, a TLS proxy) then fails verification instead of being trusted.
         verify: ssl.SSLContext | bool = True
         if base_url.startswith("http://"):
             verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -334,6 +351,7 @@ class ChatClient:
             limits=_LIMITS,
             follow_redirects=True,
             verify=verify,
+            transport=self._transport,
         )
 
 

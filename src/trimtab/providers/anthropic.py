@@ -47,6 +47,8 @@ from trimtab.providers._limits import limits_for
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    import httpx2
+
 __all__ = ["AnthropicProvider"]
 
 _PLACEHOLDER_KEY = "unused"
@@ -71,10 +73,17 @@ class AnthropicProvider:
 
     name = "anthropic"
 
-    def __init__(self, config: ProviderConfig, *, env_credentials: bool = False) -> None:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        *,
+        env_credentials: bool = False,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.config = config
         """How the provider was configured."""
         self._environment = credentials_environment(config, env_credentials=env_credentials)
+        self._transport = transport
         self._client: anthropic.AsyncAnthropic | None = None
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
@@ -136,6 +145,11 @@ class AnthropicProvider:
                 timeout=anthropic.Timeout(**attempt_timeout(config.deadline(stream=False))),
                 max_retries=config.max_retries,
                 default_headers=headers,
+                http_client=(
+                    None
+                    if self._transport is None
+                    else anthropic.DefaultAsyncHttpxClient(transport=self._transport)
+                ),
             )
         return self._client
 

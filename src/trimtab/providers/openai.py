@@ -33,6 +33,8 @@ from trimtab.providers._openai_client import ChatClient, stream_events
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    import httpx2
+
     from trimtab.events import ToolDefinition
 
 __all__ = ["OpenAIProvider"]
@@ -47,11 +49,17 @@ class OpenAIProvider:
 
     name = "openai"
 
-    def __init__(self, config: ProviderConfig, *, env_credentials: bool = False) -> None:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        *,
+        env_credentials: bool = False,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.config = config
         """How the provider was configured."""
         environment = credentials_environment(config, env_credentials=env_credentials)
-        self._client = ChatClient(config, environment)
+        self._client = ChatClient(config, environment, transport)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""

@@ -36,6 +36,7 @@ from trimtab.providers._openai_client import OpenAIClient
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    import httpx2
     from openai.types.responses import Response
 
 __all__ = ["OpenAIResponsesProvider"]
@@ -55,11 +56,17 @@ class OpenAIResponsesProvider:
 
     name = "openai-responses"
 
-    def __init__(self, config: ProviderConfig, *, env_credentials: bool = False) -> None:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        *,
+        env_credentials: bool = False,
+        transport: httpx2.AsyncBaseTransport | None = None,
+    ) -> None:
         self.config = config
         """How the provider was configured."""
         environment = credentials_environment(config, env_credentials=env_credentials)
-        self._client = OpenAIClient(config, environment)
+        self._client = OpenAIClient(config, environment, transport)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""

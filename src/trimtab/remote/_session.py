@@ -27,6 +27,7 @@ from trimtab import (
 from trimtab._permissions import PermissionHandlerFn, decide
 from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import CallOutcome
+from trimtab._tracing import outgoing, remote_parent
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
@@ -166,7 +167,7 @@ class RemoteSession:
 
     async def send(self, prompt: str) -> str:
         """Queue `prompt` and return its message id at once, as `Session.send`."""
-        params = SendParams(session_id=self.session_id, prompt=prompt)
+        params = SendParams(session_id=self.session_id, prompt=prompt, **outgoing())
         return (await self._call("session.send", params, SendResult)).message_id
 
     async def send_and_wait(
@@ -177,7 +178,7 @@ class RemoteSession:
         Raises `SessionError` if the run ended in `session.error`, and `TimeoutError` after
         `timeout` seconds (the run goes on).
         """
-        params = SendParams(session_id=self.session_id, prompt=prompt)
+        params = SendParams(session_id=self.session_id, prompt=prompt, **outgoing())
         result = await self._call("session.sendAndWait", params, SendAndWaitResult, timeout=timeout)
         if result.response is None:
             return None
@@ -277,7 +278,9 @@ class RemoteSession:
             outcome = params
         else:
             invocation = self._invocation(data.tool_call_id, data.tool_name, data.arguments)
-            outcome = await tool.run(params, invocation)
+            # In the call's trace context: the handler's spans nest under its span (OT5).
+            with remote_parent(data.traceparent, data.tracestate):
+                outcome = await tool.run(params, invocation)
         result = ToolResultAnswer(
             text_result_for_llm=outcome.text,
             result_type=_RESULT_TYPES[outcome.outcome],

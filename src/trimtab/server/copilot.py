@@ -21,6 +21,7 @@ from trimtab import (
     SessionNotFoundError,
     __version__,
 )
+from trimtab._tracing import remote_parent
 from trimtab.protocol.errors import AUTHENTICATION_FAILED, rpc_error
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, Connection, Params, RpcError
 from trimtab.protocol.wire import (
@@ -217,13 +218,12 @@ class CopilotConnection:
         return SessionIdResult(session_id=shared.session_id)
 
     async def _send(self, params: dict[str, Any]) -> SendResult:
-        shared, prompt = await self._prompt(params)
-        return SendResult(message_id=await shared.session.send(prompt))
+        _, message_id = await self._submit(params)
+        return SendResult(message_id=message_id)
 
     async def _send_and_wait(self, params: dict[str, Any]) -> SendAndWaitResult:
-        shared, prompt = await self._prompt(params)
         # On a remote session the owner runs it; the ledger follows its events from here.
-        message_id = await shared.session.send(prompt)
+        shared, message_id = await self._submit(params)
         run = await shared.questions.ledger.wait(message_id)
         idle = run.idle.id if run.idle is not None else None
         if run.error is not None:
@@ -241,9 +241,12 @@ class CopilotConnection:
             response=event_payload(run.last_message) if run.last_message is not None else None,
         )
 
-    async def _prompt(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
+    async def _submit(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
+        """Send the prompt, in the client's trace context when it sent one (spec OT5)."""
         request = SendParams.model_validate(params)
-        return self._hub.get(self._conn, request.session_id), request.prompt
+        shared = self._hub.get(self._conn, request.session_id)
+        with remote_parent(request.traceparent, request.tracestate):
+            return shared, await shared.session.send(request.prompt)
 
     async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:
         await self._session(params).session.abort()

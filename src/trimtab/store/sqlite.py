@@ -537,8 +537,8 @@ def _connect(path: Path, timeout: float) -> sqlite3.Connection:
         db.execute("PRAGMA synchronous = NORMAL")
         # Off by default in SQLite; needed for ON DELETE CASCADE.
         db.execute("PRAGMA foreign_keys = ON")
-        # Reads go by index to a session's tail and appends to the WAL: SQLite's default 2 MB
-        # page cache only adds to a long-running server's memory (spec budget: 45 MB).
+        # Reads go by index to a session's tail and appends to the WAL: a small page cache
+        # serves them (docs/performance.md, a long-running server's memory).
         db.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
         _migrate(db)
         db.execute(f"PRAGMA busy_timeout = {round(BUSY_SLICE * 1000)}")

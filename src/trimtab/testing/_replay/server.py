@@ -7,11 +7,13 @@ import json
 import socket
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+import httpx2
 
 from trimtab.testing._replay import http
 from trimtab.testing._replay.conversations import (
@@ -137,6 +139,14 @@ class ReplayServer:
         """The OpenAI-style API root to give a provider, such as `http://127.0.0.1:53124/v1`."""
         return f"{self.root_url}/v1"
 
+    def transport(self) -> httpx2.AsyncBaseTransport:
+        """The server without a socket, for tests that are not about connections: give it to
+        a provider (`make_provider(config, transport=...)`) and its requests are answered in
+        process, from the same recordings, with any `base_url` (paths match by their end).
+        Needs no `async with`. Stalls and cuts play out in the body as they would over HTTP;
+        a reset raises `httpx2.ConnectError`."""
+        return httpx2.MockTransport(self._handle)
+
     # --- misbehaving ----------------------------------------------------------------------
 
     def fail_next(
@@ -247,6 +257,22 @@ class ReplayServer:
             self._connections.discard(task)
             writer.close()
 
+    async def _handle(self, request: httpx2.Request) -> httpx2.Response:
+        """Answer a request given to `transport()`."""
+        received = http.HttpRequest(
+            request.method,
+            request.url.path,
+            dict(request.url.params),
+            {name.lower(): value for name, value in request.headers.items()},
+            await request.aread(),
+        )
+        response, delivery = self._respond(received)
+        if response is None:
+            raise httpx2.ConnectError("the replay server reset the connection", request=request)
+        headers = {"Content-Type": response.content_type, **response.headers}
+        body = _Body(response, delivery)
+        return httpx2.Response(response.status, headers=headers, stream=body, request=request)
+
     def _respond(self, request: http.HttpRequest) -> tuple[http.HttpResponse | None, http.Delivery]:
         """The response to a request (None: reset the connection), and how to deliver it."""
         on_time = http.Delivery()
@@ -347,3 +373,29 @@ def _malformed(response: http.HttpResponse) -> http.HttpResponse:
     return http.HttpResponse(
         response.status, pieces, response.content_type, response.headers, response.chunked
     )
+
+
+class _Body(httpx2.AsyncByteStream):
+    """A response's body as `transport()` delivers it: piece by piece, stalled or cut as
+    `http.send` would on a connection."""
+
+    def __init__(self, response: http.HttpResponse, delivery: http.Delivery) -> None:
+        self._response = response
+        self._delivery = delivery
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        delivery = self._delivery
+        if not self._response.chunked:
+            body = b"".join(self._response.pieces)
+            await asyncio.sleep(delivery.stall)
+            if delivery.cut_after is None:
+                yield body
+                return
+            yield body[: len(body) // 2]
+            raise httpx2.RemoteProtocolError("the replay server cut the answer")
+        for index, piece in enumerate(self._response.pieces):
+            if index == delivery.stall_after:
+                await asyncio.sleep(delivery.stall)
+            if index == delivery.cut_after:
+                raise httpx2.RemoteProtocolError("the replay server cut the answer")
+            yield piece

@@ -1,0 +1,453 @@
+"""OpenTelemetry spans of runs, model calls and tool calls (spec OT1-OT7).
+
+The only module that touches OpenTelemetry, and it never imports it on its own: a run is
+traced once the application has loaded the API (`opentelemetry.trace` in `sys.modules`),
+which configuring any SDK does, or passed a tracer provider. Until then, or when tracing is
+switched off, every call here returns a shared no-op at the cost of a dictionary lookup, and
+`import trimtab` stays as it was.
+
+Spans follow the GenAI semantic conventions: `invoke_agent` per run (a seeded run after a
+clear is a run of its own, C8), `chat` per model call, `execute_tool` per tool call. The run's
+span is made current in the run's task, and a call's span in the call's task, so that the
+spans of a tool handler (threads included: `asyncio.to_thread` copies the context) nest under
+its `execute_tool`. Context operations (clear, compaction, truncation) become span events on
+the trimtab span current where their event is emitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from trimtab.events import (
+    Event,
+    PermissionCompletedEvent,
+    SessionCompactionCompleteEvent,
+    SessionContextClearedEvent,
+    SessionTruncatedEvent,
+    ToolExecutionCompleteEvent,
+)
+
+if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
+    from trimtab.providers import Message, ModelRequest, ModelResponse, ToolCall
+
+__all__ = ["OFF", "ChatSpan", "RunTrace", "Tracing", "outgoing", "remote_parent"]
+
+_PROVIDERS = {"openai-responses": "openai", "scripted": "trimtab.scripted"}
+"""`Provider.name` -> `gen_ai.provider.name`, where the two differ."""
+
+_ours: ContextVar[Span | None] = ContextVar("trimtab_span", default=None)
+"""The trimtab span current in this context: where span events of context operations go
+(never a host's span, which trimtab does not own)."""
+
+
+def _version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("trimtab")
+    except PackageNotFoundError:  # (run from a source tree)
+        return None
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+class Tracing:
+    """How the sessions of one client trace (spec OT1).
+
+    Args:
+        enabled: trace at all; None reads `TRIMTAB_TRACING` (default on).
+        content: record message contents and tool arguments and results; None reads
+            `TRIMTAB_TRACING_CONTENT` (default off).
+        provider: the `TracerProvider` to use; None uses the global one.
+    """
+
+    __slots__ = ("content", "enabled", "_provider", "_tracer")
+
+    def __init__(
+        self,
+        enabled: bool | None = None,
+        *,
+        content: bool | None = None,
+        provider: TracerProvider | None = None,
+    ) -> None:
+        self.enabled = _env_flag("TRIMTAB_TRACING", True) if enabled is None else enabled
+        self.content = _env_flag("TRIMTAB_TRACING_CONTENT", False) if content is None else content
+        self._provider = provider
+        self._tracer: Tracer | None = None
+
+    def tracer(self) -> Tracer | None:
+        """The tracer, or None while nothing could record a span (OT1)."""
+        if self._tracer is not None or not self.enabled:
+            return self._tracer
+        if self._provider is None and "opentelemetry.trace" not in sys.modules:
+            return None  # the application has not loaded OpenTelemetry: no SDK, no parent
+        from opentelemetry import trace
+
+        # (A tracer of the global provider proxies to whatever SDK is configured later.)
+        provider = self._provider or trace.get_tracer_provider()
+        self._tracer = provider.get_tracer("trimtab", _version())
+        return self._tracer
+
+    def parent(self) -> Context | None:
+        """The caller's context, captured when it sends: its run executes in another task."""
+        if self.tracer() is None:
+            return None
+        from opentelemetry import context
+
+        return context.get_current()
+
+    def carrier(self) -> dict[str, str]:
+        """The current trace context as W3C headers, for a tool call a client runs: its
+        handler's spans nest under the call's span (OT5)."""
+        return outgoing() if self.tracer() is not None else {}
+
+    def run(self, session_id: str, provider: str, parent: Context | None) -> RunTrace:
+        """The spans of one `send`'s runs, under `parent` (OT2)."""
+        tracer = self.tracer()
+        if tracer is None:
+            return _OFF_RUN
+        return RunTrace(tracer, session_id, _PROVIDERS.get(provider, provider), parent)
+
+    def chat(self, request: ModelRequest, tokens: int, session_id: str, provider: str) -> ChatSpan:
+        """The `chat` span of one model call (OT3)."""
+        tracer = self.tracer()
+        if tracer is None:
+            return _OFF_CHAT
+        from opentelemetry.trace import SpanKind
+
+        provider = _PROVIDERS.get(provider, provider)
+        span = tracer.start_span(
+            f"chat {request.model}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": provider,
+                "gen_ai.system": provider,
+                "gen_ai.request.model": request.model,
+                "gen_ai.conversation.id": session_id,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "trimtab.request.messages": len(request.messages),
+                    "trimtab.request.tools": len(request.tools),
+                    "trimtab.request.estimated_tokens": tokens,
+                }
+            )
+            if request.max_tokens is not None:
+                span.set_attribute("gen_ai.request.max_tokens", request.max_tokens)
+            if self.content:
+                span.set_attribute("gen_ai.input.messages", _messages(request.messages))
+        return ChatSpan(span, self.content)
+
+    @contextmanager
+    def tool(self, call: ToolCall, arguments: object, turn_id: str) -> Iterator[None]:
+        """The `execute_tool` span of one call, current in the call's task, so that its
+        handler's spans nest under it (OT4). Its outcome comes from the call's events."""
+        tracer = self.tracer()
+        if tracer is None:
+            yield
+            return
+        from opentelemetry import trace
+
+        span = tracer.start_span(
+            f"execute_tool {call.name}",
+            attributes={
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.id,
+                "gen_ai.tool.type": "function",
+                "trimtab.turn.id": turn_id,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        if self.content and span.is_recording():
+            span.set_attribute("gen_ai.tool.call.arguments", _json(arguments))
+        token = _ours.set(span)
+        try:
+            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+                yield
+        finally:
+            _ours.reset(token)
+            span.end()
+
+    @staticmethod
+    def found(names: Sequence[str]) -> None:
+        """A span event for the tools a `tool_search` call made callable (OT6)."""
+        span = _ours.get()
+        if span is not None and names:
+            span.add_event("tool_search", {"trimtab.tools_found": list(names)})
+
+    def note(self, events: Sequence[Event]) -> None:
+        """What `events`, just stored, tell the trimtab span current where they were emitted:
+        a call's permission decision and outcome (OT4), context operations (OT6)."""
+        if self._tracer is None:
+            return
+        span = _ours.get()
+        if span is None:
+            return
+        for event in events:
+            match event:
+                case PermissionCompletedEvent(data=data):
+                    span.set_attribute("trimtab.permission.decision", data.result.kind)
+                case ToolExecutionCompleteEvent(data=data):
+                    span.set_attribute("trimtab.tool.outcome", data.outcome)
+                    if not data.success:
+                        _fail(span, data.outcome)
+                    if self.content:
+                        result = data.result.content if data.result else ""
+                        text = data.error.message if data.error else result
+                        span.set_attribute("gen_ai.tool.call.result", text)
+                case SessionContextClearedEvent(data=data):
+                    span.add_event(
+                        "session.context_cleared",
+                        {"trimtab.messages_cleared": data.messages_cleared},
+                    )
+                case SessionCompactionCompleteEvent(data=data):
+                    span.add_event(
+                        "session.compaction",
+                        {
+                            "trimtab.compaction.success": data.success,
+                            "trimtab.compaction.trigger": data.trigger,
+                            "trimtab.messages_removed": data.messages_removed,
+                            "trimtab.tokens_removed": data.tokens_removed,
+                        },
+                    )
+                case SessionTruncatedEvent(data=data):
+                    span.add_event(
+                        "session.truncated",
+                        {
+                            "trimtab.truncated.event_id": data.event_id,
+                            "trimtab.events_removed": data.events_removed,
+                        },
+                    )
+                case _:
+                    pass
+
+
+def outgoing() -> dict[str, str]:
+    """The current trace context as W3C headers (`traceparent`, `tracestate`) for the wire;
+    none while the application has not loaded OpenTelemetry (OT5)."""
+    if "opentelemetry.trace" not in sys.modules:
+        return {}
+    from opentelemetry import propagate
+
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return {k: v for k, v in headers.items() if k in ("traceparent", "tracestate")}
+
+
+@contextmanager
+def remote_parent(traceparent: str | None, tracestate: str | None) -> Iterator[None]:
+    """Make a W3C trace context received over the wire current, so that a `send` made inside
+    captures it as its run's parent (spec OT5)."""
+    if not traceparent or "opentelemetry.trace" not in sys.modules:
+        yield
+        return
+    from opentelemetry import context, propagate
+
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    token = context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+OFF = Tracing(False)
+"""Tracing switched off: what a session made without a client uses."""
+
+
+class RunTrace:
+    """The `invoke_agent` spans of one `send` (OT2): its run, and a seeded run after a clear."""
+
+    __slots__ = ("_parent", "_previous", "_provider", "_session", "_span", "_tokens", "_tracer")
+
+    def __init__(
+        self, tracer: Tracer | None, session_id: str, provider: str, parent: Context | None
+    ) -> None:
+        self._tracer = tracer
+        self._session = session_id
+        self._provider = provider
+        self._parent = parent
+        self._span: Span | None = None
+        self._previous: Span | None = None
+        self._tokens: tuple[Token[Context], Token[Span | None]] | None = None
+
+    def start(self, epoch: int, model: str | None, *, seeded: bool = False) -> None:
+        """Open a run's span (ending the one before: a seeded run follows its clear's) and make
+        it current in the run's task."""
+        if self._tracer is None:
+            return
+        from opentelemetry import context, trace
+
+        self._close()
+        # No sender's context (an input from the store's inbox, a crash's continuation): a
+        # trace of its own, not whatever context the session's worker task inherited.
+        parent = self._parent if self._parent is not None else context.Context()
+        links = [trace.Link(self._previous.get_span_context())] if self._previous else None
+        span = self._tracer.start_span(
+            "invoke_agent trimtab",
+            context=parent,
+            kind=trace.SpanKind.INTERNAL,
+            attributes={
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.name": "trimtab",
+                "gen_ai.provider.name": self._provider,
+                "gen_ai.conversation.id": self._session,
+                "gen_ai.request.model": model or "default",
+                "trimtab.context.epoch": epoch,
+                "trimtab.run.seeded": seeded,
+            },
+            links=links,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+        self._span = span
+        self._tokens = (context.attach(trace.set_span_in_context(span)), _ours.set(span))
+
+    def end(self, *, error: str | None = None, aborted: bool = False) -> None:
+        """Close the last run's span: an error sets its status, an abort is marked (OT2)."""
+        span = self._span
+        if span is None:
+            return
+        if aborted:
+            span.set_attribute("trimtab.run.aborted", True)
+        if error is not None:
+            _fail(span, error)
+        self._close()
+
+    def _close(self) -> None:
+        span, tokens = self._span, self._tokens
+        if span is None or tokens is None:
+            return
+        from opentelemetry import context
+
+        attached, ours = tokens
+        _ours.reset(ours)
+        context.detach(attached)
+        span.end()
+        self._previous, self._span, self._tokens = span, None, None
+
+
+_OFF_RUN = RunTrace(None, "", "", None)
+
+
+class ChatSpan:
+    """An open `chat` span, current while the provider answers (an instrumented HTTP client's
+    spans nest under it): the response, or the failure, completes it."""
+
+    __slots__ = ("_content", "_span", "_token")
+
+    def __init__(self, span: Span | None, content: bool) -> None:
+        self._span = span
+        self._content = content
+        self._token: Token[Context] | None = None
+
+    def __enter__(self) -> ChatSpan:
+        if self._span is not None:
+            from opentelemetry import context, trace
+
+            self._token = context.attach(trace.set_span_in_context(self._span))
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        span, token = self._span, self._token
+        if span is None or token is None:
+            return
+        from opentelemetry import context
+
+        context.detach(token)
+        if isinstance(exc, asyncio.CancelledError):
+            span.set_attribute("trimtab.run.aborted", True)  # an abort is not the model's error
+        elif exc is not None:
+            _fail(span, getattr(exc, "error_type", None) or type(exc).__qualname__, exc)
+        span.end()
+
+    def response(self, response: ModelResponse) -> None:
+        span = self._span
+        if span is None or not span.is_recording():
+            return
+        usage = response.usage
+        attributes: dict[str, Any] = {
+            "trimtab.response.chars": len(response.content),
+            "trimtab.response.tool_calls": len(response.tool_calls),
+        }
+        if response.finish_reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = [response.finish_reason]
+        if usage.input_tokens is not None:
+            attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+        if usage.output_tokens is not None:
+            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        if self._content:
+            attributes["gen_ai.output.messages"] = _output(response)
+        span.set_attributes(attributes)
+
+
+_OFF_CHAT = ChatSpan(None, False)
+
+
+def _fail(span: Span, error_type: str, exc: BaseException | None = None) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("error.type", error_type)
+    span.set_status(Status(StatusCode.ERROR, str(exc) if exc is not None else error_type))
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _messages(messages: Sequence[Message]) -> str:
+    """The window in the conventions' message shape: a role and its parts."""
+    return _json([_message(m) for m in messages])
+
+
+def _message(message: Message) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    if message.role == "tool":
+        parts.append(
+            {"type": "tool_call_response", "id": message.tool_call_id, "response": message.content}
+        )
+    elif message.content:
+        parts.append({"type": "text", "content": message.content})
+    return {"role": message.role, "parts": parts + _calls(message.tool_calls)}
+
+
+def _output(response: ModelResponse) -> str:
+    parts = [{"type": "text", "content": response.content}] if response.content else []
+    message = {
+        "role": "assistant",
+        "parts": parts + _calls(response.tool_calls),
+        "finish_reason": response.finish_reason,
+    }
+    return _json([message])
+
+
+def _calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments} for c in calls
+    ]
