@@ -312,6 +312,35 @@ async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     assert len(batches) < 20
 
 
+async def test_issue20_3_an_append_waits_for_earlier_live_events_not_for_later_ones(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("streaming")
+        await store.create("quiet")
+        streaming = True
+
+        async def stream() -> None:
+            n = 0
+            while streaming:
+                delta = AssistantMessageDeltaEvent(
+                    data=AssistantMessageDeltaData(message_id="m", delta_content=str(n))
+                )
+                await store.publish("streaming", delta, after=0)
+                await asyncio.sleep(0)
+                n += 1
+
+        publisher = asyncio.create_task(stream())
+        try:
+            await asyncio.sleep(0.2)  # deltas are on their way, batch after batch
+            # Another session's append is not held up by deltas published after it began.
+            await asyncio.wait_for(store.append("quiet", [user("a")], lease=None), 5)
+        finally:
+            streaming = False
+            await publisher
+        assert contents(await store.read("quiet")) == ["a"]
+
+
 async def test_an_ephemeral_event_too_large_for_notify_is_dropped_not_raised(
     pg_dsn: str,
 ) -> None:

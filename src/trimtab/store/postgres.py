@@ -318,7 +318,11 @@ class PostgresStore:
         self._abandoned: set[asyncio.Task[Any]] = set()
         self._live: list[str] = []
         """Ephemeral events' payloads published and not yet being sent."""
-        self._live_sending: asyncio.Task[None] | None = None
+        self._live_queued: asyncio.Future[None] | None = None
+        """Done once `_live` is sent (or given up on)."""
+        self._live_sending: asyncio.Future[None] | None = None
+        """Done once the batch on its way is sent (or given up on)."""
+        self._live_sender: asyncio.Task[None] | None = None
         """Calls the caller stopped waiting for, until their cancellation is done."""
 
     # --- connections ----------------------------------------------------------------------
@@ -507,25 +511,44 @@ class PostgresStore:
         if len(payload.encode()) >= _NOTIFY_LIMIT:
             log.debug("ephemeral %s of %r too large to publish", event.type, session_id)
             return
+        loop = asyncio.get_running_loop()
         self._live.append(payload)
-        if self._live_sending is None or self._live_sending.done():
-            self._live_sending = asyncio.get_running_loop().create_task(self._send_live())
+        if self._live_queued is None:
+            self._live_queued = loop.create_future()
+        if self._live_sender is None or self._live_sender.done():
+            self._live_sender = loop.create_task(self._send_live())
 
     async def _send_live(self) -> None:
-        while self._live:
-            payloads, self._live = self._live, []
-            try:
-                await self._notify_all(LIVE_CHANNEL, payloads)
-            except (StoreUnavailableError, psycopg.Error, RuntimeError) as error:
-                # RuntimeError: the store was closed meanwhile.
-                log.warning("trimtab could not publish %d live events: %s", len(payloads), error)
+        try:
+            while self._live:
+                payloads, self._live = self._live, []
+                sent, self._live_queued = self._live_queued, None
+                self._live_sending = sent
+                try:
+                    await self._notify_all(LIVE_CHANNEL, payloads)
+                except (StoreUnavailableError, psycopg.Error, RuntimeError) as error:
+                    # RuntimeError: the store was closed meanwhile.
+                    log.warning(
+                        "trimtab could not publish %d live events: %s", len(payloads), error
+                    )
+                finally:
+                    if sent is not None and not sent.done():
+                        sent.set_result(None)
+        finally:
+            # Only when cancelled (the event loop is closing) is anything left: let no append
+            # wait for it.
+            queued, self._live_queued, self._live = self._live_queued, None, []
+            if queued is not None and not queued.done():
+                queued.set_result(None)
 
     async def _live_sent(self) -> None:
-        """Wait until the ephemeral events published so far are sent (or given up)."""
-        sending = self._live_sending
-        if sending is not None and not sending.done():
-            # Shielded: an append given up on must not stop other sessions' events.
-            await asyncio.shield(sending)
+        """Wait until the ephemeral events published so far are sent (or given up on), and
+        not for those published meanwhile, which other sessions may go on doing."""
+        # The batches go in order: once the queued one is sent, so is the one on its way.
+        waited = self._live_queued or self._live_sending
+        if waited is not None and not waited.done():
+            # Shielded: an append given up on must not mark the events sent.
+            await asyncio.shield(waited)
 
     @_bounded
     async def _notify_all(self, channel: str, payloads: list[str]) -> None:
