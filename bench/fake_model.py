@@ -7,6 +7,9 @@ client's own work:
 - the last message is a tool result: a plain reply ("done");
 - the last user message contains `ECHO` and the request offers a tool named `echo`: one call
   of `echo` with `{"text": "hi"}`;
+- the last user message is `STREAM <n> <gap_ms>` and the request streams: `n` text deltas,
+  `gap_ms` apart, each holding the time it was written (`t<time.perf_counter_ns()>;`, the
+  system-wide monotonic clock on Linux), for measuring how late deltas reach their readers;
 - anything else: a plain reply.
 
 `"stream": true` is answered with server-sent events (the Copilot CLI streams); everything
@@ -28,7 +31,11 @@ from typing import Any
 MODEL = "fake-model"
 TOOL_MARKER = "ECHO"
 """A prompt containing this asks for a tool turn."""
+STREAM_MARKER = "STREAM"
+"""A prompt `STREAM <n> <gap_ms>` asks for `n` time-stamped deltas."""
 REPLY = "done"
+BACKLOG = 1024
+"""The listening socket's accept queue (asyncio's default is 100)."""
 
 _STATUS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
 
@@ -188,7 +195,10 @@ class _Http(asyncio.Protocol):
                 return
             server.requests += 1
             tool = wants_tool_call(request)
-            if request.get("stream"):
+            stamped = _stamped(request)
+            if stamped is not None and request.get("stream"):
+                self._stream_stamped(server.requests, *stamped)
+            elif request.get("stream"):
                 events = b"".join(
                     b"data: " + json.dumps(chunk).encode() + b"\n\n"
                     for chunk in chunks(tool, server.requests)
@@ -199,6 +209,48 @@ class _Http(asyncio.Protocol):
         else:
             self._send(404, b'{"error": {"message": "not found"}}')
 
+    def _stream_stamped(self, counter: int, count: int, gap: float) -> None:
+        """Answer with `count` deltas, each written `gap` seconds after the previous one and
+        stamped with the time it was written; HTTP chunked, as the length is not known."""
+        assert self._transport is not None
+        transport = self._transport
+        transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
+        )
+
+        def chunk(data: bytes) -> bytes:
+            return b"%x\r\n%s\r\n" % (len(data), data)
+
+        def event(payload: dict[str, Any]) -> bytes:
+            return chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+        async def send() -> None:
+            base = {
+                "id": f"chatcmpl-{counter}",
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": MODEL,
+            }
+            for _ in range(count):
+                await asyncio.sleep(gap)
+                if transport.is_closing():
+                    return
+                delta = {"role": "assistant", "content": f"t{time.perf_counter_ns()};"}
+                choice = {"index": 0, "delta": delta, "finish_reason": None}
+                transport.write(event({**base, "choices": [choice]}))
+            finish = {"index": 0, "delta": {}, "finish_reason": "stop"}
+            transport.write(
+                event({**base, "choices": [finish]})
+                + event({**base, "choices": [], "usage": _usage()})
+                + chunk(b"data: [DONE]\n\n")
+                + b"0\r\n\r\n"
+            )
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._server.streams.add(task)
+        task.add_done_callback(self._server.streams.discard)
+
     def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         assert self._transport is not None
         head = (
@@ -208,6 +260,17 @@ class _Http(asyncio.Protocol):
         )
         # One write: header and body leave in one segment when they fit.
         self._transport.write(head.encode() + body)
+
+
+def _stamped(request: dict[str, Any]) -> tuple[int, float] | None:
+    """`(count, gap in seconds)` of a `STREAM <n> <gap_ms>` request, else None."""
+    messages = request.get("messages") or []
+    if not messages or messages[-1].get("role") != "user":
+        return None
+    words = _last_user_text(messages).split()
+    if len(words) != 3 or words[0] != STREAM_MARKER:
+        return None
+    return int(words[1]), float(words[2]) / 1000
 
 
 def _model_entry() -> dict[str, Any]:
@@ -238,6 +301,8 @@ class FakeModel:
     def __init__(self, port: int = 0) -> None:
         self.port = port
         self.requests = 0
+        self.streams: set[asyncio.Task[None]] = set()
+        """Stamped streams being written (kept, so that they are not collected)."""
         self._server: asyncio.Server | None = None
 
     @property
@@ -246,7 +311,11 @@ class FakeModel:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Http(self), "127.0.0.1", self.port)
+        # A load test opens hundreds of connections at once: with a short accept queue the
+        # kernel drops connection attempts, and clients stall for a second per retry.
+        self._server = await loop.create_server(
+            lambda: _Http(self), "127.0.0.1", self.port, backlog=BACKLOG
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:

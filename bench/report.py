@@ -236,6 +236,7 @@ def _budget(results: dict[str, Any]) -> list[str]:
                 _yes(rate >= 20_000),
             ]
         )
+    rows += _scale_rows(results)
     if not rows:
         return []
     if results.get("smoke"):
@@ -245,6 +246,286 @@ def _budget(results: dict[str, Any]) -> list[str]:
         table = _table(["line", "target", "measured"], [row[:3] for row in rows])
         return ["### Budget", "", note, "", *table]
     return ["### Budget", "", *_table(["line", "target", "measured", "holds"], rows)]
+
+
+def _scale_rows(results: dict[str, Any]) -> list[list[str]]:
+    """The budget's lines for many sessions, streaming and the embedded model."""
+    rows: list[list[str]] = []
+    many = results.get("many")
+    if many:
+        server = many["burst_plain"]["server_cpu_ms_per_turn"]
+        alone = many["in_process"]["plain"]["cpu_ms_per_turn"]
+        sessions = many["sessions"]
+        rows.append(
+            [
+                f"server CPU per plain turn, {sessions:,} sessions over JSON-RPC",
+                "≤ 2× in process, one at a time",
+                f"{_ms(server)} vs {_ms(alone)} ms ({server / alone:.2f}×)",
+                _yes(server <= 2 * alone),
+            ]
+        )
+        for kind in ("plain", "tool"):
+            paced = many[f"paced_{kind}"]
+            p99 = paced["turn_ms"]["p99"]
+            rows.append(
+                [
+                    f"{kind} turn p99 above the model at half the burst rate"
+                    f" ({paced['rate']:.0f} turns/s)",
+                    "≤ 50 ms",
+                    f"{p99:.1f} ms",
+                    _yes(p99 <= 50),
+                ]
+            )
+        limit = 45 * MB + 40 * KB * sessions
+        rss = max(many["server_rss_end"], many["server_rss_after_bursts"])
+        rows.append(
+            [
+                f"server RSS with {sessions:,} sessions",
+                f"≤ 45 MB + 40 KB per session ({limit / MB:.0f} MB)",
+                f"{rss / MB:.0f} MB",
+                _yes(rss <= limit),
+            ]
+        )
+    streaming = results.get("streaming")
+    if streaming:
+        p99 = streaming["in_process"]["arrival_to_handler_ms"]["p99"]
+        rows.append(
+            ["delta: provider's bytes → `on()` handler, p99", "≤ 0.2 ms", f"{p99:.3f} ms"]
+            + [_yes(p99 <= 0.2)]
+        )
+        rpc = streaming["json_rpc"]
+        client = "official" if rpc.get("official") else "lean"
+        p99 = rpc[client]["stamp_to_event_ms"]["p99"]
+        rows.append(
+            [
+                f"delta: provider's bytes → JSON-RPC client's event ({client} client), p99",
+                "≤ 2 ms",
+                f"{p99:.3f} ms",
+                _yes(p99 <= 2),
+            ]
+        )
+    pg = results.get("postgres")
+    if pg:
+        commits = max(pg[kind]["commits_per_step"] for kind in ("plain", "tool"))
+        rows.append(
+            [
+                "PostgreSQL: durable commits per run step (plain, one-tool)",
+                "≤ 1",
+                " / ".join(f"{pg[kind]['commits_per_step']:g}" for kind in ("plain", "tool")),
+                _yes(commits <= 1),
+            ]
+        )
+        streaming = pg["streaming"]["per_turn"]
+        rows.append(
+            [
+                f"PostgreSQL: NOTIFY round trips of a streaming turn ({pg['chunks']} deltas)",
+                "fewer than the deltas (coalesced)",
+                f"{streaming.get('notify', 0):.1f}",
+                _yes(streaming.get("notify", 0) < pg["chunks"]),
+            ]
+        )
+        cpu = pg["plain"]["cpu_ms_per_turn"]
+        rows.append(
+            [
+                "PostgreSQL: trimtab's CPU per plain turn (in process)",
+                "≤ 1.5 ms",
+                f"{_ms(cpu)} ms",
+                _yes(cpu <= 1.5),
+            ]
+        )
+    local = results.get("local")
+    if local:
+        for kind, turns in local["conversation"].items():
+            if len(turns) < 10:
+                continue
+            second, last = turns[1]["read_ms"], turns[-1]["read_ms"]
+            rows.append(
+                [
+                    f"embedded model ({kind}): prompt processing, turn {len(turns)} vs turn 2",
+                    "≤ 1.5×",
+                    f"{last:.0f} vs {second:.0f} ms ({last / second:.2f}×)",
+                    _yes(last <= 1.5 * second),
+                ]
+            )
+        ttft = local["ttft"]
+        rows.append(
+            [
+                "embedded model: time to first token vs raw llama-cpp-python (same cache)",
+                "≤ 1.2×",
+                f"{ttft['ours_ms']:.0f} vs {ttft['raw_ms']:.0f} ms ({ttft['ratio']:.2f}×)",
+                _yes(ttft["ratio"] <= 1.2),
+            ]
+        )
+        loads = local["load"]["loads_for_two_providers"]
+        rows.append(["embedded model: loads per process", "1", str(loads), _yes(loads == 1)])
+    return rows
+
+
+def _many(results: dict[str, Any]) -> list[str]:
+    many = results.get("many")
+    if not many:
+        return []
+    alone = many["in_process"]
+    rows = []
+    for kind in ("plain", "tool"):
+        burst, paced = many[f"burst_{kind}"], many[f"paced_{kind}"]
+        rows.append(
+            [
+                kind,
+                f"{burst['turns_per_s']:.0f}",
+                f"{burst['server_cores']:.2f}",
+                _ms(burst["server_cpu_ms_per_turn"]),
+                f"{burst['turns_per_server_core_s']:.0f}",
+                _ms(alone[kind]["cpu_ms_per_turn"]),
+                f"{paced['rate']:.0f}",
+                f"{paced['turn_ms']['p50']:.1f} / {paced['turn_ms']['p99']:.1f}",
+                _ms(paced["server_cpu_ms_per_turn"]),
+            ]
+        )
+    header = [
+        "turn",
+        "burst turns/s",
+        "server cores",
+        "server CPU ms per turn",
+        "turns/s per server core",
+        "in process, one at a time: CPU ms per turn",
+        "paced turns/s",
+        "paced turn p50 / p99 (ms)",
+        "paced server CPU ms per turn",
+    ]
+    rss = ", ".join(
+        f"{many[key] / MB:.0f} MB {label}"
+        for key, label in (
+            ("server_rss_start", "at start"),
+            ("server_rss_created", "with the sessions created"),
+            ("server_rss_end", "at the end"),
+        )
+    )
+    notes = [
+        "",
+        f"One `trimtab serve` process ({many['store']}, TCP), {many['sessions']:,} sessions over"
+        f" {many['connections']} connections of a lean JSON-RPC load client, each session"
+        " declaring a client-side tool; the fake model answers at once. Burst: every session"
+        f" runs {many['turns_per_session']} plain turns back to back, all at once, then one"
+        " one-tool turn each (the client approves and runs the tool). Paced: turns arrive at"
+        " half the burst's rate on idle sessions; a turn is `session.sendAndWait` to its answer,"
+        " so its latency is above the model (its HTTP round trip included). In process: the"
+        " same turns through `trimtab.Client` in a process of its own, one at a time. CPU from"
+        f" /proc. Server RSS: {rss}.",
+    ]
+    return ["### Many sessions on one server", "", *_table(header, rows), *notes]
+
+
+def _streaming(results: dict[str, Any]) -> list[str]:
+    data = results.get("streaming")
+    if not data:
+        return []
+    inproc, rpc = data["in_process"], data["json_rpc"]
+
+    def stats(values: dict[str, Any]) -> list[str]:
+        return [f"{values[key]:.3f}" for key in ("p50", "p99", "max")] + [str(values["n"])]
+
+    rows = [
+        ["provider's bytes → `on()` handler", *stats(inproc["arrival_to_handler_ms"])],
+        ["fake model's write → `on()` handler", *stats(inproc["stamp_to_handler_ms"])],
+        ["fake model's write → lean JSON-RPC client", *stats(rpc["lean"]["stamp_to_event_ms"])],
+    ]
+    if rpc.get("official"):
+        rows.append(
+            [
+                "fake model's write → official Copilot client's handler",
+                *stats(rpc["official"]["stamp_to_event_ms"]),
+            ]
+        )
+    notes = [
+        "",
+        f"{data['turns']} streaming turns of {data['chunks']} deltas, {data['gap_ms']:g} ms"
+        " apart, each stamped by the fake model with the machine's monotonic clock when written."
+        " In process the delta's arrival is when `recv` on the socket to the model returned it;"
+        " over JSON-RPC (`trimtab serve`, TCP) it is measured from the stamp, so the model's"
+        " loopback hop to the server is included.",
+    ]
+    header = ["delta latency (ms)", "p50", "p99", "max", "deltas"]
+    return ["### Streaming latency", "", *_table(header, rows), *notes]
+
+
+def _postgres(results: dict[str, Any]) -> list[str]:
+    data = results.get("postgres")
+    if not data:
+        return []
+    rows = []
+    for kind in ("plain", "tool", "streaming"):
+        part = data[kind]
+        turn = part["per_turn"]
+        rows.append(
+            [
+                kind if kind != "streaming" else f"streaming ({data['chunks']} deltas)",
+                str(part["steps_per_turn"]),
+                f"{turn.get('round_trips', 0):.1f}",
+                f"{turn.get('writes', 0):.1f}",
+                f"{turn.get('notify', 0):.1f}",
+                f"{turn.get('other', 0):.1f}",
+                f"{turn.get('transactions', 0):.1f}",
+                f"{turn.get('commits', 0):.1f} ({part['commits_per_step']:g} per step)",
+                _ms(part["cpu_ms_per_turn"]),
+            ]
+        )
+    header = [
+        "turn",
+        "steps",
+        "round trips",
+        "writes",
+        "NOTIFY alone",
+        "other statements",
+        "transactions",
+        "durable commits",
+        "trimtab CPU ms per turn",
+    ]
+    settings = data.get("postgres", {})
+    notes = [
+        "",
+        f"Per turn, mean of {data['plain']['turns']} turns of a `trimtab.Client` session in"
+        " process on a fresh PostgreSQL"
+        f" {settings.get('server_version', '?').split()[0]} database"
+        f" (fsync={settings.get('fsync', '?')},"
+        f" synchronous_commit={settings.get('synchronous_commit', '?')}), counted by wrapping"
+        " psycopg: every statement is a round trip, a transaction two more; a write in"
+        " autocommit, or a transaction holding one, is a durable commit. A step is one model"
+        " call. The floor is one durable commit per step: today each stored event is its own"
+        " append.",
+    ]
+    return ["### PostgreSQL per turn", "", *_table(header, rows), *notes]
+
+
+def _local(results: dict[str, Any]) -> list[str]:
+    data = results.get("local")
+    if not data:
+        return []
+    kinds = data["conversation"]
+    count = max(len(turns) for turns in kinds.values())
+    rows = []
+    for i in range(count):
+        row = [str(i + 1)]
+        for turns in kinds.values():
+            turn = turns[i] if i < len(turns) else None
+            row.append(
+                "–"
+                if turn is None
+                else f"{turn['prompt_tokens']} / {turn['read_tokens']} / {turn['read_ms']:.0f}"
+            )
+        rows.append(row)
+    header = ["turn", *(f"{kind}: prompt / read tokens / read ms" for kind in kinds)]
+    load = data["load"]
+    notes = [
+        "",
+        f"{data['model']}; `{'`, `'.join(kinds)}`: a plain conversation, one with a tool"
+        " offered (two generations a turn: the pick, then the reply), and two conversations"
+        " taking turns on one model. Per turn: the prompt tokens given to llama.cpp and those"
+        f" it read (the rest it held), median of {data['repeats']} repeats. Model load"
+        f" {load['first_s']:.2f} s; two providers in two clients loaded it"
+        f" {load['loads_for_two_providers']} time(s).",
+    ]
+    return ["### Embedded model", "", *_table(header, rows), *notes]
 
 
 def _in_process(results: dict[str, Any]) -> list[str]:
@@ -577,7 +858,11 @@ MAIN: tuple[Section, ...] = (
     _scripted,
     _tracing,
     _server,
+    _many,
+    _streaming,
     _store,
+    _postgres,
+    _local,
     _errors,
 )
 """The sections between `BEGIN` and `END`; `_errors` comes last."""

@@ -6,10 +6,15 @@
 NAMES (comma-separated, default all): trimtab (in process: turns above the floor, pure
 overhead, memory, import time, tracing off and on), agents, pydantic-ai, langgraph (the peers,
 each above its own floor), server (`trimtab serve` driven by the official Copilot client),
-copilot (the Copilot CLI driven by the same client), store (SQLite append rate, open and
-clear_context costs), scaleout (1, 2 and 4 `trimtab serve` processes sharing one PostgreSQL
-database, 200 concurrent sessions; needs $TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN,
-skipped without).
+copilot (the Copilot CLI driven by the same client), many (1,000 sessions on one `trimtab
+serve` over JSON-RPC: server CPU per turn against the same turns in process, latency, RSS),
+streaming (a delta's latency from the provider's bytes to an `on()` handler and to a JSON-RPC
+client), store (SQLite append rate, open and clear_context costs), local (the embedded model:
+tokens read per turn, time to first token against raw llama-cpp-python; skipped without the
+`local` extra and its weights), postgres (database round trips, commits and NOTIFYs per turn,
+in process), scaleout (1, 2 and 4 `trimtab serve` processes sharing one PostgreSQL database,
+200 concurrent sessions). The last two need $TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, and
+are skipped without.
 
 Every measurement runs in a subprocess of its own (see `common.py` for the scenario). The
 peers are installed into a virtual environment under the cache directory
@@ -17,8 +22,9 @@ peers are installed into a virtual environment under the cache directory
 comes from npm into the same cache.
 
 `--smoke` (CI) runs trimtab's in-process pure-overhead, memory, import, append, context and
-tracing benchmarks with few runs: no network, no peers, well under 30 s. Timings never fail a run;
-a worker that crashes, or whose correctness check fails, does.
+tracing benchmarks with few runs, and the many-sessions, streaming and (with a DSN) PostgreSQL
+benches small: no network beyond 127.0.0.1, no peers, well under a minute. Timings never fail
+a run; a worker that crashes, or whose correctness check fails, does.
 """
 
 from __future__ import annotations
@@ -45,7 +51,20 @@ PEERS = {
     "langgraph": "langgraph_agent.py",
 }
 PEER_PACKAGES = ["openai-agents", "pydantic-ai", "langgraph", "langchain-openai"]
-NAMES = ["trimtab", *PEERS, "server", "copilot", "store", "scaleout"]
+NAMES = [
+    "trimtab",
+    *PEERS,
+    "server",
+    "copilot",
+    "many",
+    "streaming",
+    "store",
+    "local",
+    "postgres",
+    "scaleout",
+]
+SERVER_BENCHES = {"many": "many_sessions.py", "streaming": "streaming.py"}
+"""Benches that start their own fake model, so that they can time and count it."""
 PG_DSN_VARIABLES = ("TRIMTAB_BENCH_PG_DSN", "TRIMTAB_TEST_PG_DSN")
 SMOKE_RUNS = 20
 
@@ -143,6 +162,10 @@ def smoke(results: dict[str, Any]) -> None:
     results["append"] = trimtab_part("append", "--smoke")
     results["context"] = trimtab_part("context", "--smoke")
     results["tracing"] = trimtab_part("tracing", "--runs", str(SMOKE_RUNS), "--warmup", "5")
+    for name, script in SERVER_BENCHES.items():
+        results[name] = worker([sys.executable, str(BENCH / script), "--smoke"])
+    if any(os.environ.get(variable) for variable in PG_DSN_VARIABLES):
+        results["postgres"] = worker([sys.executable, str(BENCH / "pg_round_trips.py"), "--smoke"])
 
 
 def full(results: dict[str, Any], names: set[str], runs: str, warmup: str) -> None:
@@ -189,25 +212,54 @@ def full(results: dict[str, Any], names: set[str], runs: str, warmup: str) -> No
                 )
             except (WorkerError, subprocess.CalledProcessError, OSError) as exc:
                 errors["copilot"] = str(exc)
+    server_benches(results, names)
     if "store" in names:
         results["append"] = trimtab_part("append")
         results["context"] = trimtab_part("context")
+    if "local" in names:
+        local(results)
+    if "postgres" in names:
+        postgres(results, "postgres", "pg_round_trips.py")
     if "scaleout" in names:
-        scaleout(results)
+        postgres(results, "scaleout", "scaleout.py")
 
 
-def scaleout(results: dict[str, Any]) -> None:
-    """`scaleout.py`, if a PostgreSQL DSN is set (it reads the same variables). It starts its
+def server_benches(results: dict[str, Any], names: set[str]) -> None:
+    for name, script in SERVER_BENCHES.items():
+        if name in names:
+            try:
+                results[name] = worker([sys.executable, str(BENCH / script)])
+            except WorkerError as exc:
+                results["errors"][name] = str(exc)
+
+
+def local(results: dict[str, Any]) -> None:
+    """`local_model.py`, if llama-cpp-python and the default weights are installed."""
+    from importlib.util import find_spec
+
+    if find_spec("llama_cpp") is None:
+        message = "skipped: llama-cpp-python is not installed (the `local` extra)"
+        print(f"  local {message}", file=sys.stderr, flush=True)
+        results["errors"]["local"] = message
+        return
+    try:
+        results["local"] = worker([sys.executable, str(BENCH / "local_model.py")], timeout=3600)
+    except WorkerError as exc:
+        results["errors"]["local"] = str(exc)
+
+
+def postgres(results: dict[str, Any], name: str, script: str) -> None:
+    """A bench on PostgreSQL, if a DSN is set (it reads the same variables). It starts its
     own fake model, so that it can count that process's CPU."""
     if not any(os.environ.get(variable) for variable in PG_DSN_VARIABLES):
         message = f"skipped: no PostgreSQL server (set {' or '.join(PG_DSN_VARIABLES)})"
-        print(f"  scaleout {message}", file=sys.stderr, flush=True)
-        results["errors"]["scaleout"] = message
+        print(f"  {name} {message}", file=sys.stderr, flush=True)
+        results["errors"][name] = message
         return
     try:
-        results["scaleout"] = worker([sys.executable, str(BENCH / "scaleout.py")])
+        results[name] = worker([sys.executable, str(BENCH / script)])
     except WorkerError as exc:
-        results["errors"]["scaleout"] = str(exc)
+        results["errors"][name] = str(exc)
 
 
 def main() -> int:

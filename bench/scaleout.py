@@ -35,23 +35,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import json
 import os
 import secrets
 import signal
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import common
 import psycopg
+from procs import Server, cpu_seconds, machine_busy, percentiles
 from run import PG_DSN_VARIABLES, FakeModel
 
 from trimtab import Client, TrimtabError
@@ -59,7 +57,6 @@ from trimtab.events import Event
 from trimtab.remote import RemoteClient, RemoteSession
 
 DB_PREFIX = "bench_scaleout_"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 DRIVER_BOUND = 0.85
 """Driver CPU (cores) from which the driver counts as the bottleneck."""
 CONNECT_CONCURRENCY = 32
@@ -71,114 +68,6 @@ def admin_dsn(explicit: str | None) -> str | None:
     if explicit:
         return explicit
     return next((os.environ[name] for name in PG_DSN_VARIABLES if os.environ.get(name)), None)
-
-
-# --- processes and /proc ------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process, or None if it is gone (or not on this machine)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(") ", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
-    with open("/proc/stat") as stat:
-        values = [int(v) for v in stat.readline().split()[1:9]]
-    idle = values[3] + values[4]  # idle + iowait
-    total = sum(values)
-    return (total - idle) / CLK_TCK, total / CLK_TCK
-
-
-def _log_file(path: Path) -> BinaryIO:
-    return open(path, "wb")
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the bench dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Server:
-    """One `trimtab serve` process."""
-
-    process: asyncio.subprocess.Process
-    port: int
-    log: Path
-
-    @classmethod
-    async def start(cls, store: str, provider: dict[str, Any], token: str, log: Path) -> Server:
-        command = [
-            sys.executable,
-            "-m",
-            "trimtab.server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--store",
-            store,
-            "--provider",
-            json.dumps(provider),
-            "--token",
-            token,
-        ]
-        stderr = _log_file(log)
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=stderr,
-                preexec_fn=_die_with_parent,
-            )
-        finally:
-            stderr.close()  # the child has its own descriptor
-        assert process.stdout is not None
-        try:
-            line = await asyncio.wait_for(process.stdout.readline(), 30)
-        except TimeoutError:
-            line = b""
-        text = line.decode(errors="replace")
-        if not text.startswith("listening on port "):
-            server = cls(process, 0, log)
-            await server.stop()
-            raise RuntimeError(f"a server did not start ({text!r}):\n{server.log_tail()}")
-        return cls(process, int(text.split()[-1]), log)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.process.returncode is None
-
-    async def stop(self) -> None:
-        """SIGTERM (the server lets its sessions go), SIGKILL after 10 s."""
-        if self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except TimeoutError:
-                print(f"server {self.pid} ignored SIGTERM; killing it", file=sys.stderr)
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.kill()
-                await self.process.wait()
-
-    def log_tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
 
 # --- the database ---------------------------------------------------------------------------
@@ -235,23 +124,6 @@ def backend_pids(admin: str, name: str) -> list[int]:
 
 
 # --- measuring --------------------------------------------------------------------------------
-
-
-def percentiles(samples: Sequence[float]) -> dict[str, float]:
-    """p50, p99 (nearest rank) and max of samples."""
-    if not samples:
-        return {"p50": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
-    ordered = sorted(samples)
-
-    def rank(q: float) -> float:
-        return ordered[max(0, min(len(ordered), round(q * len(ordered))) - 1)]
-
-    return {
-        "p50": statistics.median(ordered),
-        "p99": rank(0.99),
-        "max": ordered[-1],
-        "n": len(ordered),
-    }
 
 
 class CpuMeter:

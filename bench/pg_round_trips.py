@@ -1,0 +1,170 @@
+"""PostgreSQL per turn: database round trips, commits and NOTIFYs of a turn, in process.
+
+    python bench/pg_round_trips.py [--turns 20] [--chunks 20] [--dsn postgresql://...]
+
+Needs a PostgreSQL server ($TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, or --dsn): the bench
+works in a fresh database of its own, dropped at the end. A `trimtab.Client` on that database
+runs turns against the fake model, one at a time: plain turns, one-tool turns, and streaming
+turns of `--chunks` deltas. psycopg is wrapped to count, per turn:
+
+- statements: every `execute` (each one round trip to the server), by kind: appends (the
+  statements that write), NOTIFYs alone (`SELECT pg_notify(...)`), and the rest (reads,
+  lease renewals, the pool's connection checks);
+- transactions (`BEGIN` ... `COMMIT`: two more round trips each);
+- commits that write: a writing statement in autocommit, or a transaction holding one. Each
+  is a durable commit (a WAL flush, with `synchronous_commit` on); a NOTIFY alone writes no
+  WAL.
+
+A step is one model call: a plain turn has one, a one-tool turn two. Server CPU per turn is
+this process's CPU over the turns (the model is a process of its own), with the database's
+backends' CPU beside it. The last stdout line is the JSON result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import time
+from collections import Counter
+from typing import Any
+
+import common
+import psycopg
+from procs import cpu_seconds
+from run import FakeModel
+from scaleout import DB_PREFIX, admin_dsn, backend_pids, fresh_database, server_settings
+from trimtab_inproc import session_options
+
+from trimtab import Client
+
+WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+NOTIFY_ONLY = re.compile(r"^\s*SELECT\s+pg_notify\(", re.IGNORECASE)
+
+
+class Counts:
+    """psycopg's statements and transactions in this process, counted by kind."""
+
+    def __init__(self) -> None:
+        self.counter: Counter[str] = Counter()
+        self._open: dict[int, bool] = {}
+        """Connections inside a transaction: whether it wrote yet."""
+
+    def install(self) -> None:
+        counts = self
+        execute = psycopg.AsyncCursor.execute
+        transaction = psycopg.AsyncConnection.transaction
+
+        async def counted_execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            text = query if isinstance(query, str) else str(query)
+            counts.statement(id(cursor.connection), text)
+            return await execute(cursor, query, *args, **kwargs)
+
+        def counted_transaction(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            return counts.transaction(conn, transaction(conn, *args, **kwargs))
+
+        psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign, assignment]
+        psycopg.AsyncConnection.transaction = counted_transaction  # type: ignore[method-assign, assignment]
+
+    def statement(self, conn: int, text: str) -> None:
+        self.counter["statements"] += 1
+        if NOTIFY_ONLY.match(text):
+            self.counter["notify"] += 1
+        elif WRITES.search(text):
+            self.counter["writes"] += 1
+            if conn in self._open:
+                self._open[conn] = True
+            else:
+                self.counter["commits"] += 1
+        else:
+            self.counter["other"] += 1
+
+    def transaction(self, conn: Any, inner: Any) -> Any:
+        counts = self
+
+        class Counted:
+            async def __aenter__(self) -> Any:
+                counts.counter["transactions"] += 1
+                counts._open[id(conn)] = False
+                return await inner.__aenter__()
+
+            async def __aexit__(self, *exc: Any) -> Any:
+                wrote = counts._open.pop(id(conn), False)
+                if wrote and exc[0] is None:
+                    counts.counter["commits"] += 1
+                return await inner.__aexit__(*exc)
+
+        return Counted()
+
+    def snapshot(self) -> Counter[str]:
+        return Counter(self.counter)
+
+
+async def measure(args: argparse.Namespace, base_url: str, url: str, name: str) -> dict[str, Any]:
+    counts = Counts()
+    counts.install()
+    provider = {"type": "openai", "base_url": base_url, "api_key": common.API_KEY}
+    admin = admin_dsn(args.dsn)
+    assert admin is not None
+    result: dict[str, Any] = {}
+    async with Client(store=url) as client:
+        kinds = (
+            ("plain", common.PLAIN_PROMPT, False, 1),
+            ("tool", common.TOOL_PROMPT, False, 2),
+            ("streaming", f"STREAM {args.chunks} 0", True, 1),
+        )
+        for kind, prompt, streaming, steps in kinds:
+            session = await client.create_session(**session_options(provider), streaming=streaming)
+            await session.send_and_wait(prompt)  # warm-up: connections, first-use costs
+            backends = backend_pids(admin, name)
+            before = counts.snapshot()
+            cpu = time.process_time()
+            backend_cpu = [cpu_seconds(pid) or 0.0 for pid in backends]
+            for _ in range(args.turns):
+                reply = await session.send_and_wait(prompt)
+                if reply is None or not reply.data.content:
+                    raise AssertionError(f"unexpected reply {reply!r}")
+            cpu = time.process_time() - cpu
+            backend_cpu = [
+                (cpu_seconds(p) or 0.0) - c for p, c in zip(backends, backend_cpu, strict=True)
+            ]
+            counted = counts.snapshot() - before
+            per_turn = {key: counted[key] / args.turns for key in sorted(counted)}
+            per_turn["round_trips"] = per_turn.get("statements", 0) + 2 * per_turn.get(
+                "transactions", 0
+            )
+            result[kind] = {
+                "turns": args.turns,
+                "steps_per_turn": steps,
+                "per_turn": per_turn,
+                "commits_per_step": per_turn.get("commits", 0) / steps,
+                "cpu_ms_per_turn": cpu / args.turns * 1000,
+                "postgres_cpu_ms_per_turn": sum(backend_cpu) / args.turns * 1000,
+            }
+            await session.disconnect()
+    return result
+
+
+async def main() -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--chunks", type=int, default=20)
+    parser.add_argument("--dsn", help="an administrative DSN (default: the variables above)")
+    parser.add_argument("--smoke", action="store_true", help="3 turns of each kind")
+    args = parser.parse_args()
+    if args.smoke:
+        args.turns = 3
+    admin = admin_dsn(args.dsn)
+    if admin is None:
+        raise SystemExit("no PostgreSQL server: set TRIMTAB_BENCH_PG_DSN or TRIMTAB_TEST_PG_DSN")
+    name = f"{DB_PREFIX}{os.getpid()}_trips"
+    with FakeModel() as base_url, fresh_database(admin, name) as url:
+        result = await measure(args, base_url, url, name)
+    result["chunks"] = args.chunks
+    result["postgres"] = server_settings(admin)
+    return result
+
+
+if __name__ == "__main__":
+    common.report(asyncio.run(main()))
