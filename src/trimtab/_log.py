@@ -93,6 +93,8 @@ class SessionLog:
             while not emitting.done():
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait([emitting])
+            if not emitting.cancelled():
+                emitting.exception()  # the cancellation wins; a store failure is read, not warned
             raise
 
     async def _emit_locked(self, events: Sequence[Event]) -> list[Event]:

@@ -17,6 +17,7 @@ defaults; raise them for a long local run). A failure prints the steps and the `
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -24,7 +25,13 @@ from typing import Any
 
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from tests.sim.world import World
 from trimtab.store import MemoryStore, SqliteStore, Store
@@ -213,13 +220,26 @@ class SqliteSimulation(Simulation):
             self.directory.cleanup()
 
 
-_SETTINGS = {
-    "stateful_step_count": STEPS,
-    "deadline": None,
-    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
-    "print_blob": True,
-}
-Simulation.TestCase.settings = settings(max_examples=EXAMPLES, **_SETTINGS)  # type: ignore[arg-type]
-SqliteSimulation.TestCase.settings = settings(max_examples=max(1, EXAMPLES // 6), **_SETTINGS)  # type: ignore[arg-type]
-test_fault_simulation = Simulation.TestCase
-test_fault_simulation_on_sqlite = SqliteSimulation.TestCase
+_SETTINGS = settings(
+    stateful_step_count=STEPS,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    print_blob=True,
+    database=None,  # a failure prints the line that replays it
+)
+
+
+# The machines are given as partials: Hypothesis would otherwise read a class's source with
+# `ast.parse`, which CPython 3.11 can fail at random after deep recursion elsewhere in the
+# run ("AST constructor recursion depth mismatch").
+def test_fault_simulation() -> None:
+    run_state_machine_as_test(  # type: ignore[no-untyped-call]
+        functools.partial(Simulation), settings=settings(_SETTINGS, max_examples=EXAMPLES)
+    )
+
+
+def test_fault_simulation_on_sqlite() -> None:
+    examples = max(1, EXAMPLES // 6)
+    run_state_machine_as_test(  # type: ignore[no-untyped-call]
+        functools.partial(SqliteSimulation), settings=settings(_SETTINGS, max_examples=examples)
+    )
