@@ -29,7 +29,7 @@ from trimtab.protocol.jsonrpc import Connection
 from trimtab.providers import ProviderConfig, make_provider
 from trimtab.server.copilot import CANCELLABLE, CopilotConnection
 from trimtab.server.hub import PENDING_TIMEOUT, SessionHub
-from trimtab.store import Store
+from trimtab.store import DEFAULT_TIMEOUT, Store
 
 __all__ = ["ServeError", "serve"]
 
@@ -37,6 +37,9 @@ log = logging.getLogger("trimtab.server")
 
 _STREAM_LIMIT = 1024 * 1024
 """Bytes a header line may take before the reader gives up (bodies are not limited by it)."""
+
+START_CHECK = 10.0
+"""Seconds the store has to answer once before the server says it is ready (spec S4)."""
 
 _FILE_MARGIN = 64
 """File descriptors kept beyond `max_connections` for the store, logs and providers."""
@@ -62,7 +65,7 @@ async def serve(
     connect_timeout: float = 5.0,
     idle_timeout: float = 300.0,
     pending_timeout: float = PENDING_TIMEOUT,
-    store_timeout: float = 10.0,
+    store_timeout: float = DEFAULT_TIMEOUT,
     on_ready: Callable[[int], None] | None = None,
 ) -> None:
     """Serve the Copilot protocol: over TCP until cancelled, or over stdio until stdin closes.
@@ -94,7 +97,11 @@ async def serve(
             flight, no session attached) before it is closed.
         pending_timeout: Seconds the tool calls and permission requests a dropped client
             left unanswered wait for a client that resumes the session (spec D6).
-        store_timeout: Seconds to wait for the store to answer at start.
+        store_timeout: Seconds within which every call of the store the server opens
+            completes or raises `StoreUnavailableError` (spec W1), so that a run the store
+            holds up ends in an error and a request is answered with one; at start the store
+            has at most `START_CHECK` seconds of it to answer. A `Store` passed in keeps its
+            own `timeout`.
         on_ready: Called with the port once listening (TCP); by default the server prints
             `listening on port N` to stdout, the line the official clients wait for.
 
@@ -116,8 +123,14 @@ async def serve(
     # Checks for queued input and expired leases at least every second, faster for short
     # leases, so that a takeover follows soon after the lease expires.
     poll = min(1.0, lease_ttl / 10)
-    client = Client(store=store, provider=provider, lease_ttl=lease_ttl, poll_interval=poll)
-    await _check_store(client, store_timeout)
+    client = Client(
+        store=store,
+        provider=provider,
+        lease_ttl=lease_ttl,
+        poll_interval=poll,
+        store_timeout=store_timeout,
+    )
+    await _check_store(client, min(store_timeout, START_CHECK))
     async with client:
         hub = SessionHub(client, pending_timeout=pending_timeout)
         try:

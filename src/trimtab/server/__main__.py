@@ -113,6 +113,15 @@ def _command(function: Any) -> click.Command:
             " sharing the store takes them over.",
         ),
         click.option(
+            "--store-timeout",
+            type=_positive,
+            default=30.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Time within which every call of the store completes or fails: a run it"
+            " holds up ends in an error, a request is answered with one.",
+        ),
+        click.option(
             "--max-connections",
             type=click.IntRange(min=1),
             default=4096,
@@ -212,6 +221,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.se
         "token": token or None,
         "provider": flags["provider"],
         "lease_ttl": flags["lease_ttl"],
+        "store_timeout": flags["store_timeout"],
         "max_connections": flags["max_connections"],
         "max_output": flags["max_output"],
         "connect_timeout": flags["connect_timeout"],
