@@ -222,6 +222,9 @@ class SessionOptionsParams(SessionParams):
     hooks: bool = False
     mcp_servers: Json | None = None
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
+    max_turns: int | None = Field(default=None, ge=1)
+    """A trimtab extension: the model calls one run may make (spec E5); on `session.resume`
+    it replaces the session's own."""
 
     def options(self) -> dict[str, Any]:
         """Keyword options for `Client.create_session` / `resume_session` (tools and the
@@ -244,6 +247,8 @@ class SessionOptionsParams(SessionParams):
             options["infinite_sessions"] = self.infinite_sessions.options()
         if self.mcp_servers:
             options["mcp_servers"] = wire_servers(self.mcp_servers)
+        if self.max_turns is not None:
+            options["max_turns"] = self.max_turns
         return options
 
     def offers(self, tool_name: str) -> bool:
