@@ -52,7 +52,9 @@ def test_a_bad_config_file_is_named(cli: Cli) -> None:
 
     assert result.returncode == 2
     assert f"error: {cli.cwd / 'trimtab.toml'}: unknown setting 'modle'" in result.stderr
-    assert "hint: known settings: api_key, base_url, debug, mcp_servers, model," in result.stderr
+    assert (
+        "hint: known settings: api_key, base_url, debug, max_turns, mcp_servers," in result.stderr
+    )
 
 
 def test_an_embedded_model_that_cannot_run_is_one_line_with_a_hint(cli: Cli) -> None:

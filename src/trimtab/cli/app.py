@@ -64,6 +64,13 @@ def _provider_options(command: F) -> F:
             "300 unstreamed) [env TRIMTAB_TIMEOUT].",
         ),
         click.option(
+            "--max-turns",
+            metavar="N",
+            type=int,
+            help="Model calls one run may make before it stops with an error (default 100)"
+            " [env TRIMTAB_MAX_TURNS].",
+        ),
+        click.option(
             "--mcp",
             "mcp",
             metavar="NAME=COMMAND",

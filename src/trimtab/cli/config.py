@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from trimtab.cli.errors import EXIT_USAGE, CliError
+from trimtab.events import DEFAULT_MAX_TURNS
 
 __all__ = [
     "CONFIG_FILE",
@@ -68,6 +69,8 @@ class CliConfig(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     """Seconds a model call may wait for data: the provider's `timeout` and `stall_timeout`
     both (None: their defaults, 300 s and 120 s)."""
+    max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)
+    """Model calls one run may make before it ends in a `max_turns` error."""
     ollama_url: str = "http://127.0.0.1:11434"
     """Where to look for a local Ollama server when no provider is named."""
     home: Path = Field(default=Path("~/.trimtab"), validate_default=True)
@@ -125,6 +128,7 @@ FLAG_NAMES = {
     "script": "--script",
     "system_message": "--system",
     "timeout": "--timeout",
+    "max_turns": "--max-turns",
     "mcp_servers": "--mcp",
     "debug": "--debug",
 }

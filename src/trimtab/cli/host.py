@@ -181,6 +181,7 @@ class SessionHost:
         config = self._resolved.config
         options = self._provider_options(choice)
         options.update(self._common_options(bridge, demo=config.tools == "demo"))
+        options["max_turns"] = config.max_turns
         if config.mcp_servers:
             options["mcp_servers"] = config.mcp_servers
         if config.system_message:
@@ -209,6 +210,8 @@ class SessionHost:
             and {tool.name for tool in persisted.tools} <= DEMO_TOOL_NAMES
         )
         options.update(self._common_options(bridge, demo=demo))
+        if self._resolved.is_set("max_turns"):  # else the session keeps its own
+            options["max_turns"] = self._resolved.config.max_turns
         if self._resolved.config.mcp_servers:
             options["mcp_servers"] = self._resolved.config.mcp_servers
         session = self._open_session(

@@ -379,6 +379,7 @@ _ERROR_HINTS = {
     "bad_request": "the provider refused the request: check --model",
     "bad_response": "the provider's answer could not be understood: try another model",
     "timeout": "the model did not answer in time: try a longer --timeout, or a smaller model",
+    "max_turns": "the model kept calling tools: send again to go on, or raise --max-turns",
     "script_exhausted": "the --script file has no reply left for this model call",
 }
 
