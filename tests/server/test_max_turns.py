@@ -9,6 +9,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+import trimtab
 from tests.fake_model import FakeModel
 from tests.server.conftest import StartServer
 from tests.server.raw import RawClient
@@ -67,3 +70,19 @@ async def test_e5_max_turns_caps_a_run_over_serve_and_comes_from_create_and_resu
         finally:
             refused.close()
         assert answer["error"]["code"] == INVALID_PARAMS
+
+
+async def test_e5_the_native_remote_client_sends_max_turns(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    """Before `max_turns` had a wire form in `Client.connect`'s sessions, it was refused there
+    with a `TypeError` (not available on a remote session)."""
+    async with FakeModel(tool="work", always_call=True) as model:
+        server = start_server(tmp_path / "trimtab.db")
+        async with trimtab.Client.connect(server.url) as remote:
+            session = await remote.create_session(provider=model.provider(), max_turns=2)
+            with pytest.raises(trimtab.SessionError) as raised:
+                await session.send_and_wait("go", timeout=60)
+
+    assert raised.value.error_type == "max_turns"
+    assert len(model.requests) == 2

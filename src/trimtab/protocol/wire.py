@@ -281,7 +281,7 @@ class SessionOptionsParams(SessionParams):
             )
         fields: dict[str, Any] = {
             key: options[key]
-            for key in ("model", "streaming", "developer_messages")
+            for key in ("model", "streaming", "developer_messages", "max_turns")
             if key in options
         }
         if (message := options.get("system_message")) is not None:
@@ -313,6 +313,7 @@ _REMOTE_OPTIONS = frozenset(
         "tools",
         "on_permission_request",
         "streaming",
+        "max_turns",
     }
 )
 """The `SessionOptions` a remote session takes (the others have no wire form yet)."""
