@@ -213,12 +213,6 @@ async def test_w1_a_run_whose_store_is_held_ends_in_a_store_error_and_one_idle(
     assert run.reply is not None and run.reply.data.content == "done"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the loop goes on to append assistant.turn_end after the append that failed, and "
-    "_append retries an attempt that ended just under the timeout: the run ends after 2 "
-    "(SQLite) to 4 (PostgreSQL) store timeouts",
-)
 @pytest.mark.parametrize("kind", ["sqlite", "postgres-row"])
 async def test_w1_a_run_whose_store_is_held_ends_within_the_store_timeout(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -231,11 +225,6 @@ async def test_w1_a_run_whose_store_is_held_ends_within_the_store_timeout(
     assert run.took < 2.0 + 1.0, f"the run ended {run.took:.1f} s after the hold"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a call whose tool.execution_complete could not be stored stays open in the log "
-    "while the session runs on: nothing completes it once the store is back",
-)
 @pytest.mark.parametrize("kind", ["sqlite", "postgres-row"])
 async def test_o1_a_call_whose_completion_the_store_refused_is_completed_once_it_is_back(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path

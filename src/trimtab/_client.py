@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal, Unpack, cast
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
+from trimtab import _loop
 from trimtab._errors import SessionNotFoundError, TrimtabError
-from trimtab._history import at_rest
 from trimtab._hooks import Hooks, SessionHooks
 from trimtab._log import SessionLog, chained
 from trimtab._permissions import PermissionHandlerFn
@@ -355,7 +355,7 @@ class Client:
         )
         opts = cast("SessionOptions", source.options())
         copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
-        copies += at_rest(state_of(copies))
+        copies += _loop.at_rest(state_of(copies))
         session, hooks = await self._created(
             session_id, copies, cast("Provider", opts["provider"]), opts
         )

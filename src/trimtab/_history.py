@@ -17,25 +17,20 @@ from pydantic import BaseModel, ConfigDict
 from trimtab import _loop
 from trimtab._compaction import CompactResult, compact, summarize_for_handoff
 from trimtab._errors import ClearContextError, TrimtabError
-from trimtab._ownership import cancelled
 from trimtab._runner import Runner
-from trimtab._state import SessionState, state_of
+from trimtab._state import state_of
 from trimtab._tools import valid_text
 from trimtab.events import (
-    AbortEvent,
-    AssistantTurnEndEvent,
     Event,
     SessionTruncatedEvent,
     TruncatedData,
-    TurnData,
-    new_id,
 )
 
 if TYPE_CHECKING:
     from trimtab._session import Session
     from trimtab._tracing import Tracing
 
-__all__ = ["ClearContextResult", "CompactResult", "History", "TruncateResult", "at_rest"]
+__all__ = ["ClearContextResult", "CompactResult", "History", "TruncateResult"]
 
 T = TypeVar("T")
 
@@ -209,22 +204,6 @@ class History:
         if runner.closed:
             raise TrimtabError(f"session {runner.session_id} is disconnected")
         return await runner.exclusive(apply)
-
-
-def at_rest(state: SessionState) -> list[Event]:
-    """The events that bring a copied log to rest without running anything (a fork is
-    inert): calls left unfinished end `cancelled`, an open turn is closed, a committed
-    clear's seed is kept in the window, and a run left in progress ends as aborted."""
-    events: list[Event] = [
-        cancelled(call_id, start.tool_name) for call_id, start in state.unfinished_calls.items()
-    ]
-    if state.open_turn is not None:
-        events.append(AssistantTurnEndEvent(data=TurnData(turn_id=state.open_turn)))
-    if state.pending_seed is not None and not state.seed_recorded:
-        events.append(_loop.user_message(state.pending_seed, new_id(), "context_cleared"))
-    if state.run_id is not None:
-        events.append(AbortEvent())
-    return events
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

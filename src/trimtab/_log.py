@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeAlias
 
 from trimtab._errors import LeaseLostError, StoreUnavailableError
 from trimtab._state import SessionState
@@ -27,9 +28,12 @@ from trimtab.events import (
 )
 from trimtab.store import Lease, Store
 
-__all__ = ["SessionLog", "chained"]
+__all__ = ["SessionLog", "Settle", "chained"]
 
 log = logging.getLogger("trimtab")
+
+Settle: TypeAlias = Callable[[SessionState], Sequence[Event]]
+"""Events to store first, decided from the log's state once the writer holds it."""
 
 _STORE_RETRY_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
 """Seconds between tries of an append while the store is unavailable (a database restart),
@@ -80,13 +84,15 @@ class SessionLog:
         """Stamp, store (unless ephemeral), then deliver one event."""
         return (await self.emit_all((event,)))[0]
 
-    async def emit_all(self, events: Sequence[Event]) -> list[Event]:
+    async def emit_all(
+        self, events: Sequence[Event], *, first: Settle | None = None
+    ) -> list[Event]:
         """`emit` for events that must be stored together (one atomic append) and in a row.
 
         Never half done: an abort that cancels the caller meanwhile takes effect once the
         events are stored and delivered (a call's start without its end, or an end that is
         stored but not known here, would break O1 and E3)."""
-        emitting = asyncio.ensure_future(self._emit_locked(events))
+        emitting = asyncio.ensure_future(self._emit_locked(events, first))
         try:
             return await asyncio.shield(emitting)
         except asyncio.CancelledError:
@@ -97,9 +103,9 @@ class SessionLog:
                 emitting.exception()  # the cancellation wins; a store failure is read, not warned
             raise
 
-    async def _emit_locked(self, events: Sequence[Event]) -> list[Event]:
+    async def _emit_locked(self, events: Sequence[Event], first: Settle | None) -> list[Event]:
         async with self._writing:
-            return await self.emit_unlocked(events)
+            return await self.emit_unlocked(events, first=first)
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
@@ -107,11 +113,18 @@ class SessionLog:
         async with self._writing:
             yield
 
-    async def emit_unlocked(self, events: Sequence[Event]) -> list[Event]:
-        """`emit_all`, with the writer held by the caller (`exclusive`)."""
+    async def emit_unlocked(
+        self, events: Sequence[Event], *, first: Settle | None = None
+    ) -> list[Event]:
+        """`emit_all`, with the writer held by the caller (`exclusive`).
+
+        `first` gives events to store before `events`, from the state as the log holds it
+        (after an append given up on is caught up with)."""
         state = self.state
         if self._unsure and self.lease is not None and not all(e.ephemeral for e in events):
             await self.catch_up()
+        if first is not None:
+            events = (*first(state), *events)
         stamped = chained(events, state.last_id, state.epoch)
         stored = [e for e in stamped if not e.ephemeral]
         if stored:
@@ -139,12 +152,16 @@ class SessionLog:
         loop = asyncio.get_running_loop()
         started = loop.time()
         for attempt in itertools.count():
+            tried = loop.time()
             try:
                 await self.store.append(self.session_id, events, lease=self.lease)
                 return
             except StoreUnavailableError:
                 delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]
-                if loop.time() + delay >= started + self.store.timeout:
+                # Retried only while a try as long as this one still fits: one that waited
+                # out the store's own bound (a held lock) would take the run past it.
+                took = loop.time() - tried
+                if loop.time() + delay + took >= started + self.store.timeout:
                     # Given up, but it may still land (a frozen server that wakes): the next
                     # append first reads the log's tail, so that it follows whatever did.
                     self._unsure = True

@@ -78,13 +78,18 @@ from trimtab.providers import ModelRequest, ModelResponse, TextDelta, ToolCall
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
+    from trimtab._state import SessionState
+
 __all__ = [
     "INTERRUPTED",
     "Interrupted",
     "LoopHost",
     "LoopState",
     "StagedClear",
+    "at_rest",
+    "cancelled",
     "current_tool_call",
+    "end_of_failed_run",
     "run",
     "user_message",
 ]
@@ -307,6 +312,7 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
     await fit_window(host)
     model = host.config.model
     turn_id = host.next_turn_id()
+    closes = True
     try:
         # (An emit is never half done: aborted during it, the turn is started, and ends.)
         await host.emit(AssistantTurnStartEvent(data=TurnData(turn_id=turn_id, model=model)))
@@ -357,9 +363,22 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
         await host.emit(SessionUsageInfoEvent(data=info))
         if calls:
             await _run_batch(host, calls, turn_id)
+    except BaseException as exc:
+        # An abort or a failure still closes the turn; a store that failed is not asked
+        # again (each try would wait out its timeout): the next input closes it (W2).
+        closes = not _cannot_write(exc)
+        raise
     finally:
-        await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model)))
+        if closes:
+            await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model)))
     return _next_step(host)
+
+
+def _cannot_write(exc: BaseException) -> bool:
+    """`exc` (or one of a batch's exceptions) says the session's log cannot be written."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_cannot_write(inner) for inner in exc.exceptions)
+    return isinstance(exc, (StoreUnavailableError, LeaseLostError))
 
 
 def _next_step(host: LoopHost) -> _Step:
@@ -631,3 +650,39 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
         if success:
             # The fresh window starts like a new session's: tools found by search are gone.
             host.state.discovered = _NO_TOOLS
+
+
+def cancelled(call_id: str, tool_name: str) -> ToolExecutionCompleteEvent:
+    """The end of a call that will never finish (a crash, or a copied log at rest)."""
+    return ToolExecutionCompleteEvent(
+        data=ToolExecutionCompleteData(
+            tool_call_id=call_id,
+            success=False,
+            outcome="cancelled",
+            error=ToolResultError(message=INTERRUPTED, code="cancelled"),
+            tool_name=tool_name,
+        )
+    )
+
+
+def at_rest(state: SessionState) -> list[Event]:
+    """The events that bring a log to rest without running anything (a fork is inert; a
+    run the store failed under is ended before the next starts): calls left unfinished end
+    `cancelled`, an open turn is closed, a committed clear's seed is kept in the window, and
+    a run left in progress ends as aborted."""
+    events: list[Event] = [
+        cancelled(call_id, start.tool_name) for call_id, start in state.unfinished_calls.items()
+    ]
+    if state.open_turn is not None:
+        events.append(AssistantTurnEndEvent(data=TurnData(turn_id=state.open_turn)))
+    if state.pending_seed is not None and not state.seed_recorded:
+        events.append(user_message(state.pending_seed, new_id(), "context_cleared"))
+    if state.run_id is not None:
+        events.append(AbortEvent())
+    return events
+
+
+def end_of_failed_run(state: SessionState) -> list[Event]:
+    """Before a new input's message: a run the store failed under is still open in the log
+    (its end could not be stored), so it is brought to rest first, ended as aborted."""
+    return at_rest(state) if state.run_id is not None else []

@@ -20,14 +20,11 @@ from trimtab._tools import Tool
 from trimtab.events import (
     SessionResumeData,
     SessionResumeEvent,
-    ToolExecutionCompleteData,
-    ToolExecutionCompleteEvent,
-    ToolResultError,
 )
 from trimtab.providers import ToolCall
 from trimtab.store import Lease
 
-__all__ = ["Ownership", "cancelled"]
+__all__ = ["Ownership"]
 
 
 class Ownership:
@@ -119,7 +116,7 @@ class Ownership:
             if continue_pending or _idempotent(tools.get(start.tool_name))
         }
         ended = [
-            cancelled(call_id, start.tool_name)
+            _loop.cancelled(call_id, start.tool_name)
             for call_id, start in state.unfinished_calls.items()
             if call_id not in again
         ]
@@ -132,19 +129,6 @@ class Ownership:
                 for call_id, d in again.items()
             )
             self._runner.go_on(_loop.Interrupted(state.open_turn, calls), state.run_id)
-
-
-def cancelled(call_id: str, tool_name: str) -> ToolExecutionCompleteEvent:
-    """The end of a call that will never finish (a crash, or a copied log at rest)."""
-    return ToolExecutionCompleteEvent(
-        data=ToolExecutionCompleteData(
-            tool_call_id=call_id,
-            success=False,
-            outcome="cancelled",
-            error=ToolResultError(message=_loop.INTERRUPTED, code="cancelled"),
-            tool_name=tool_name,
-        )
-    )
 
 
 def _idempotent(tool: Tool | None) -> bool:

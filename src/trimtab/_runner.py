@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from trimtab import _loop
 from trimtab._errors import LeaseLostError, TrimtabError
 from trimtab._hooks import Hooks
-from trimtab._log import SessionLog
+from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._runs import RunEnd, RunLedger
@@ -93,6 +93,7 @@ class Runner:
         "_ledger",
         "_ledger_users",
         "_stop_ledger",
+        "_store_failed",
         "_permission_handler",
         "_provider",
         "_queue",
@@ -137,6 +138,8 @@ class Runner:
         self._ledger: RunLedger | None = None
         self._ledger_users = 0
         self._stop_ledger: Callable[[], None] | None = None
+        self._store_failed = False
+        """A run ended because the store failed: its end is not in the log yet."""
         self.closed = False
 
     # --- what the loop sees (LoopHost) ---------------------------------------------------
@@ -282,7 +285,9 @@ class Runner:
         async with log_.exclusive():
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
-                await log_.emit_unlocked((_loop.user_message(prompt, message_id, "user"),))
+                message = _loop.user_message(prompt, message_id, "user")
+                await log_.emit_unlocked((message,), first=self._after_failure())
+                self._store_failed = False
                 pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
                 self._queue.append(pending)
             else:
@@ -395,7 +400,9 @@ class Runner:
                 # Stored from here, where no abort cancels: the input's message is logged
                 # (claiming it in the inbox) before its run can be stopped.
                 message = _loop.user_message(item.prompt, item.message_id, "user")
-                await self.log.emit_all((message, PendingMessagesModifiedEvent()))
+                events = (message, PendingMessagesModifiedEvent())
+                await self.log.emit_all(events, first=self._after_failure())
+                self._store_failed = False
                 item.appended = True
         except Exception as exc:
             self._running = None
@@ -430,7 +437,13 @@ class Runner:
             parent=item.parent,
         )
 
+    def _after_failure(self) -> Settle | None:
+        """What a new input stores first: after a run that the store failed under here, its
+        end (`_loop.end_of_failed_run`)."""
+        return _loop.end_of_failed_run if self._store_failed else None
+
     def _failed(self, exc: Exception, message_id: str) -> None:
+        self._store_failed = True
         cause = _cause(exc)
         if isinstance(cause, LeaseLostError):
             self.session.ownership.lost()
