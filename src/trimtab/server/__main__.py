@@ -205,6 +205,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.se
         return EXIT_ERROR
     if not isinstance(flags, dict):
         return int(flags or 0)  # --help was shown
+    # The server runs on asyncio alone. httpcore2 imports trio, when it is installed, only to
+    # tell which event loop it runs under, which costs a server ~4 MB for nothing: in this
+    # process trio is marked absent (docs/performance.md, a long-running server's memory).
+    sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
     # The official clients log every stderr line as a warning: only trimtab's own records go
     # below WARNING, not those of the HTTP libraries under the providers.
     logging.basicConfig(stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
