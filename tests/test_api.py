@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from pydantic import BaseModel
 
 import trimtab
 from tests.conftest import open_session
-from trimtab import Client, ToolInvocation, define_tool
+from trimtab import Client, ToolInvocation, define_tool, events
 from trimtab.testing import ScriptedModel, tool_call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,6 +141,13 @@ def test_example_01_runs_offline() -> None:
         "[('system', 'You are a helpful assistant.'), ('user', 'Reply with exactly FRESH"
     )
     assert second_request in done.stdout
+
+
+def test_event_type_names_every_event_model_and_nothing_else() -> None:
+    """`on()` checks names against `EventType`: a model added without its name there could
+    not be subscribed to, and a stale name would be accepted and never delivered."""
+    models = typing.get_args(typing.get_args(events.Event)[0])
+    assert {model.model_fields["type"].default for model in models} == events.EVENT_TYPES
 
 
 async def test_on_refuses_an_event_type_that_does_not_exist() -> None:
