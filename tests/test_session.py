@@ -192,6 +192,27 @@ async def test_send_and_wait_timeout_leaves_the_run_going(client: Client) -> Non
     assert rec.of("assistant.message")[0].data.content == "late"
 
 
+async def test_waits_that_time_out_or_overlap_each_get_their_own_run(client: Client) -> None:
+    """The run ledger follows events only while someone waits (an idle session keeps none):
+    a wait given up on, one queued behind it and a later one each still get their run."""
+    gate = asyncio.Event()
+
+    async def slow(request: Any) -> str:
+        await gate.wait()
+        return "first"
+
+    session = await open_session(client, ScriptedModel([slow, "second", "third"]))
+    with pytest.raises(TimeoutError):
+        await session.send_and_wait("1", timeout=0.05)
+    second = asyncio.create_task(session.send_and_wait("2"))
+    await asyncio.sleep(0)
+    gate.set()
+    reply = await asyncio.wait_for(second, 10)
+    assert reply is not None and reply.data.content == "second"
+    third = await asyncio.wait_for(session.send_and_wait("3"), 10)
+    assert third is not None and third.data.content == "third"
+
+
 async def test_event_handlers_by_type_and_unsubscribe(client: Client) -> None:
     session = await open_session(client, ScriptedModel(["a", "b"]))
     seen: list[str] = []
