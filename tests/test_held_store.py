@@ -214,7 +214,7 @@ async def test_w1_a_run_whose_store_is_held_ends_in_a_store_error_and_one_idle(
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres-row"])
-async def test_w1_a_run_whose_store_is_held_ends_within_the_store_timeout(
+async def test_w2_a_run_whose_store_is_held_ends_within_the_store_timeout(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Before store calls were bounded, the run waited for the lock without any bound."""
@@ -226,7 +226,7 @@ async def test_w1_a_run_whose_store_is_held_ends_within_the_store_timeout(
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres-row"])
-async def test_o1_a_call_whose_completion_the_store_refused_is_completed_once_it_is_back(
+async def test_w2_o1_a_call_whose_completion_the_store_refused_is_completed_once_it_is_back(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Before store calls were bounded, the run never got past the held write."""
