@@ -15,7 +15,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from trimtab.events import Event, ToolDefinition
-from trimtab.mcp import wire_servers
 from trimtab.providers import ProviderConfig
 from trimtab.store import SessionRecord
 
@@ -246,6 +245,9 @@ class SessionOptionsParams(SessionParams):
         if self.infinite_sessions is not None:
             options["infinite_sessions"] = self.infinite_sessions.options()
         if self.mcp_servers:
+            # Imported here: most sessions name no MCP server (docs/performance.md, server RSS).
+            from trimtab.mcp import wire_servers
+
             options["mcp_servers"] = wire_servers(self.mcp_servers)
         if self.max_turns is not None:
             options["max_turns"] = self.max_turns

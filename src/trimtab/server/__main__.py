@@ -15,16 +15,16 @@ status (2 for bad usage, 1 for a store or provider that cannot be used); the ser
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
-
-import click
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from trimtab.server import ServeError, serve
 
@@ -51,160 +51,215 @@ _COPILOT_OPTIONS = ("--auth-token-env", "--session-idle-timeout", "--cli-login-s
 """Options (with a value) the official clients pass; ignored as well."""
 
 
-def _provider_json(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    if value is None:
-        return None
+class _UsageError(Exception):
+    """Bad flags, worded as the `trimtab` command line words them."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse rather than click (which the `trimtab` command uses): a long-running server
+    # would carry click's ~1 MB for one parse (docs/performance.md, server RSS). Errors and
+    # help read as click's, so that both entry points look alike.
+    def error(self, message: str) -> NoReturn:
+        found = re.fullmatch(r"argument (\S+): (.*)", message, re.DOTALL)
+        if found is None:
+            raise _UsageError(message)
+        flag, reason = found.groups()
+        if reason.startswith("expected one argument"):
+            raise _UsageError(f"Option '{flag}' requires an argument.")
+        raise _UsageError(f"Invalid value for '{flag}': {reason}")
+
+
+class _Help(argparse.HelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32, width=100)
+
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, actions, groups, "Usage: ")
+
+
+def _provider_json(value: str) -> Any:
     try:
         config = json.loads(value)
     except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}") from None
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
     if not isinstance(config, dict):
-        raise click.BadParameter('expected a JSON object, such as {"type": "openai"}')
+        raise argparse.ArgumentTypeError('expected a JSON object, such as {"type": "openai"}')
     return config
 
 
-_positive = click.FloatRange(min=0, min_open=True)
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a valid float.") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not in the range x>0.")
+    return number
 
 
-def _command(function: Any) -> click.Command:
-    options = [
-        click.option(
-            "--host",
-            metavar="ADDRESS",
-            default="127.0.0.1",
-            show_default=True,
-            help="Address to listen on (TCP). Any but loopback needs a token.",
-        ),
-        click.option(
-            "--port",
-            metavar="PORT",
-            type=click.IntRange(0, 65535),
-            default=0,
-            show_default=True,
-            help="TCP port; 0 picks a free one.",
-        ),
-        click.option("--stdio", is_flag=True, help="Speak on stdin and stdout instead of TCP."),
-        click.option(
-            "--store",
-            metavar="PATH|URL",
-            help="Session store: 'memory', a SQLite file, sqlite:///URL or postgresql://URL"
-            " [env TRIMTAB_STORE; default: $TRIMTAB_HOME/trimtab.db].",
-        ),
-        click.option(
-            "--token",
-            metavar="TOKEN",
-            help="Connection token clients must send in 'connect' [env"
-            " COPILOT_CONNECTION_TOKEN]. Empty means none.",
-        ),
-        click.option(
-            "--provider",
-            metavar="JSON",
-            callback=_provider_json,
-            help='Provider of sessions that bring none, e.g. \'{"type": "openai"}\'. Only it'
-            " gets API keys from this process's environment for a base URL it names.",
-        ),
-        click.option(
-            "--lease-ttl",
-            type=_positive,
-            default=30.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="How long a crashed server's sessions stay locked before another server"
-            " sharing the store takes them over.",
-        ),
-        click.option(
-            "--store-timeout",
-            type=_positive,
-            default=30.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="Time within which every call of the store completes or fails: a run it"
-            " holds up ends in an error, a request is answered with one.",
-        ),
-        click.option(
-            "--max-connections",
-            type=click.IntRange(min=1),
-            default=4096,
-            show_default=True,
-            metavar="N",
-            help="TCP connections served at once; more are refused with SERVER_BUSY.",
-        ),
-        click.option(
-            "--max-output",
-            type=click.IntRange(min=1),
-            default=8 * 1024 * 1024,
-            show_default=True,
-            metavar="BYTES",
-            help="Output a client may leave unread before it is disconnected.",
-        ),
-        click.option(
-            "--connect-timeout",
-            type=_positive,
-            default=5.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="Time a TCP client has to send the token, when there is one.",
-        ),
-        click.option(
-            "--idle-timeout",
-            type=_positive,
-            default=300.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="Time a TCP connection with no session and no request may stay open.",
-        ),
-        click.option(
-            "--pending-timeout",
-            type=_positive,
-            default=120.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="Time the tool calls a dropped client left unanswered wait for a resuming one.",
-        ),
-        click.option(
-            "--frame-timeout",
-            type=_positive,
-            default=10.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="Time a message's header may take once begun (and longest pause in its body).",
-        ),
-        click.option(
-            "--log-level",
-            type=click.Choice(list(_LOG_LEVELS)),
-            metavar="LEVEL",
-            default="warning",
-            show_default=True,
-            help="What goes to stderr: " + ", ".join(_LOG_LEVELS) + ".",
-        ),
-    ]
-    options += [click.option(flag, is_flag=True, hidden=True) for flag in _COPILOT_FLAGS]
-    options += [click.option(option, hidden=True) for option in _COPILOT_OPTIONS]
-    for option in reversed(options):
-        function = option(function)
-    return click.command(
-        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-        help="Serve trimtab sessions to Copilot SDK clients over JSON-RPC (TCP, or --stdio).",
-    )(function)
+def _int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a valid integer.") from None
+        if number < low or (high is not None and number > high):
+            bounds = f"{low}<=x" + ("" if high is None else f"<={high}")
+            raise argparse.ArgumentTypeError(f"{value} is not in the range {bounds}.")
+        return number
+
+    return parse
 
 
-@_command
-def _serve(**flags: Any) -> dict[str, Any]:
+def _parser(prog: str) -> _Parser:
+    parser = _Parser(
+        prog=prog,
+        usage="%(prog)s [OPTIONS]",
+        description="Serve trimtab sessions to Copilot SDK clients over JSON-RPC"
+        " (TCP, or --stdio).",
+        formatter_class=_Help,
+        add_help=False,
+        allow_abbrev=False,
+    )
+    group = parser.add_argument_group("Options")
+
+    def option(flag: str, *, default: Any = None, help: str, **kwargs: Any) -> None:
+        shown = "" if default is None or default is False else f" [default: {default}]"
+        group.add_argument(flag, default=default, help=help + shown, **kwargs)
+
+    option(
+        "--host",
+        metavar="ADDRESS",
+        default="127.0.0.1",
+        help="Address to listen on (TCP). Any but loopback needs a token.",
+    )
+    option(
+        "--port",
+        metavar="PORT",
+        type=_int_range(0, 65535),
+        default=0,
+        help="TCP port; 0 picks a free one.",
+    )
+    option(
+        "--stdio",
+        action="store_true",
+        default=False,
+        help="Speak on stdin and stdout instead of TCP.",
+    )
+    option(
+        "--store",
+        metavar="PATH|URL",
+        help="Session store: 'memory', a SQLite file, sqlite:///URL or postgresql://URL"
+        " [env TRIMTAB_STORE; default: $TRIMTAB_HOME/trimtab.db].",
+    )
+    option(
+        "--token",
+        metavar="TOKEN",
+        help="Connection token clients must send in 'connect' [env"
+        " COPILOT_CONNECTION_TOKEN]. Empty means none.",
+    )
+    option(
+        "--provider",
+        metavar="JSON",
+        type=_provider_json,
+        help='Provider of sessions that bring none, e.g. \'{"type": "openai"}\'. Only it'
+        " gets API keys from this process's environment for a base URL it names.",
+    )
+    option(
+        "--lease-ttl",
+        metavar="SECONDS",
+        type=_positive,
+        default=30.0,
+        help="How long a crashed server's sessions stay locked before another server"
+        " sharing the store takes them over.",
+    )
+    option(
+        "--store-timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=30.0,
+        help="Time within which every call of the store completes or fails: a run it"
+        " holds up ends in an error, a request is answered with one.",
+    )
+    option(
+        "--max-connections",
+        metavar="N",
+        type=_int_range(1),
+        default=4096,
+        help="TCP connections served at once; more are refused with SERVER_BUSY.",
+    )
+    option(
+        "--max-output",
+        metavar="BYTES",
+        type=_int_range(1),
+        default=8 * 1024 * 1024,
+        help="Output a client may leave unread before it is disconnected.",
+    )
+    option(
+        "--connect-timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=5.0,
+        help="Time a TCP client has to send the token, when there is one.",
+    )
+    option(
+        "--idle-timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=300.0,
+        help="Time a TCP connection with no session and no request may stay open.",
+    )
+    option(
+        "--pending-timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=120.0,
+        help="Time the tool calls a dropped client left unanswered wait for a resuming one.",
+    )
+    option(
+        "--frame-timeout",
+        metavar="SECONDS",
+        type=_positive,
+        default=10.0,
+        help="Time a message's header may take once begun (and longest pause in its body).",
+    )
+    option(
+        "--log-level",
+        metavar="LEVEL",
+        choices=list(_LOG_LEVELS),
+        default="warning",
+        help="What goes to stderr: " + ", ".join(_LOG_LEVELS) + ".",
+    )
+    group.add_argument("-h", "--help", action="store_true", help="Show this message and exit.")
+    for flag in _COPILOT_FLAGS:
+        parser.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for name in _COPILOT_OPTIONS:
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    return parser
+
+
+def _flags(parser: _Parser, args: list[str]) -> argparse.Namespace:
+    flags, extra = parser.parse_known_args(args)
+    if extra:
+        first = extra[0]
+        if first.startswith("-"):
+            raise _UsageError(f"No such option '{first.split('=', 1)[0]}'")
+        raise _UsageError(f"Got unexpected extra argument ({first})")
     return flags
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.server") -> int:
     """Parse arguments, check the store and provider, serve until stopped; the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(prog)
     try:
-        flags = _serve.main(args=args, prog_name=prog, standalone_mode=False)
-    except click.UsageError as exc:
-        _fail(exc.format_message(), f"see '{prog} --help'")
+        parsed = _flags(parser, list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as exc:
+        _fail(str(exc), f"see '{prog} --help'")
         return EXIT_USAGE
-    except click.Abort:
-        return EXIT_ERROR
-    if not isinstance(flags, dict):
-        return int(flags or 0)  # --help was shown
+    if parsed.help:
+        print(parser.format_help().rstrip("\n"))
+        return 0
+    flags = vars(parsed)
     # The server runs on asyncio alone. httpcore2 imports trio, when it is installed, only to
     # tell which event loop it runs under, which costs a server ~4 MB for nothing: in this
     # process trio is marked absent (docs/performance.md, a long-running server's memory).

@@ -54,7 +54,6 @@ from trimtab.protocol.wire import (
 )
 from trimtab.server.attachments import with_attachments
 from trimtab.server.hub import SessionHub, SharedSession
-from trimtab.server.session_rpc import session_methods
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
 
@@ -120,7 +119,8 @@ class CopilotConnection:
             "session.tools.handlePendingToolCall": self._handle_tool_call,
             "session.permissions.handlePendingPermissionRequest": self._handle_permission,
         }
-        self._methods.update(session_methods(hub, conn))
+        self._session_rpcs = False
+        """Whether the session RPCs of section K joined the table (on the first call of one)."""
 
     @property
     def peer(self) -> str:
@@ -164,6 +164,14 @@ class CopilotConnection:
         if not self._authenticated and method != "connect":
             raise _auth_failed()
         handler = self._methods.get(method)
+        if handler is None and not self._session_rpcs:
+            # Loaded on demand: a client that only sends never calls one, and their wire
+            # models cost a server's start-up (docs/performance.md, server RSS and readiness).
+            from trimtab.server.session_rpc import session_methods
+
+            self._methods.update(session_methods(self._hub, self._conn))
+            self._session_rpcs = True
+            handler = self._methods.get(method)
         if handler is None:
             raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
         if not isinstance(params, dict):
