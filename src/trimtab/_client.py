@@ -65,6 +65,9 @@ class SessionOptions(TypedDict, total=False):
     __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)  # type: ignore[misc]
 
     model: str
+    reasoning_effort: str
+    """The effort asked of a reasoning model (`low`, `medium`, `high`...), sent to the
+    providers whose API has it (spec D12)."""
     provider: dict[str, Any] | Provider
     system_message: str | SystemMessage
     developer_messages: list[str]
@@ -519,6 +522,11 @@ def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
     update: dict[str, Any] = {}
     if "model" in opts:
         update["model"] = opts["model"]
+    if "reasoning_effort" in opts:
+        effort = opts["reasoning_effort"]
+        if not effort.strip():
+            raise ValueError("reasoning_effort must be a non-empty string")
+        update["reasoning_effort"] = effort.strip()
     if "system_message" in opts:
         message = opts["system_message"]
         update["system_message"] = message if isinstance(message, str) else message.get("content")

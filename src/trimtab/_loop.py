@@ -419,6 +419,7 @@ async def _call_model(host: LoopHost, reply_id: str, tokens: int) -> tuple[Model
         # Only a session's own override bounds the output: the table's figure is a ceiling.
         max_tokens=config.model_limits.max_output_tokens if config.model_limits else None,
         headers=host.request_headers,
+        reasoning_effort=config.reasoning_effort,
     )
     response: ModelResponse | None = None
     started = time.perf_counter()

@@ -322,6 +322,37 @@ async def test_reasoning_is_kept_apart_from_the_reply(harness: Harness) -> None:
     assert deltas == ("42" if harness.wire.stream else "")
 
 
+async def test_D12_reasoning_effort_is_sent_where_the_api_has_it(harness: Harness) -> None:
+    sent: list[Any] = []
+    for effort in ("high", None, "low"):
+        options: Any = {"reasoning_effort": effort} if effort == "high" else {}
+        session = await harness.client.create_session(
+            provider=harness.wire.provider(harness.server),
+            model="test-model",
+            system_message=SYSTEM,
+            developer_messages=[DEVELOPER],
+            streaming=harness.wire.stream,
+            **options,
+        )
+        if effort == "low":  # set on the open session: its next call asks for it
+            await session.set_reasoning_effort("low")
+        assert _reply_text(await session.send_and_wait("Say hello")) == HELLO
+        body = harness.server.requests[-1]
+        sent.append(
+            body.get("reasoning_effort")
+            if harness.wire.family == "chat"
+            else body.get("reasoning")
+            if harness.wire.family == "responses"
+            else {key: body[key] for key in ("thinking", "output_config") if key in body}
+        )
+    if harness.wire.family == "chat":
+        assert sent == ["high", None, "low"]
+    elif harness.wire.family == "responses":
+        assert sent == [{"effort": "high"}, None, {"effort": "low"}]
+    else:  # Messages has a thinking budget, not an effort: nothing is sent (D12)
+        assert sent == [{}, {}, {}]
+
+
 async def test_unknown_finish_reason_is_passed_on(harness: Harness) -> None:
     session, rec = await harness.session()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from copilot import CopilotClient, RuntimeConnection
+from copilot.generated.rpc import ModelSetReasoningEffortRequest, ModelSwitchToRequest
 from copilot.rpc import HandlePendingToolCallRequest
 from copilot.session import PermissionHandler
 from copilot.tools import define_tool
@@ -528,6 +529,51 @@ async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotCl
     [complete] = [e for e in events if e.type.value == "session.compaction_complete"]
     assert start.data.trigger.value == complete.data.trigger.value == "threshold"
     assert complete.data.success is True
+
+
+# --- D12: reasoning effort -----------------------------------------------------------------
+
+
+async def test_D12_reasoning_effort_of_create_switch_and_set_is_sent(
+    official: CopilotClient,
+) -> None:
+    thrice = conversation(
+        user("Say hello"),
+        assistant("Hello!"),
+        user("Again"),
+        assistant("Hi!"),
+        user("More"),
+        assistant("Done."),
+    )
+    async with ReplayServer([thrice]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            reasoning_effort="high",
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait("Say hello", timeout=30)
+        await session.rpc.model.switch_to(
+            ModelSwitchToRequest(model_id="other-model", reasoning_effort="medium")
+        )
+        await session.send_and_wait("Again", timeout=30)
+        await session.rpc.model.set_reasoning_effort(
+            ModelSetReasoningEffortRequest(reasoning_effort="low")
+        )
+        await session.send_and_wait("More", timeout=30)
+        session_id = session.session_id
+        await session.disconnect()
+        resumed = await official.resume_session(
+            session_id,
+            provider=provider(model),  # type: ignore[arg-type]
+            reasoning_effort="xhigh",
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        current = await resumed.rpc.model.get_current()
+        await resumed.disconnect()
+    sent = [(body["model"], body.get("reasoning_effort")) for body in model.requests]
+    assert sent == [("test-model", "high"), ("other-model", "medium"), ("other-model", "low")]
+    assert (current.model_id, current.reasoning_effort) == ("other-model", "xhigh")
 
 
 # --- D10: hooks ----------------------------------------------------------------------------

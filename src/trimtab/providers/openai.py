@@ -110,6 +110,8 @@ def _body(request: ModelRequest, model: str) -> bytes:
     if request.max_tokens is not None:
         # `max_tokens`, not `max_completion_tokens`: the compatible servers know only this one.
         fields["max_tokens"] = request.max_tokens
+    if request.reasoning_effort is not None:
+        fields["reasoning_effort"] = request.reasoning_effort
     messages = ",".join([_message(m) for m in request.messages])
     # `fields` is never empty, so its JSON goes on after its opening brace.
     return f'{{"messages":[{messages}],{_json(fields)[1:]}'.encode()

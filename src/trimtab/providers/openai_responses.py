@@ -118,6 +118,8 @@ def _body(request: ModelRequest, model: str) -> dict[str, Any]:
         ]
     if request.max_tokens is not None:
         body["max_output_tokens"] = request.max_tokens
+    if request.reasoning_effort is not None:
+        body["reasoning"] = {"effort": request.reasoning_effort}
     return body
 
 
