@@ -212,6 +212,9 @@ class SessionConfigData(WireModel):
     """The provider config without its API key, or `{"type": <name>}` for an in-process provider."""
     system_message: str | None = None
     developer_messages: list[str] = Field(default_factory=list)
+    start_context: str | None = None
+    """What the `sessionStart` hook added to the model's context (spec D13): a user message
+    after the system and developer messages."""
     tools: list[ToolDefinition] = Field(default_factory=list)
     streaming: bool = False
     model_limits: ModelLimits | None = None
@@ -248,8 +251,10 @@ class UserMessageData(WireModel):
     content: str
     message_id: str | None = None
     source: str | None = None
-    """`"user"`, `"context_cleared"` for the seed of a cleared window (spec C8), or
-    `"agent_stop"` for what an `agentStop` hook made the run go on with (spec D10)."""
+    """`"user"`, `"context_cleared"` for the seed of a cleared window (spec C8),
+    `"agent_stop"` for what an `agentStop` hook made the run go on with (spec D10), or
+    `"hook"` for what a tool call's hooks added to the conversation (spec D13): the last
+    two belong to the run in progress."""
 
 
 class TurnData(WireModel):

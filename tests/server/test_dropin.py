@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 from copilot import CopilotClient, RuntimeConnection
-from copilot.generated.rpc import ModelSetReasoningEffortRequest, ModelSwitchToRequest
+from copilot.generated.rpc import (
+    ModelSetReasoningEffortRequest,
+    ModelSwitchToRequest,
+    SessionsForkRequest,
+)
 from copilot.rpc import HandlePendingToolCallRequest
 from copilot.session import PermissionHandler
 from copilot.tools import define_tool
@@ -606,6 +610,63 @@ async def test_D10_an_official_clients_agent_stop_hook_keeps_the_run_going(
     async with ReplayServer([recorded]) as model:
         hooks: Any = {"on_agent_stop": agent_stop}
         assert await say_hello_as(official, model, "Say hello", hooks=hooks) == "Hello again!"
+
+
+async def test_D13_an_official_clients_session_start_context_reaches_the_model(
+    official: CopilotClient,
+) -> None:
+    calls: list[tuple[str, str, str]] = []
+
+    def start(data: Any, invocation: Any) -> dict[str, str]:
+        calls.append((data["sessionId"], invocation["session_id"], data["source"]))
+        return {"additionalContext": "Session start hook context."}
+
+    recorded = conversation(user("Session start hook context."), user("Say hi"), assistant("Hi!"))
+    async with ReplayServer([recorded]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+            hooks={"on_session_start": start},
+        )
+        reply = await session.send_and_wait("Say hi", timeout=30)
+        assert reply is not None and reply.data.content == "Hi!"  # type: ignore[union-attr]
+        # A fork gets the source's hooks, but its calls carry its own id: the client does
+        # not take them for a second start of the source.
+        fork = await official.rpc.sessions.fork(SessionsForkRequest(session_id=session.session_id))
+        await session.disconnect()
+    assert [m["role"] for m in model.requests[0]["messages"]] == ["system", "user", "user"]
+    assert calls == [(session.session_id, session.session_id, "new")]
+    assert fork.session_id != session.session_id
+
+
+async def test_D13_an_official_clients_pre_tool_use_suppresses_output_and_adds_context(
+    official: CopilotClient,
+) -> None:
+    def pre(data: Any, invocation: Any) -> dict[str, Any]:
+        return {
+            "permissionDecision": "allow",
+            "suppressOutput": True,
+            "additionalContext": "Use PostgreSQL syntax.",
+        }
+
+    lookup = define_tool(
+        "lookup", description="Look up", params_type=LookupArgs, handler=lambda p, i: "SECRET"
+    )
+    recorded = conversation(
+        user("Query"),
+        assistant(None, call("c1", "lookup", value="k")),
+        tool("c1", "The output of this tool call was suppressed by a hook."),
+        user(
+            'Tool "lookup" was called. Additional context from preToolUse hooks:\n'
+            "Use PostgreSQL syntax."
+        ),
+        assistant("Done."),
+    )
+    async with ReplayServer([recorded]) as model:
+        reply = await say_hello_as(
+            official, model, "Query", tools=[lookup], hooks={"on_pre_tool_use": pre}
+        )
+    assert reply == "Done."
 
 
 async def say_hello_as(
