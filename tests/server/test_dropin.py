@@ -626,7 +626,7 @@ async def test_D13_an_official_clients_session_start_context_reaches_the_model(
         session = await official.create_session(
             provider=provider(model),  # type: ignore[arg-type]
             on_permission_request=PermissionHandler.approve_all,
-            hooks={"on_session_start": start},
+            hooks={"on_session_start": start},  # type: ignore[arg-type]
         )
         reply = await session.send_and_wait("Say hi", timeout=30)
         assert reply is not None and reply.data.content == "Hi!"  # type: ignore[union-attr]
