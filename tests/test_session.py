@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytest
 
 from tests.conftest import Recorder, echo_tool, open_session, roles
 from trimtab import Client, ProviderError, SessionError, ToolInvocation, define_tool
+from trimtab._window import IMAGE_TOKENS
+from trimtab.events import Image
 from trimtab.testing import ScriptedModel, tool_call
 
 
@@ -412,6 +415,45 @@ async def test_D13_user_prompt_submitted_context_follows_the_prompt(client: Clie
     session = await open_session(client, model, hooks=hooks)
     await session.send_and_wait("Say hello")
     assert roles(model, 0)[-1] == ("user", "Say hello\n\nUser prefers brevity.")
+
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(8)).decode()
+
+
+async def test_D14_images_are_stored_with_the_message_and_kept_in_the_window(
+    client: Client,
+) -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: Any) -> str:
+        await gate.wait()
+        return "first"
+
+    model = ScriptedModel([slow, "second"])
+    session = await open_session(client, model)
+    await session.send("Plain")
+    # Queued behind the run: its image is held until its message is stored.
+    queued = await session.send("Look", images=[{"mime_type": "image/jpeg", "data": PNG}])
+    gate.set()
+    await session.wait_idle()
+    assert [m.images for m in model.requests[1].messages if m.role == "user"] == [
+        (),
+        (Image(mime_type="image/jpeg", data=PNG),),
+    ]
+    with pytest.raises(ValueError, match="invalid image"):
+        await session.send("Bad", images=[{"mime_type": "image/svg+xml", "data": PNG}])
+    with pytest.raises(ValueError, match="not base64"):
+        await session.send("Bad", images=[{"mime_type": "image/png", "data": "%%%"}])
+    before = len(await session.get_events())
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=model)
+    [looked] = [m for m in resumed.window() if m.images]
+    assert looked.content == "Look" and looked.images[0].mime_type == "image/jpeg"
+    events = await resumed.get_events()
+    assert [e.data.message_id for e in events if e.type == "user.message"][-1] == queued
+    assert len(events) == before + 1  # the resume; the refused sends stored nothing
+    context = resumed.get_context()
+    assert context.messages[-2].tokens >= IMAGE_TOKENS
 
 
 async def test_D9_request_headers_reach_the_provider_over_http(client: Client) -> None:

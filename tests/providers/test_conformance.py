@@ -9,6 +9,7 @@ request that reached the model with the wrong shape fails to match.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 
 from tests.conftest import Recorder, clear_tool
 from trimtab import Client, PermissionHandler, Session, SessionError, define_tool
+from trimtab.events import Image
 from trimtab.testing import Conversation, ConversationMessage, ReplayServer
 from trimtab.testing._replay.formats import format_for
 
@@ -351,6 +353,41 @@ async def test_D12_reasoning_effort_is_sent_where_the_api_has_it(harness: Harnes
         assert sent == [{"effort": "high"}, None, {"effort": "low"}]
     else:  # Messages has a thinking budget, not an effort: nothing is sent (D12)
         assert sent == [{}, {}, {}]
+
+
+PIXEL = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(60)).decode()
+
+
+async def test_D14_images_are_sent_as_the_wire_shows_them(harness: Harness) -> None:
+    session, _ = await harness.session()
+    image = Image(mime_type="image/png", data=PIXEL)
+    attached = [{"type": "blob", "mimeType": "image/png", "byteLength": 68}]
+    message_id = await session.send("Say hello", images=[image], attachments=attached)
+    await session.wait_idle()
+    [user] = [e for e in await session.get_events() if e.type == "user.message"]
+    assert user.data.message_id == message_id and user.data.attachments == attached
+    body = harness.server.requests[0]
+    if harness.wire.family == "chat":
+        [last] = [m for m in body["messages"] if m["role"] == "user"]
+        assert last["content"] == [
+            {"type": "text", "text": "Say hello"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}},
+        ]
+    elif harness.wire.family == "responses":
+        [last] = [i for i in body["input"] if i.get("role") == "user"]
+        assert last["content"] == [
+            {"type": "input_text", "text": "Say hello"},
+            {"type": "input_image", "image_url": f"data:image/png;base64,{PIXEL}"},
+        ]
+    else:
+        [last] = [m for m in body["messages"] if m["role"] == "user"]
+        assert last["content"] == [
+            {"type": "text", "text": "Say hello"},
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": PIXEL},
+            },
+        ]
 
 
 async def test_unknown_finish_reason_is_passed_on(harness: Harness) -> None:

@@ -738,20 +738,71 @@ async def test_D11_files_selections_and_directories_become_text(
 async def test_D11_blobs_are_text_or_described(
     official: CopilotClient, model: ReplayServer
 ) -> None:
-    pixel = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(60)).decode()
     attachments = [
-        {"type": "blob", "data": pixel, "mimeType": "image/png", "displayName": "pixel.png"},
+        {"type": "blob", "data": base64.b64encode(b"\x00\x01").decode(), "mimeType": "app/x"},
         {"type": "blob", "data": base64.b64encode(b"a,b\n1,2").decode(), "mimeType": "text/csv"},
     ]
     sent = await sent_with(official, model, "Describe", attachments)
     assert sent == "\n\n".join(
         [
             "Describe",
-            '<attachment type="blob" name="pixel.png">\n'
-            "[image: image/png, 68 bytes; trimtab gives the model text only]\n</attachment>",
+            '<attachment type="blob" name="blob">\n'
+            "[binary data: app/x, 2 bytes; not shown to the model]\n</attachment>",
             '<attachment type="blob" name="blob">\na,b\n1,2\n</attachment>',
         ]
     )
+
+
+# --- D14: images ---------------------------------------------------------------------------
+
+
+async def test_D14_image_blobs_and_files_are_image_parts_and_the_event_has_attachments(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(60)
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png)
+    data = base64.b64encode(png).decode()
+    attachments: Any = [
+        {"type": "blob", "data": data, "mimeType": "image/png", "displayName": "pixel.png"},
+        {"type": "file", "path": str(photo)},
+    ]
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    await session.send("Say hello", attachments=attachments)
+    for _ in range(300):
+        if model.requests:
+            break
+        await asyncio.sleep(0.1)
+    [event] = [e for e in await session.get_events() if e.type.value == "user.message"]
+    await session.disconnect()
+    content = model.requests[0]["messages"][-1]["content"]
+    assert content[0] == {
+        "type": "text",
+        "text": "\n\n".join(
+            [
+                "Say hello",
+                '<attachment type="blob" name="pixel.png">\n[image: image/png, 68 bytes]\n'
+                "</attachment>",
+                f'<attachment type="file" name="photo.png" path="{photo}">\n'
+                "[image: image/png, 68 bytes]\n</attachment>",
+            ]
+        ),
+    }
+    url = {"url": f"data:image/png;base64,{data}"}
+    assert content[1:] == [{"type": "image_url", "image_url": url}] * 2
+    # The official client reads the attachments of the message (their data left out).
+    message: Any = event.data
+    blob, file = message.attachments
+    assert (blob.mime_type, blob.display_name, blob.byte_length, blob.data) == (
+        "image/png",
+        "pixel.png",
+        68,
+        None,
+    )
+    assert (file.path, file.display_name, file.mime_type) == (str(photo), "photo.png", "image/png")
 
 
 @pytest.mark.parametrize(

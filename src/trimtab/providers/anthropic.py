@@ -210,6 +210,10 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         return [block | ({"content": message.content} if message.content else {})]
     if message.content:
         blocks.append({"type": "text", "text": message.content})
+    blocks += [  # a user message's images, after its text (spec D14)
+        {"type": "image", "source": {"type": "base64", "media_type": i.mime_type, "data": i.data}}
+        for i in message.images
+    ]
     blocks += [
         {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
         for c in message.tool_calls
