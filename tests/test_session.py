@@ -456,6 +456,24 @@ async def test_D14_images_are_stored_with_the_message_and_kept_in_the_window(
     assert context.messages[-2].tokens >= IMAGE_TOKENS
 
 
+async def test_D5_offered_tools_are_callable_from_the_next_turn_until_withdrawn(
+    client: Client,
+) -> None:
+    model = ScriptedModel([tool_call("shout", {"text": "hi"}, id="s1"), "done", "again"])
+    session = await open_session(client, model, echo_tool())
+    shout = define_tool("shout", description="Shout", handler=lambda p: "HI")
+    echo_twin = define_tool("echo", description="Not the session's own", handler=lambda p: "?")
+    session.offer_tools([shout, echo_twin])
+    await session.send_and_wait("Shout")
+    assert [t.name for t in model.requests[0].tools] == ["echo", "shout"]
+    assert roles(model, 1)[-1] == ("tool", "HI")
+    assert session.tools["echo"].definition.description == "Echo text"  # its own wins
+    session.offer_tools([])
+    await session.send_and_wait("Again")
+    assert [t.name for t in model.requests[2].tools] == ["echo"]
+    assert "shout" not in [t.name for t in (await session.get_events())[0].data.config.tools]
+
+
 async def test_D9_request_headers_reach_the_provider_over_http(client: Client) -> None:
     from trimtab.testing import Conversation, ConversationMessage, ReplayServer
 

@@ -161,6 +161,13 @@ class Session:
         """Every tool the model may call, the built-in `tool_search` included."""
         return self._runner.tools
 
+    def offer_tools(self, tools: Sequence[Tool]) -> None:
+        """Offer the model `tools` too while the session is open, in place of those offered
+        before, from its next turn on: the tools of another host that joined the open
+        session (spec D5). They are not logged, nor given to a fork; the session's own tools
+        win a name clash."""
+        self._runner.toolbox.offer({tool.name: tool for tool in tools})
+
     @property
     def usage(self) -> Usage:
         """Tokens used by every model call of the session, clears and compactions included."""

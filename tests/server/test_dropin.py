@@ -881,3 +881,54 @@ async def test_D5_resuming_a_session_only_this_client_has_open_applies_the_new_o
     assert "x-tenant" not in model.received[0].headers
     assert model.received[1].headers["x-tenant"] == "resumed"
     assert system_sent(model, 1) == "RESUMED"
+
+
+async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_options(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    recorded = conversation(
+        user("Convert"),
+        assistant(None, call("c1", "currency", value="US")),
+        tool("c1", "USD"),
+        assistant("It is USD."),
+        user("Again"),
+        assistant("Done."),
+    )
+    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await second.start()
+    try:
+        async with ReplayServer([recorded]) as model:
+            first = await official.create_session(
+                provider=provider(model),  # type: ignore[arg-type]
+                system_message={"mode": "replace", "content": "FIRST"},
+                tools=[lookup(lambda p, i: "x")],
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            currency = define_tool(
+                "currency",
+                description="Currency",
+                params_type=LookupArgs,
+                handler=lambda p, i: "USD",
+            )
+            byok: Any = {**provider(model), "headers": {"X-Tenant": "second"}}
+            joined = await second.resume_session(
+                first.session_id,
+                provider=byok,
+                system_message={"mode": "replace", "content": "SECOND"},
+                tools=[currency],
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            # The second client's tool is offered, and run by it; its options are not taken.
+            reply = await first.send_and_wait("Convert", timeout=30)
+            assert reply is not None and reply.data.content == "It is USD."  # type: ignore[union-attr]
+            offered = [t["function"]["name"] for t in model.requests[0]["tools"]]
+            assert sorted(offered) == ["currency", "lookup"]
+            assert system_sent(model, 0) == "FIRST"
+            assert "x-tenant" not in model.received[0].headers
+            # Gone with its client.
+            await joined.disconnect()
+            await first.send_and_wait("Again", timeout=30)
+            assert [t["function"]["name"] for t in model.requests[-1]["tools"]] == ["lookup"]
+            await first.disconnect()
+    finally:
+        await second.force_stop()
