@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from trimtab._tools import Tool, ToolSource
@@ -23,6 +24,9 @@ log = logging.getLogger("trimtab")
 _NOTHING: frozenset[str] = frozenset()
 """Shared: nothing is deferred in most sessions, and an empty frozenset is not a singleton."""
 
+_NO_TOOLS: Mapping[str, Tool] = MappingProxyType({})
+"""Shared by every toolbox without source or offered tools (memory per idle session)."""
+
 
 class Toolbox:
     """A session's tools."""
@@ -35,9 +39,9 @@ class Toolbox:
         """The tools the host gave: they win a name clash with the source's."""
         self._tools = self._own
         self._source = source
-        self._sourced: Mapping[str, Tool] = {}
+        self._sourced = _NO_TOOLS
         """The tool source's tools, as last refreshed."""
-        self._guests: Mapping[str, Tool] = {}
+        self._guests = _NO_TOOLS
         """The offered tools in use."""
         self._offered: Mapping[str, Tool] | None = None
         """Tools offered since the last refresh (None: no change)."""
