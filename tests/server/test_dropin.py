@@ -580,6 +580,16 @@ async def test_D12_reasoning_effort_of_create_switch_and_set_is_sent(
     assert (current.model_id, current.reasoning_effort) == ("other-model", "xhigh")
 
 
+async def test_D12_a_trimtab_remote_session_sends_its_reasoning_effort(
+    shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    async with trimtab.Client.connect(shared_server.url) as client:
+        session = await client.create_session(provider=provider(model), reasoning_effort="low")
+        await session.send_and_wait("Say hello", timeout=30)
+        await session.disconnect()
+    assert model.requests[0]["reasoning_effort"] == "low"
+
+
 # --- D10: hooks ----------------------------------------------------------------------------
 
 
