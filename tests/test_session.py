@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytest
 
 from tests.conftest import Recorder, echo_tool, open_session, roles
 from trimtab import Client, ProviderError, SessionError, ToolInvocation, define_tool
+from trimtab._window import IMAGE_TOKENS
+from trimtab.events import Image
 from trimtab.testing import ScriptedModel, tool_call
 
 
@@ -329,6 +332,146 @@ async def test_D10_an_agent_stop_hook_that_blocks_makes_the_run_go_on(client: Cl
     events = await session.get_events()
     [again] = [e for e in events if e.type == "user.message" and e.data.source == "agent_stop"]
     assert again.data.message_id == reply.data.originating_message_id
+
+
+async def test_D13_session_start_context_is_in_the_window_and_kept_on_resume(
+    client: Client,
+) -> None:
+    answers = iter(["Project uses Vitest.", None, "Now it uses pytest.", "  "])
+    sources: list[str] = []
+
+    def start(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        sources.append(data["source"])
+        answer = next(answers)
+        return {} if answer is None else {"additionalContext": answer}
+
+    model = ScriptedModel(["one", "two", "three", "four"])
+    session = await open_session(client, model, hooks={"on_session_start": start})
+    await session.send_and_wait("Go")
+    assert roles(model, 0) == [
+        ("system", "SYSTEM"),
+        ("user", "Project uses Vitest."),
+        ("user", "Go"),
+    ]
+    # Resumed three times: the hook answers nothing (kept), another context (replaced),
+    # a blank one (removed).
+    for context in ("Project uses Vitest.", "Now it uses pytest.", None):
+        await session.disconnect()
+        session = await client.resume_session(
+            session.session_id, provider=model, hooks={"on_session_start": start}
+        )
+        await session.send_and_wait("Again")
+        head = [("system", "SYSTEM"), *([("user", context)] if context else [])]
+        assert roles(model, len(model.requests) - 1)[: len(head)] == head
+        assert session.config.start_context == context
+    assert sources == ["new", "resume", "resume", "resume"]
+
+
+async def test_D13_tool_hooks_suppress_output_and_add_context(client: Client) -> None:
+    def pre(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        return {"suppressOutput": True, "additionalContext": "Mind the quotes."}
+
+    def failed(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        return {"additionalContext": "Try another tool."}
+
+    hooks: Any = {"on_pre_tool_use": pre, "on_post_tool_use_failure": failed}
+    model = ScriptedModel([tool_call("echo", {"text": "secret"}, id="c1"), "done"])
+    session = await open_session(client, model, echo_tool(), hooks=hooks)
+    rec = Recorder(session)
+    reply = await session.send_and_wait("Echo")
+    assert reply is not None and reply.data.content == "done"
+    assert roles(model, 1)[-3:] == [
+        ("assistant", ""),
+        ("tool", "The output of this tool call was suppressed by a hook."),
+        (
+            "user",
+            'Tool "echo" was called. Additional context from preToolUse hooks:\nMind the quotes.',
+        ),
+    ]
+    [note] = [e for e in rec.of("user.message") if e.data.source == "hook"]
+    assert rec.types.count("session.idle") == 1 and rec.types[-1] == "session.idle"
+    assert (await session.metrics()).user_requests == 1
+
+    # A failed call: the failure hook's guidance, in the reference runtime's words.
+    def boom(params: Any) -> str:
+        raise RuntimeError("boom")
+
+    model2 = ScriptedModel([tool_call("boom", {}, id="c2"), "ok"])
+    tool = define_tool("boom", description="Fails", handler=boom)
+    other = await open_session(client, model2, tool, hooks={"on_post_tool_use_failure": failed})
+    await other.send_and_wait("Call it")
+    assert roles(model2, 1)[-1] == (
+        "user",
+        'Tool "boom" failed. Additional guidance from postToolUseFailure hooks:\nTry another tool.',
+    )
+    assert note.data.message_id is None
+
+
+async def test_D13_user_prompt_submitted_context_follows_the_prompt(client: Client) -> None:
+    hooks: Any = {
+        "on_user_prompt_submitted": lambda data, i: {"additionalContext": "User prefers brevity."}
+    }
+    model = ScriptedModel(["hi"])
+    session = await open_session(client, model, hooks=hooks)
+    await session.send_and_wait("Say hello")
+    assert roles(model, 0)[-1] == ("user", "Say hello\n\nUser prefers brevity.")
+
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(8)).decode()
+
+
+async def test_D14_images_are_stored_with_the_message_and_kept_in_the_window(
+    client: Client,
+) -> None:
+    gate = asyncio.Event()
+
+    async def slow(request: Any) -> str:
+        await gate.wait()
+        return "first"
+
+    model = ScriptedModel([slow, "second"])
+    session = await open_session(client, model)
+    await session.send("Plain")
+    # Queued behind the run: its image is held until its message is stored.
+    queued = await session.send("Look", images=[{"mime_type": "image/jpeg", "data": PNG}])
+    gate.set()
+    await session.wait_idle()
+    assert [m.images for m in model.requests[1].messages if m.role == "user"] == [
+        (),
+        (Image(mime_type="image/jpeg", data=PNG),),
+    ]
+    with pytest.raises(ValueError, match="invalid image"):
+        await session.send("Bad", images=[{"mime_type": "image/svg+xml", "data": PNG}])
+    with pytest.raises(ValueError, match="not base64"):
+        await session.send("Bad", images=[{"mime_type": "image/png", "data": "%%%"}])
+    before = len(await session.get_events())
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=model)
+    [looked] = [m for m in resumed.window() if m.images]
+    assert looked.content == "Look" and looked.images[0].mime_type == "image/jpeg"
+    events = await resumed.get_events()
+    assert [e.data.message_id for e in events if e.type == "user.message"][-1] == queued
+    assert len(events) == before + 1  # the resume; the refused sends stored nothing
+    context = resumed.get_context()
+    assert context.messages[-2].tokens >= IMAGE_TOKENS
+
+
+async def test_D5_offered_tools_are_callable_from_the_next_turn_until_withdrawn(
+    client: Client,
+) -> None:
+    model = ScriptedModel([tool_call("shout", {"text": "hi"}, id="s1"), "done", "again"])
+    session = await open_session(client, model, echo_tool())
+    shout = define_tool("shout", description="Shout", handler=lambda p: "HI")
+    echo_twin = define_tool("echo", description="Not the session's own", handler=lambda p: "?")
+    session.offer_tools([shout, echo_twin])
+    await session.send_and_wait("Shout")
+    assert [t.name for t in model.requests[0].tools] == ["echo", "shout"]
+    assert roles(model, 1)[-1] == ("tool", "HI")
+    assert session.tools["echo"].definition.description == "Echo text"  # its own wins
+    session.offer_tools([])
+    await session.send_and_wait("Again")
+    assert [t.name for t in model.requests[2].tools] == ["echo"]
+    assert "shout" not in [t.name for t in session.config.tools]  # never logged
 
 
 async def test_D9_request_headers_reach_the_provider_over_http(client: Client) -> None:

@@ -65,6 +65,9 @@ class SessionOptions(TypedDict, total=False):
     __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)  # type: ignore[misc]
 
     model: str
+    reasoning_effort: str
+    """The effort asked of a reasoning model (`low`, `medium`, `high`...), sent to the
+    providers whose API has it (spec D12)."""
     provider: dict[str, Any] | Provider
     system_message: str | SystemMessage
     developer_messages: list[str]
@@ -218,16 +221,21 @@ class Client:
         session_id = _checked_id(new_id() if session_id is None else session_id)
         provider, public = self._provider(opts.get("provider"))
         config = _storable(_config(SessionConfigData(provider=public), opts))
+        hooks = Hooks(session_id, opts.get("hooks"))
+        config = _started(config, await hooks.session_start("new"))
         start = SessionStartEvent(
             data=SessionStartData(session_id=session_id, selected_model=config.model, config=config)
         )
-        session, hooks = await self._created(session_id, [start], provider, opts)
-        await hooks.session_start("new")
-        return session
+        return await self._created(session_id, [start], provider, opts, hooks)
 
     async def _created(
-        self, session_id: str, events: list[Event], provider: Provider, opts: SessionOptions
-    ) -> tuple[Session, Hooks]:
+        self,
+        session_id: str,
+        events: list[Event],
+        provider: Provider,
+        opts: SessionOptions,
+        hooks: Hooks,
+    ) -> Session:
         """A new session whose log is `events` (stored with the session, in one transaction),
         and whose lease this client holds."""
         store = await self._open_store()
@@ -237,7 +245,7 @@ class Client:
             lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
             if lease is None:
                 raise TrimtabError(f"session {session_id!r} was taken by another runtime")
-            return self._session(session_id, store, lease, state_of(events), provider, opts)
+            return self._session(session_id, store, lease, state_of(events), provider, opts, hooks)
         except BaseException:
             await _undo_create(store, session_id)
             raise
@@ -267,7 +275,10 @@ class Client:
         provider, public = self._provider(opts.get("provider"), replayed.config.provider)
         config = _storable(_config(replayed.config.model_copy(update={"provider": public}), opts))
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
-        session, hooks = self._session(session_id, store, lease, replayed, provider, opts)
+        hooks = Hooks(session_id, opts.get("hooks"))
+        if lease is not None:  # (a session another runtime runs was started there)
+            config = _started(config, await hooks.session_start("resume"))
+        session = self._session(session_id, store, lease, replayed, provider, opts, hooks)
         if lease is None:
             session.ownership.follow()
             return session
@@ -283,7 +294,6 @@ class Client:
         except BaseException:
             await session.disconnect()
             raise
-        await hooks.session_start("resume")
         return session
 
     async def list_sessions(self) -> list[SessionRecord]:
@@ -306,7 +316,8 @@ class Client:
         state: SessionState,
         provider: Provider,
         opts: SessionOptions,
-    ) -> tuple[Session, Hooks]:
+        hooks: Hooks,
+    ) -> Session:
         """Assemble an opened session, and keep it (one per id)."""
         tools = {tool.name: tool for tool in opts.get("tools", [])}
         search = tools.get(TOOL_SEARCH)
@@ -316,7 +327,6 @@ class Client:
                 "define it with overrides_built_in_tool=True to replace it"
             )
         log = SessionLog(session_id, store, lease, state)
-        hooks = Hooks(session_id, opts.get("hooks"))
         session = Session(
             log,
             provider=provider,
@@ -326,7 +336,7 @@ class Client:
             owner=self._owner_of_sessions,
         )
         self._sessions[session_id] = session
-        return session, hooks
+        return session
 
     def _mcp_tools(self, servers: dict[str, Any] | None, reserved: frozenset[str]) -> Any:
         """The session's MCP toolset (`trimtab.mcp`, imported only when servers are named)."""
@@ -344,7 +354,9 @@ class Client:
         Inert: the copy gets events of its own (new ids) and is brought to rest in the same
         transaction, so that it never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
-        config = source.config
+        opts = cast("SessionOptions", source.options())
+        hooks = Hooks(session_id, opts.get("hooks"))
+        config = _started(source.config, await hooks.session_start("new"))
         start = SessionStartEvent(
             data=SessionStartData(
                 session_id=session_id,
@@ -353,14 +365,10 @@ class Client:
                 forked_from=source.session_id,
             )
         )
-        opts = cast("SessionOptions", source.options())
         copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
         copies += _loop.at_rest(state_of(copies))
-        session, hooks = await self._created(
-            session_id, copies, cast("Provider", opts["provider"]), opts
-        )
-        await hooks.session_start("new")
-        return session
+        provider = cast("Provider", opts["provider"])
+        return await self._created(session_id, copies, provider, opts, hooks)
 
     def _forget(self, session: Session) -> None:
         if self._sessions.get(session.session_id) is session:
@@ -514,11 +522,24 @@ def _checked(options: Mapping[str, Any]) -> SessionOptions:
     return checked
 
 
+def _started(config: SessionConfigData, context: str | None) -> SessionConfigData:
+    """`config` with the `sessionStart` hook's context (spec D13): a session opened again
+    keeps its own unless the hook answers another (a blank one removes it)."""
+    if context is None or context == config.start_context:
+        return config
+    return _storable(config.model_copy(update={"start_context": context or None}))
+
+
 def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
     """The persisted configuration: `base` with the given options applied."""
     update: dict[str, Any] = {}
     if "model" in opts:
         update["model"] = opts["model"]
+    if "reasoning_effort" in opts:
+        effort = opts["reasoning_effort"]
+        if not effort.strip():
+            raise ValueError("reasoning_effort must be a non-empty string")
+        update["reasoning_effort"] = effort.strip()
     if "system_message" in opts:
         message = opts["system_message"]
         update["system_message"] = message if isinstance(message, str) else message.get("content")

@@ -25,7 +25,15 @@ from typing_extensions import TypedDict
 
 from trimtab._errors import PromptBlockedError
 
-__all__ = ["HOOK_TIMEOUT", "HookHandler", "Hooks", "PreToolUse", "SessionHooks"]
+__all__ = [
+    "HOOK_TIMEOUT",
+    "SUPPRESSED",
+    "HookHandler",
+    "Hooks",
+    "PostToolUse",
+    "PreToolUse",
+    "SessionHooks",
+]
 
 log = logging.getLogger("trimtab")
 
@@ -43,14 +51,17 @@ class SessionHooks(TypedDict, total=False):
     on_pre_tool_use: HookHandler
     """Before a tool call runs: `permissionDecision` `deny` (with a reason) refuses it,
     `allow` runs it without asking the permission handler; `modifiedArgs` replace its
-    arguments."""
+    arguments; `suppressOutput` keeps its result from the model; `additionalContext` is
+    added to the conversation after the call (spec D13)."""
     on_post_tool_use: HookHandler
-    """After a call succeeded: `modifiedResult` (text) replaces what the model sees."""
+    """After a call succeeded: `modifiedResult` (text) replaces what the model sees;
+    `suppressOutput` and `additionalContext` as for `on_pre_tool_use`."""
     on_post_tool_use_failure: HookHandler
-    """After a call ended any other way; told the failure text."""
+    """After a call ended any other way; told the failure text; `additionalContext` as for
+    `on_pre_tool_use`."""
     on_user_prompt_submitted: HookHandler
     """Before a prompt is sent: `modifiedPrompt` replaces it, `decision: "block"` refuses it
-    (`PromptBlockedError`; nothing is stored)."""
+    (`PromptBlockedError`; nothing is stored), `additionalContext` follows it (spec D13)."""
     on_user_prompt_transformed: HookHandler
     """Then, told the `prompt` as sent and the `transformedPrompt` the model will read (after
     `userPromptSubmitted`): `modifiedTransformedPrompt` replaces the latter (spec D10)."""
@@ -59,7 +70,8 @@ class SessionHooks(TypedDict, total=False):
     `stopHookActive`: whether this run already went on because of this hook): `decision:
     "block"` makes it go on, with the `reason` as the next user message (spec D10)."""
     on_session_start: HookHandler
-    """When a session is created or resumed (`source`: `new` or `resume`)."""
+    """When a session is created or resumed (`source`: `new` or `resume`), before that is
+    logged: `additionalContext` is the session's start context (spec D13)."""
     on_session_end: HookHandler
     """When a session is let go (`reason`)."""
 
@@ -87,6 +99,24 @@ class PreToolUse:
     """Why the hook refused the call; None: not refused."""
     approved: bool = False
     """The hook approved the call: the permission handler is not asked."""
+    suppressed: bool = False
+    """`suppressOutput`: the model does not see the call's result (`SUPPRESSED` instead)."""
+    note: str | None = None
+    """The hook's `additionalContext`, as the model reads it after the call."""
+
+
+@dataclass(frozen=True, slots=True)
+class PostToolUse:
+    """What `postToolUse` made of a successful call's result."""
+
+    text: str
+    """The result the model sees (the call's, or the hook's `modifiedResult`)."""
+    suppressed: bool = False
+    note: str | None = None
+
+
+SUPPRESSED = "The output of this tool call was suppressed by a hook."
+"""What the model reads of a successful call whose output a hook suppressed (spec D13)."""
 
 
 class Hooks:
@@ -136,31 +166,47 @@ class Hooks:
     async def pre_tool_use(self, name: str, arguments: Any) -> PreToolUse:
         output = await self._call("on_pre_tool_use", {"toolName": name, "toolArgs": arguments})
         decision = output.get("permissionDecision")
+        note = _note(output, f'Tool "{name}" was called. Additional context from preToolUse')
         if decision == "deny":
             reason = output.get("permissionDecisionReason")
-            return PreToolUse(
-                arguments, denied=str(reason or f"The preToolUse hook denied {name}.")
-            )
-        return PreToolUse(output.get("modifiedArgs", arguments), approved=decision == "allow")
+            denied = str(reason or f"The preToolUse hook denied {name}.")
+            return PreToolUse(arguments, denied=denied, note=note)
+        return PreToolUse(
+            output.get("modifiedArgs", arguments),
+            approved=decision == "allow",
+            suppressed=output.get("suppressOutput") is True,
+            note=note,
+        )
 
-    async def post_tool_use(self, name: str, arguments: Any, result: str) -> str:
-        """The result text the model sees after a successful call."""
+    async def post_tool_use(self, name: str, arguments: Any, result: str) -> PostToolUse:
+        """What the model sees after a successful call."""
         data = {"toolName": name, "toolArgs": arguments, "toolResult": result}
-        modified = (await self._call("on_post_tool_use", data)).get("modifiedResult")
-        return modified if isinstance(modified, str) else result
+        output = await self._call("on_post_tool_use", data)
+        modified = output.get("modifiedResult")
+        return PostToolUse(
+            modified if isinstance(modified, str) else result,
+            suppressed=output.get("suppressOutput") is True,
+            note=_note(output, f'Tool "{name}" succeeded. Additional context from postToolUse'),
+        )
 
-    async def post_tool_use_failure(self, name: str, arguments: Any, error: str) -> None:
+    async def post_tool_use_failure(self, name: str, arguments: Any, error: str) -> str | None:
+        """The note the model reads after the failed call, if the hook gave one."""
         data = {"toolName": name, "toolArgs": arguments, "error": error}
-        await self._call("on_post_tool_use_failure", data)
+        output = await self._call("on_post_tool_use_failure", data)
+        # The reference runtime's words, so that recorded conversations replay unchanged.
+        return _note(output, f'Tool "{name}" failed. Additional guidance from postToolUseFailure')
 
     async def user_prompt_submitted(self, prompt: str) -> str:
         """The prompt to send, as `userPromptSubmitted` then `userPromptTransformed` shaped
-        it, or `PromptBlockedError`."""
+        it (the former's `additionalContext` follows it, after a blank line), or
+        `PromptBlockedError`."""
         output = await self._call("on_user_prompt_submitted", {"prompt": prompt})
         if output.get("decision") == "block":
             raise PromptBlockedError(str(output.get("reason") or "blocked by a hook"))
         modified = output.get("modifiedPrompt")
         transformed = modified if isinstance(modified, str) and modified.strip() else prompt
+        if (context := _context(output)) is not None:
+            transformed = f"{transformed}\n\n{context}"
         data = {"prompt": prompt, "transformedPrompt": transformed}
         output = await self._call("on_user_prompt_transformed", data)
         final = output.get("modifiedTransformedPrompt")
@@ -175,8 +221,13 @@ class Hooks:
         reason = output.get("reason")
         return reason if isinstance(reason, str) and reason.strip() else "Continue."
 
-    async def session_start(self, source: str) -> None:
-        await self._call("on_session_start", {"source": source})
+    async def session_start(self, source: str) -> str | None:
+        """The hook's `additionalContext` (`""` when it answered a blank one), or None when
+        it gave none."""
+        context = (await self._call("on_session_start", {"source": source})).get(
+            "additionalContext"
+        )
+        return context.strip() if isinstance(context, str) else None
 
     async def session_end(self, reason: str) -> None:
         await self._call("on_session_end", {"reason": reason})
@@ -185,6 +236,19 @@ class Hooks:
 def wire_name(hook: str) -> str:
     """A hook's `hookType` on the wire (`on_pre_tool_use` -> `preToolUse`)."""
     return _WIRE_NAMES[hook]
+
+
+def _context(output: dict[str, Any]) -> str | None:
+    """A hook's `additionalContext`, if it gave a non-blank one."""
+    context = output.get("additionalContext")
+    return context.strip() if isinstance(context, str) and context.strip() else None
+
+
+def _note(output: dict[str, Any], intro: str) -> str | None:
+    """A tool hook's `additionalContext` as the model reads it: `<intro> hooks:` and the
+    context on the next line."""
+    context = _context(output)
+    return None if context is None else f"{intro} hooks:\n{context}"
 
 
 def _storable(value: Any) -> bool:

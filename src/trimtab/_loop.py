@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError
-from trimtab._hooks import Hooks
+from trimtab._hooks import SUPPRESSED, Hooks
 from trimtab._permissions import (
     APPROVED,
     CANCELLED,
@@ -289,7 +289,7 @@ async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
     return _next_step(host)
 
 
-def user_message(content: str, message_id: str, source: str) -> UserMessageEvent:
+def user_message(content: str, message_id: str | None, source: str) -> UserMessageEvent:
     return UserMessageEvent(
         data=UserMessageData(content=content, message_id=message_id, source=source)
     )
@@ -419,6 +419,7 @@ async def _call_model(host: LoopHost, reply_id: str, tokens: int) -> tuple[Model
         # Only a session's own override bounds the output: the table's figure is a ceiling.
         max_tokens=config.model_limits.max_output_tokens if config.model_limits else None,
         headers=host.request_headers,
+        reasoning_effort=config.reasoning_effort,
     )
     response: ModelResponse | None = None
     started = time.perf_counter()
@@ -486,7 +487,11 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
                     is_terminal=(tool is not None and tool.definition.is_terminal) or None,
                 )
                 await host.emit(ToolExecutionStartEvent(data=start))
-            outcome = await _decide(host, call, arguments)
+            notes: list[str] = []
+            outcome = await _decide(host, call, arguments, notes)
+            if notes:
+                # Before the result: a clear this call commits wipes them with the window.
+                await host.emit(user_message(valid_text("\n\n".join(notes)), None, "hook"))
         except asyncio.CancelledError:
             await _complete(host, call, CallOutcome("cancelled", INTERRUPTED), turn_id)
             raise
@@ -502,7 +507,10 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
     return outcome
 
 
-async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutcome:
+async def _decide(
+    host: LoopHost, call: ToolCall, arguments: object, notes: list[str]
+) -> CallOutcome:
+    """How the call ends; what its hooks add to the conversation goes to `notes` (D13)."""
     tool = host.tools.get(call.name)
     if tool is None:
         return CallOutcome("failure", f"Tool '{call.name}' does not exist.")
@@ -517,16 +525,17 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     params = tool.validate(arguments)
     if isinstance(params, CallOutcome):
         return params
-    hooks, approved = host.hooks, False
+    hooks, approved, suppressed = host.hooks, False, False
     if hooks:
         pre = await hooks.pre_tool_use(call.name, arguments)
+        notes += [pre.note] if pre.note else []
         if pre.denied is not None:
             return CallOutcome("denied", valid_text(pre.denied))
         if pre.arguments is not arguments:
             arguments, params = pre.arguments, tool.validate(pre.arguments)
             if isinstance(params, CallOutcome):
                 return params
-        approved = pre.approved
+        approved, suppressed = pre.approved, pre.suppressed
     invocation = host.invocation(call, arguments, new_id() if external else None)
     if not approved:
         approval = await _permission(host, tool, call, invocation)
@@ -545,10 +554,13 @@ async def _decide(host: LoopHost, call: ToolCall, arguments: object) -> CallOutc
     if outcome.outcome == "success":
         _discover(host, outcome.references)
         if hooks:
-            text = await hooks.post_tool_use(call.name, arguments, outcome.text)
-            outcome = outcome._replace(text=valid_text(text))
+            post = await hooks.post_tool_use(call.name, arguments, outcome.text)
+            notes += [post.note] if post.note else []
+            suppressed = suppressed or post.suppressed
+            outcome = outcome._replace(text=SUPPRESSED if suppressed else valid_text(post.text))
     elif hooks:
-        await hooks.post_tool_use_failure(call.name, arguments, outcome.text)
+        note = await hooks.post_tool_use_failure(call.name, arguments, outcome.text)
+        notes += [note] if note else []
     return outcome
 
 

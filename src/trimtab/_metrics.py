@@ -56,7 +56,7 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
                 count, used_in, used_out = calls.get(data.model, (0, 0, 0))
                 calls[data.model] = (count + 1, used_in + last[0], used_out + last[1])
                 duration += data.duration or 0.0
-            case UserMessageEvent() if event.data.source != "context_cleared":
+            case UserMessageEvent() if event.data.source not in ("context_cleared", "hook"):
                 requests += 1
             case _:
                 pass

@@ -26,6 +26,7 @@ from trimtab._tools import Tool, ToolInvocation, valid_text
 from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
+    Image,
     ModelLimits,
     PendingMessagesModifiedData,
     PendingMessagesModifiedEvent,
@@ -36,6 +37,8 @@ from trimtab.events import (
     SessionIdleEvent,
     SessionWarningEvent,
     ToolDefinition,
+    UserMessageData,
+    UserMessageEvent,
     WarningData,
 )
 from trimtab.providers import Message, Provider, ToolCall
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 
     from trimtab._session import Session
 
-__all__ = ["Pending", "Runner"]
+__all__ = ["Attached", "Pending", "Runner"]
 
 T = TypeVar("T")
 
@@ -75,6 +78,30 @@ class Pending:
     """The trace context of whoever sent it (spec OT2)."""
     headers: dict[str, str] | None = None
     """The `send`'s `request_headers`: held here only, never stored (they may be secrets)."""
+    attached: Attached | None = None
+    """What the `send` attached: stored with its `user.message`, held here until then (the
+    inbox keeps the prompt only, spec D14)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """A `send`'s attachments (spec D14)."""
+
+    images: tuple[Image, ...] = ()
+    """Shown to the model after the prompt."""
+    attachments: tuple[dict[str, Any], ...] = ()
+    """As the sender described them, for clients to show."""
+
+    def message(self, prompt: str, message_id: str) -> UserMessageEvent:
+        """The input's `user.message`."""
+        data = UserMessageData(
+            content=prompt,
+            message_id=message_id,
+            source="user",
+            images=list(self.images) or None,
+            attachments=list(self.attachments) or None,
+        )
+        return UserMessageEvent(data=data)
 
 
 @dataclass(slots=True, eq=False)
@@ -276,7 +303,11 @@ class Runner:
             self.release_ledger()
 
     async def submit(
-        self, prompt: str, message_id: str, headers: dict[str, str] | None = None
+        self,
+        prompt: str,
+        message_id: str,
+        headers: dict[str, str] | None = None,
+        attached: Attached | None = None,
     ) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
@@ -285,7 +316,7 @@ class Runner:
         async with log_.exclusive():
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
-                message = _loop.user_message(prompt, message_id, "user")
+                message = _message(prompt, message_id, attached)
                 await log_.emit_unlocked((message,), first=self._after_failure())
                 self._store_failed = False
                 pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
@@ -295,7 +326,9 @@ class Runner:
                 # acknowledged may be lost to a crash); its run stores its message.
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
-                pending = Pending(prompt, message_id, False, parent=parent, headers=headers)
+                pending = Pending(
+                    prompt, message_id, False, parent=parent, headers=headers, attached=attached
+                )
                 self._queue.append(pending)
                 await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
             self._start_worker()
@@ -399,7 +432,7 @@ class Runner:
             if not item.appended:
                 # Stored from here, where no abort cancels: the input's message is logged
                 # (claiming it in the inbox) before its run can be stopped.
-                message = _loop.user_message(item.prompt, item.message_id, "user")
+                message = _message(item.prompt, item.message_id, item.attached)
                 events = (message, PendingMessagesModifiedEvent())
                 await self.log.emit_all(events, first=self._after_failure())
                 self._store_failed = False
@@ -539,3 +572,10 @@ def _cause(exc: BaseException) -> Exception:
 def _retrieve(task: asyncio.Task[RunEnd]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _message(prompt: str, message_id: str, attached: Attached | None) -> UserMessageEvent:
+    """An input's `user.message`, with what it attached."""
+    if attached is None:
+        return _loop.user_message(prompt, message_id, "user")
+    return attached.message(prompt, message_id)

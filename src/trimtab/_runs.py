@@ -24,7 +24,7 @@ from trimtab.events import (
 
 __all__ = ["RunEnd", "RunLedger"]
 
-_SAME_RUN = frozenset({"context_cleared", "agent_stop"})
+_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook"})
 """Sources of user messages that go on with the run in progress rather than start one."""
 
 

@@ -9,10 +9,13 @@ and hosts the loop; `Ownership` holds or follows its lease and finishes what a c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import base64
+import binascii
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
-from pydantic import BaseModel, ConfigDict
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trimtab import _loop
 from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
@@ -22,7 +25,7 @@ from trimtab._log import SessionLog
 from trimtab._metrics import SessionMetrics, metrics_of
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._runner import Runner
+from trimtab._runner import Attached, Runner
 from trimtab._runs import RunEnd
 from trimtab._subscribers import EventHandler
 from trimtab._toolbox import Toolbox
@@ -33,6 +36,7 @@ from trimtab.events import (
     AssistantMessageEvent,
     Event,
     EventType,
+    Image,
     InfoData,
     ModeChangedData,
     ModelChangeData,
@@ -156,6 +160,13 @@ class Session:
     def tools(self) -> Mapping[str, Tool]:
         """Every tool the model may call, the built-in `tool_search` included."""
         return self._runner.tools
+
+    def offer_tools(self, tools: Sequence[Tool]) -> None:
+        """Offer the model `tools` too while the session is open, in place of those offered
+        before, from its next turn on: the tools of another host that joined the open
+        session (spec D5). They are not logged, nor given to a fork; the session's own tools
+        win a name clash."""
+        self._runner.toolbox.offer({tool.name: tool for tool in tools})
 
     @property
     def usage(self) -> Usage:
@@ -316,7 +327,14 @@ class Session:
         """
         return self._log.subscribers.add(first, handler)
 
-    async def send(self, prompt: str, *, request_headers: Mapping[str, str] | None = None) -> str:
+    async def send(
+        self,
+        prompt: str,
+        *,
+        request_headers: Mapping[str, str] | None = None,
+        images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
+    ) -> str:
         """Queue `prompt` for the agent and return its message id once it is stored.
 
         The run starts right away when the session is idle (its `user.message` is stored
@@ -327,6 +345,12 @@ class Session:
 
         `request_headers` go with this run's model requests only (spec D9); they are not
         stored, so an input that waits for another runtime (a remote session) goes without.
+        `images` (`Image`s or `{"mime_type", "data"}`: PNG, JPEG, GIF or WebP, base64, at
+        most `MAX_IMAGES` of `MAX_IMAGE_BYTES` each) are shown to the model after the prompt
+        where its provider takes images, and `attachments` (JSON objects) are recorded with
+        the message for clients to show (spec D14). Both are stored with the message; an
+        input that waits in the inbox holds them in memory until then, and one that another
+        runtime runs goes without them (its prompt should describe them).
         """
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("prompt must be a non-empty string")
@@ -337,9 +361,10 @@ class Session:
         if self._hooks:
             prompt = valid_text(await self._prompt(prompt))
         headers = _headers(request_headers)
+        attached = _attached(images, attachments)
         message_id = new_id()
         if self._log.writable:
-            await self._runner.submit(prompt, message_id, headers)
+            await self._runner.submit(prompt, message_id, headers, attached)
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
         return message_id
@@ -495,3 +520,39 @@ def _headers(given: Mapping[str, str] | None) -> dict[str, str] | None:
         if any(c in name + value for c in "\r\n\x00") or not name.isascii():
             raise ValueError(f"request header {name!r} holds a character HTTP cannot carry")
     return headers
+
+
+MAX_IMAGES = 20
+"""Images one `send` may show the model."""
+
+MAX_IMAGE_BYTES = 10 * 1024 * 1024
+"""The largest image (decoded) a `send` takes: the log stores it with the message."""
+
+
+def _attached(
+    images: Sequence[Image | Mapping[str, str]], attachments: Sequence[Mapping[str, Any]]
+) -> Attached | None:
+    """A send's images and attachments, checked (spec D14); None when it has neither."""
+    if not images and not attachments:
+        return None
+    if len(images) > MAX_IMAGES:
+        raise ValueError(f"a send takes at most {MAX_IMAGES} images")
+    checked: list[Image] = []
+    for image in images:
+        try:
+            image = image if isinstance(image, Image) else Image.model_validate(image)
+        except ValidationError as exc:
+            raise ValueError(f"invalid image: {exc}") from None
+        if len(image.data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+            raise ValueError(f"an image is larger than {MAX_IMAGE_BYTES} bytes")
+        try:
+            base64.b64decode(image.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("an image's data is not base64") from None
+        checked.append(image)
+    described = tuple(dict(attachment) for attachment in attachments)
+    try:
+        pydantic_core.to_json(described)  # what the log can store
+    except pydantic_core.PydanticSerializationError:
+        raise ValueError("attachments must be JSON objects of valid text") from None
+    return Attached(tuple(checked), described)

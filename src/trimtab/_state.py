@@ -192,7 +192,7 @@ class SessionState:
         match event:
             case UserMessageEvent() if event.data.source == "context_cleared":
                 self.seed_recorded = True
-            case UserMessageEvent():
+            case UserMessageEvent() if event.data.source != "hook":  # (a note: D13)
                 self.run_id = event.data.message_id or event.id
             case AssistantTurnStartEvent():
                 self.turns += 1
@@ -240,10 +240,12 @@ class SessionState:
         return Usage(input_tokens=self.tokens[0], output_tokens=self.tokens[1])
 
     def window(self) -> list[Message]:
-        """The messages of the next model call: system, developer, then the conversation."""
+        """The messages of the next model call: system, developer, the start context (D13),
+        then the conversation."""
         config = self.config
         return [
             *head(config.system_message, tuple(config.developer_messages)),
+            *_start(config.start_context),
             *self.base,
             *self.projection.messages(),
         ]
@@ -323,3 +325,8 @@ def state_of(events: Iterable[Event]) -> SessionState:
     for event in events:
         state.apply(event)
     return state
+
+
+def _start(context: str | None) -> tuple[Message, ...]:
+    """The `sessionStart` hook's context as the window holds it (spec D13)."""
+    return (Message(role="user", content=context),) if context else ()

@@ -1,6 +1,7 @@
 """`Toolbox`: the tools a session can call and the ones its model is shown.
 
 The host's own tools, the tools of a tool source (MCP servers) that may change between turns,
+the tools other hosts offer while the session is open (a second Copilot client's, spec D5),
 and, when there are more than the session's threshold, the built-in `tool_search` in front of
 the deferred ones (see `_toolsearch`).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from trimtab._tools import Tool, ToolSource
@@ -22,11 +24,14 @@ log = logging.getLogger("trimtab")
 _NOTHING: frozenset[str] = frozenset()
 """Shared: nothing is deferred in most sessions, and an empty frozenset is not a singleton."""
 
+_NO_TOOLS: Mapping[str, Tool] = MappingProxyType({})
+"""Shared by every toolbox without source or offered tools (memory per idle session)."""
+
 
 class Toolbox:
     """A session's tools."""
 
-    __slots__ = ("_cache", "_own", "_source", "_tools")
+    __slots__ = ("_cache", "_guests", "_offered", "_own", "_source", "_sourced", "_tools")
 
     def __init__(self, tools: Mapping[str, Tool], source: ToolSource | None = None) -> None:
         # The client hands over a dict of its own: no copy (one less dict per idle session).
@@ -34,6 +39,12 @@ class Toolbox:
         """The tools the host gave: they win a name clash with the source's."""
         self._tools = self._own
         self._source = source
+        self._sourced = _NO_TOOLS
+        """The tool source's tools, as last refreshed."""
+        self._guests = _NO_TOOLS
+        """The offered tools in use."""
+        self._offered: Mapping[str, Tool] | None = None
+        """Tools offered since the last refresh (None: no change)."""
         self._cache: tuple[SessionConfigData, frozenset[str], dict[str, Tool]] | None = None
 
     @property
@@ -69,19 +80,32 @@ class Toolbox:
             self._cache = (config, hidden, tools)
         return self._cache[1], self._cache[2]
 
+    def offer(self, tools: Mapping[str, Tool]) -> None:
+        """Offer `tools` too, in place of those offered before, from the next refresh on
+        (the host's own tools win a name clash)."""
+        self._offered = dict(tools)
+
     async def refresh(self) -> Sequence[str]:
         """Take in what changed in the tool source (MCP servers started, their lists changed)
-        before a turn, never during one, so that a batch sees one set of tools; returns the
-        source's warnings for the log."""
-        if self._source is None:
-            return ()
-        try:
-            tools, warnings = await self._source.refresh()
-        except Exception:
-            log.exception("a tool source failed")
-            return ()
-        if tools is not None:
-            self._tools = {**tools, **self._own}
+        and what was offered, before a turn, never during one, so that a batch sees one set
+        of tools; returns the source's warnings for the log."""
+        warnings: Sequence[str] = ()
+        changed = self._offered is not None
+        if self._offered is not None:
+            self._guests, self._offered = self._offered, None
+        if self._source is not None:
+            try:
+                tools, warnings = await self._source.refresh()
+            except Exception:
+                log.exception("a tool source failed")
+                tools = None
+            if tools is not None:
+                self._sourced, changed = tools, True
+        if changed:
+            tools = {**self._sourced, **self._own} if self._sourced else self._own
+            # Offered last: the session's own list stays the start of the model's.
+            guests = {n: t for n, t in self._guests.items() if n not in tools}
+            self._tools = {**tools, **guests} if guests else tools
             self._cache = None
         return warnings
 

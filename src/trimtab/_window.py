@@ -67,7 +67,8 @@ class Projection:
         """Project one event; those that do not shape the window are ignored."""
         match event:
             case UserMessageEvent():
-                message = _kept(Message, role="user", content=event.data.content)
+                images = tuple(event.data.images) if event.data.images else ()
+                message = _kept(Message, role="user", content=event.data.content, images=images)
                 (self._after if self._turn is not None else self._final).append(message)
             case AssistantMessageEvent():
                 self._final += self._turn_messages()
@@ -151,6 +152,11 @@ def _kept(model: type[_M], **fields: Any) -> _M:
     return model.model_construct(_FIELDS_SETS[model], **fields)
 
 
+IMAGE_TOKENS = 1_600
+"""What an image costs at most: Anthropic's ~1,600 for the largest it does not scale down,
+OpenAI's 765 to 1,105 for a detailed one."""
+
+
 @lru_cache(maxsize=256)
 def head(system_message: str | None, developer_messages: tuple[str, ...]) -> tuple[Message, ...]:
     """The system and developer messages of a window; sessions of one app share them."""
@@ -208,7 +214,8 @@ def units(messages: Sequence[Message]) -> list[list[Message]]:
 
 
 def estimate_tokens(messages: Iterable[Message]) -> int:
-    """A provider-neutral token estimate: 4 characters per token plus 4 per message.
+    """A provider-neutral token estimate: 4 characters per token plus 4 per message, and
+    `IMAGE_TOKENS` per image.
 
     Close enough for English prose and JSON with the common BPE tokenizers; compaction keeps a
     margin (its threshold) so that the estimate does not have to be exact.
@@ -218,5 +225,5 @@ def estimate_tokens(messages: Iterable[Message]) -> int:
         chars = len(message.content)
         if message.tool_calls:  # most messages have none: no generator for them (runs per turn)
             chars += sum(len(c.name) + len(c.arguments) for c in message.tool_calls)
-        total += 4 + (chars + 3) // 4
+        total += 4 + (chars + 3) // 4 + IMAGE_TOKENS * len(message.images)
     return total

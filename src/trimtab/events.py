@@ -39,6 +39,7 @@ __all__ = [
     "ExternalToolCompletedEvent",
     "ExternalToolRequestedData",
     "ExternalToolRequestedEvent",
+    "Image",
     "InfiniteSessions",
     "InfoData",
     "Message",
@@ -143,11 +144,23 @@ class ToolCall(WireModel):
     """The arguments exactly as the model produced them (JSON text, possibly invalid)."""
 
 
+class Image(WireModel):
+    """An image the model is shown with a user message (spec D14)."""
+
+    mime_type: Literal["image/png", "image/jpeg", "image/gif", "image/webp"]
+    """The types every provider with images takes."""
+    data: str
+    """Base64."""
+
+
 class Message(WireModel):
     """One message of the window, in a provider-neutral shape."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str = ""
+    images: tuple[Image, ...] = ()
+    """On user messages: images after the text, for providers that take them (the text
+    describes each, for those that do not)."""
     tool_calls: tuple[ToolCall, ...] = ()
     """On assistant messages: the calls it requested."""
     tool_call_id: str | None = None
@@ -212,6 +225,9 @@ class SessionConfigData(WireModel):
     """The provider config without its API key, or `{"type": <name>}` for an in-process provider."""
     system_message: str | None = None
     developer_messages: list[str] = Field(default_factory=list)
+    start_context: str | None = None
+    """What the `sessionStart` hook added to the model's context (spec D13): a user message
+    after the system and developer messages."""
     tools: list[ToolDefinition] = Field(default_factory=list)
     streaming: bool = False
     model_limits: ModelLimits | None = None
@@ -247,9 +263,16 @@ class SessionResumeData(WireModel):
 class UserMessageData(WireModel):
     content: str
     message_id: str | None = None
+    attachments: list[dict[str, Any]] | None = None
+    """What the sender attached, in the Copilot protocol's shapes, for clients to show
+    (spec D14); the model reads `content` and `images`."""
+    images: list[Image] | None = None
+    """The images the model is shown after `content` (spec D14)."""
     source: str | None = None
-    """`"user"`, `"context_cleared"` for the seed of a cleared window (spec C8), or
-    `"agent_stop"` for what an `agentStop` hook made the run go on with (spec D10)."""
+    """`"user"`, `"context_cleared"` for the seed of a cleared window (spec C8),
+    `"agent_stop"` for what an `agentStop` hook made the run go on with (spec D10), or
+    `"hook"` for what a tool call's hooks added to the conversation (spec D13): the last
+    two belong to the run in progress."""
 
 
 class TurnData(WireModel):

@@ -9,6 +9,7 @@ request that reached the model with the wrong shape fails to match.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,6 +21,7 @@ from pydantic import BaseModel
 
 from tests.conftest import Recorder, clear_tool
 from trimtab import Client, PermissionHandler, Session, SessionError, define_tool
+from trimtab.events import Image
 from trimtab.testing import Conversation, ConversationMessage, ReplayServer
 from trimtab.testing._replay.formats import format_for
 
@@ -320,6 +322,72 @@ async def test_reasoning_is_kept_apart_from_the_reply(harness: Harness) -> None:
     assert reply is not None and reply.data.reasoning_text == "Let me think about it carefully."
     deltas = "".join(e.data.delta_content for e in rec.of("assistant.message_delta"))
     assert deltas == ("42" if harness.wire.stream else "")
+
+
+async def test_D12_reasoning_effort_is_sent_where_the_api_has_it(harness: Harness) -> None:
+    sent: list[Any] = []
+    for effort in ("high", None, "low"):
+        options: Any = {"reasoning_effort": effort} if effort == "high" else {}
+        session = await harness.client.create_session(
+            provider=harness.wire.provider(harness.server),
+            model="test-model",
+            system_message=SYSTEM,
+            developer_messages=[DEVELOPER],
+            streaming=harness.wire.stream,
+            **options,
+        )
+        if effort == "low":  # set on the open session: its next call asks for it
+            await session.set_reasoning_effort("low")
+        assert _reply_text(await session.send_and_wait("Say hello")) == HELLO
+        body = harness.server.requests[-1]
+        sent.append(
+            body.get("reasoning_effort")
+            if harness.wire.family == "chat"
+            else body.get("reasoning")
+            if harness.wire.family == "responses"
+            else {key: body[key] for key in ("thinking", "output_config") if key in body}
+        )
+    if harness.wire.family == "chat":
+        assert sent == ["high", None, "low"]
+    elif harness.wire.family == "responses":
+        assert sent == [{"effort": "high"}, None, {"effort": "low"}]
+    else:  # Messages has a thinking budget, not an effort: nothing is sent (D12)
+        assert sent == [{}, {}, {}]
+
+
+PIXEL = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(60)).decode()
+
+
+async def test_D14_images_are_sent_as_the_wire_shows_them(harness: Harness) -> None:
+    session, _ = await harness.session()
+    image = Image(mime_type="image/png", data=PIXEL)
+    attached = [{"type": "blob", "mimeType": "image/png", "byteLength": 68}]
+    message_id = await session.send("Say hello", images=[image], attachments=attached)
+    await session.wait_idle()
+    [user] = [e for e in await session.get_events() if e.type == "user.message"]
+    assert user.data.message_id == message_id and user.data.attachments == attached
+    body = harness.server.requests[0]
+    if harness.wire.family == "chat":
+        [last] = [m for m in body["messages"] if m["role"] == "user"]
+        assert last["content"] == [
+            {"type": "text", "text": "Say hello"},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}},
+        ]
+    elif harness.wire.family == "responses":
+        [last] = [i for i in body["input"] if i.get("role") == "user"]
+        assert last["content"] == [
+            {"type": "input_text", "text": "Say hello"},
+            {"type": "input_image", "image_url": f"data:image/png;base64,{PIXEL}"},
+        ]
+    else:
+        [last] = [m for m in body["messages"] if m["role"] == "user"]
+        assert last["content"] == [
+            {"type": "text", "text": "Say hello"},
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": PIXEL},
+            },
+        ]
 
 
 async def test_unknown_finish_reason_is_passed_on(harness: Harness) -> None:

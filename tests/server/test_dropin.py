@@ -13,6 +13,11 @@ from typing import Any
 
 import pytest
 from copilot import CopilotClient, RuntimeConnection
+from copilot.generated.rpc import (
+    ModelSetReasoningEffortRequest,
+    ModelSwitchToRequest,
+    SessionsForkRequest,
+)
 from copilot.rpc import HandlePendingToolCallRequest
 from copilot.session import PermissionHandler
 from copilot.tools import define_tool
@@ -530,6 +535,61 @@ async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotCl
     assert complete.data.success is True
 
 
+# --- D12: reasoning effort -----------------------------------------------------------------
+
+
+async def test_D12_reasoning_effort_of_create_switch_and_set_is_sent(
+    official: CopilotClient,
+) -> None:
+    thrice = conversation(
+        user("Say hello"),
+        assistant("Hello!"),
+        user("Again"),
+        assistant("Hi!"),
+        user("More"),
+        assistant("Done."),
+    )
+    async with ReplayServer([thrice]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            reasoning_effort="high",
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait("Say hello", timeout=30)
+        await session.rpc.model.switch_to(
+            ModelSwitchToRequest(model_id="other-model", reasoning_effort="medium")
+        )
+        await session.send_and_wait("Again", timeout=30)
+        await session.rpc.model.set_reasoning_effort(
+            ModelSetReasoningEffortRequest(reasoning_effort="low")
+        )
+        await session.send_and_wait("More", timeout=30)
+        session_id = session.session_id
+        await session.disconnect()
+        resumed = await official.resume_session(
+            session_id,
+            provider=provider(model),  # type: ignore[arg-type]
+            reasoning_effort="xhigh",
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        current = await resumed.rpc.model.get_current()
+        await resumed.disconnect()
+    sent = [(body["model"], body.get("reasoning_effort")) for body in model.requests]
+    assert sent == [("test-model", "high"), ("other-model", "medium"), ("other-model", "low")]
+    assert (current.model_id, current.reasoning_effort) == ("other-model", "xhigh")
+
+
+async def test_D12_a_trimtab_remote_session_sends_its_reasoning_effort(
+    shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    async with trimtab.Client.connect(shared_server.url) as client:
+        session = await client.create_session(provider=provider(model), reasoning_effort="low")
+        await session.send_and_wait("Say hello", timeout=30)
+        await session.disconnect()
+    assert model.requests[0]["reasoning_effort"] == "low"
+
+
 # --- D10: hooks ----------------------------------------------------------------------------
 
 
@@ -560,6 +620,63 @@ async def test_D10_an_official_clients_agent_stop_hook_keeps_the_run_going(
     async with ReplayServer([recorded]) as model:
         hooks: Any = {"on_agent_stop": agent_stop}
         assert await say_hello_as(official, model, "Say hello", hooks=hooks) == "Hello again!"
+
+
+async def test_D13_an_official_clients_session_start_context_reaches_the_model(
+    official: CopilotClient,
+) -> None:
+    calls: list[tuple[str, str, str]] = []
+
+    def start(data: Any, invocation: Any) -> dict[str, str]:
+        calls.append((data["sessionId"], invocation["session_id"], data["source"]))
+        return {"additionalContext": "Session start hook context."}
+
+    recorded = conversation(user("Session start hook context."), user("Say hi"), assistant("Hi!"))
+    async with ReplayServer([recorded]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=PermissionHandler.approve_all,
+            hooks={"on_session_start": start},  # type: ignore[arg-type]
+        )
+        reply = await session.send_and_wait("Say hi", timeout=30)
+        assert reply is not None and reply.data.content == "Hi!"  # type: ignore[union-attr]
+        # A fork gets the source's hooks, but its calls carry its own id: the client does
+        # not take them for a second start of the source.
+        fork = await official.rpc.sessions.fork(SessionsForkRequest(session_id=session.session_id))
+        await session.disconnect()
+    assert [m["role"] for m in model.requests[0]["messages"]] == ["system", "user", "user"]
+    assert calls == [(session.session_id, session.session_id, "new")]
+    assert fork.session_id != session.session_id
+
+
+async def test_D13_an_official_clients_pre_tool_use_suppresses_output_and_adds_context(
+    official: CopilotClient,
+) -> None:
+    def pre(data: Any, invocation: Any) -> dict[str, Any]:
+        return {
+            "permissionDecision": "allow",
+            "suppressOutput": True,
+            "additionalContext": "Use PostgreSQL syntax.",
+        }
+
+    lookup = define_tool(
+        "lookup", description="Look up", params_type=LookupArgs, handler=lambda p, i: "SECRET"
+    )
+    recorded = conversation(
+        user("Query"),
+        assistant(None, call("c1", "lookup", value="k")),
+        tool("c1", "The output of this tool call was suppressed by a hook."),
+        user(
+            'Tool "lookup" was called. Additional context from preToolUse hooks:\n'
+            "Use PostgreSQL syntax."
+        ),
+        assistant("Done."),
+    )
+    async with ReplayServer([recorded]) as model:
+        reply = await say_hello_as(
+            official, model, "Query", tools=[lookup], hooks={"on_pre_tool_use": pre}
+        )
+    assert reply == "Done."
 
 
 async def say_hello_as(
@@ -631,20 +748,71 @@ async def test_D11_files_selections_and_directories_become_text(
 async def test_D11_blobs_are_text_or_described(
     official: CopilotClient, model: ReplayServer
 ) -> None:
-    pixel = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(60)).decode()
     attachments = [
-        {"type": "blob", "data": pixel, "mimeType": "image/png", "displayName": "pixel.png"},
+        {"type": "blob", "data": base64.b64encode(b"\x00\x01").decode(), "mimeType": "app/x"},
         {"type": "blob", "data": base64.b64encode(b"a,b\n1,2").decode(), "mimeType": "text/csv"},
     ]
     sent = await sent_with(official, model, "Describe", attachments)
     assert sent == "\n\n".join(
         [
             "Describe",
-            '<attachment type="blob" name="pixel.png">\n'
-            "[image: image/png, 68 bytes; trimtab gives the model text only]\n</attachment>",
+            '<attachment type="blob" name="blob">\n'
+            "[binary data: app/x, 2 bytes; not shown to the model]\n</attachment>",
             '<attachment type="blob" name="blob">\na,b\n1,2\n</attachment>',
         ]
     )
+
+
+# --- D14: images ---------------------------------------------------------------------------
+
+
+async def test_D14_image_blobs_and_files_are_image_parts_and_the_event_has_attachments(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(60)
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(png)
+    data = base64.b64encode(png).decode()
+    attachments: Any = [
+        {"type": "blob", "data": data, "mimeType": "image/png", "displayName": "pixel.png"},
+        {"type": "file", "path": str(photo)},
+    ]
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    await session.send("Say hello", attachments=attachments)
+    for _ in range(300):
+        if model.requests:
+            break
+        await asyncio.sleep(0.1)
+    [event] = [e for e in await session.get_events() if e.type.value == "user.message"]
+    await session.disconnect()
+    content = model.requests[0]["messages"][-1]["content"]
+    assert content[0] == {
+        "type": "text",
+        "text": "\n\n".join(
+            [
+                "Say hello",
+                '<attachment type="blob" name="pixel.png">\n[image: image/png, 68 bytes]\n'
+                "</attachment>",
+                f'<attachment type="file" name="photo.png" path="{photo}">\n'
+                "[image: image/png, 68 bytes]\n</attachment>",
+            ]
+        ),
+    }
+    url = {"url": f"data:image/png;base64,{data}"}
+    assert content[1:] == [{"type": "image_url", "image_url": url}] * 2
+    # The official client reads the attachments of the message (their data left out).
+    message: Any = event.data
+    blob, file = message.attachments
+    assert (blob.mime_type, blob.display_name, blob.byte_length, blob.data) == (
+        "image/png",
+        "pixel.png",
+        68,
+        None,
+    )
+    assert (file.path, file.display_name, file.mime_type) == (str(photo), "photo.png", "image/png")
 
 
 @pytest.mark.parametrize(
@@ -723,3 +891,54 @@ async def test_D5_resuming_a_session_only_this_client_has_open_applies_the_new_o
     assert "x-tenant" not in model.received[0].headers
     assert model.received[1].headers["x-tenant"] == "resumed"
     assert system_sent(model, 1) == "RESUMED"
+
+
+async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_options(
+    official: CopilotClient, shared_server: ServerProcess
+) -> None:
+    recorded = conversation(
+        user("Convert"),
+        assistant(None, call("c1", "currency", value="US")),
+        tool("c1", "USD"),
+        assistant("It is USD."),
+        user("Again"),
+        assistant("Done."),
+    )
+    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    await second.start()
+    try:
+        async with ReplayServer([recorded]) as model:
+            first = await official.create_session(
+                provider=provider(model),  # type: ignore[arg-type]
+                system_message={"mode": "replace", "content": "FIRST"},
+                tools=[lookup(lambda p, i: "x")],
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            currency = define_tool(
+                "currency",
+                description="Currency",
+                params_type=LookupArgs,
+                handler=lambda p, i: "USD",
+            )
+            byok: Any = {**provider(model), "headers": {"X-Tenant": "second"}}
+            joined = await second.resume_session(
+                first.session_id,
+                provider=byok,
+                system_message={"mode": "replace", "content": "SECOND"},
+                tools=[currency],
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            # The second client's tool is offered, and run by it; its options are not taken.
+            reply = await first.send_and_wait("Convert", timeout=30)
+            assert reply is not None and reply.data.content == "It is USD."  # type: ignore[union-attr]
+            offered = [t["function"]["name"] for t in model.requests[0]["tools"]]
+            assert sorted(offered) == ["currency", "lookup"]
+            assert system_sent(model, 0) == "FIRST"
+            assert "x-tenant" not in model.received[0].headers
+            # Gone with its client.
+            await joined.disconnect()
+            await first.send_and_wait("Again", timeout=30)
+            assert [t["function"]["name"] for t in model.requests[-1]["tools"]] == ["lookup"]
+            await first.disconnect()
+    finally:
+        await second.force_stop()

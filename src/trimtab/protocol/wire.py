@@ -202,6 +202,9 @@ class SessionOptionsParams(SessionParams):
     """What `session.create` and `session.resume` share."""
 
     model: str | None = None
+    reasoning_effort: Text | None = Field(default=None, min_length=1)
+    """Sent to the providers whose API has it (spec D12); on `session.resume` it replaces
+    the session's own."""
     provider: dict[str, Any] | None = None
     tools: list[WireTool] | None = None
     system_message: SystemMessage | str | None = None
@@ -231,6 +234,8 @@ class SessionOptionsParams(SessionParams):
         options: dict[str, Any] = {}
         if self.model is not None:
             options["model"] = self.model
+        if self.reasoning_effort is not None:
+            options["reasoning_effort"] = self.reasoning_effort
         if self.provider is not None:
             provider = options["provider"] = provider_config(self.provider)
             model_id = self.provider.get("modelId")
@@ -283,7 +288,7 @@ class SessionOptionsParams(SessionParams):
             )
         fields: dict[str, Any] = {
             key: options[key]
-            for key in ("model", "streaming", "developer_messages", "max_turns")
+            for key in ("model", "reasoning_effort", "streaming", "developer_messages", "max_turns")
             if key in options
         }
         if (message := options.get("system_message")) is not None:
@@ -309,6 +314,7 @@ class SessionOptionsParams(SessionParams):
 _REMOTE_OPTIONS = frozenset(
     {
         "model",
+        "reasoning_effort",
         "provider",
         "system_message",
         "developer_messages",

@@ -43,6 +43,9 @@ class ModelRequest(_Frozen):
     headers: dict[str, str] | None = None
     """HTTP headers for this request only (a `send`'s `request_headers`), over the
     provider's own."""
+    reasoning_effort: str | None = None
+    """The effort asked of a reasoning model (`low`, `medium`, `high`...), sent as given to
+    the providers whose API has it (spec D12); None: the model's default."""
 
 
 class Usage(_Frozen):

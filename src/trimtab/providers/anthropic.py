@@ -160,7 +160,11 @@ class AnthropicProvider:
 
 
 def _body(request: ModelRequest, model: str) -> dict[str, Any]:
-    """The request's fields, but for `stream`; `model` is the name the provider knows."""
+    """The request's fields, but for `stream`; `model` is the name the provider knows.
+
+    `reasoning_effort` is not sent (spec D12): Messages has no effort, only a `thinking`
+    budget, and a turn that thinks and calls tools must be sent back with its signed
+    thinking blocks, which the log does not keep."""
     system, messages = _messages(request.messages)
     max_tokens = request.max_tokens or limits_for(request.model).max_output_tokens
     if not request.stream and request.max_tokens is None:
@@ -206,6 +210,10 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
         return [block | ({"content": message.content} if message.content else {})]
     if message.content:
         blocks.append({"type": "text", "text": message.content})
+    blocks += [  # a user message's images, after its text (spec D14)
+        {"type": "image", "source": {"type": "base64", "media_type": i.mime_type, "data": i.data}}
+        for i in message.images
+    ]
     blocks += [
         {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
         for c in message.tool_calls

@@ -110,6 +110,8 @@ def _body(request: ModelRequest, model: str) -> bytes:
     if request.max_tokens is not None:
         # `max_tokens`, not `max_completion_tokens`: the compatible servers know only this one.
         fields["max_tokens"] = request.max_tokens
+    if request.reasoning_effort is not None:
+        fields["reasoning_effort"] = request.reasoning_effort
     messages = ",".join([_message(m) for m in request.messages])
     # `fields` is never empty, so its JSON goes on after its opening brace.
     return f'{{"messages":[{messages}],{_json(fields)[1:]}'.encode()
@@ -131,6 +133,13 @@ def _message(message: Message) -> str:
             for c in message.tool_calls
         )
         return f'{{"role":"assistant","content":{content},"tool_calls":[{calls}]}}'
+    if message.images:  # a user message's (spec D14): the text, then each image
+        parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}]
+        parts += [
+            {"type": "image_url", "image_url": {"url": f"data:{i.mime_type};base64,{i.data}"}}
+            for i in message.images
+        ]
+        return f'{{"role":"{role}","content":{_json(parts)}}}'
     if role == "tool":
         call_id = _json(message.tool_call_id)
         return f'{{"role":"tool","content":{content},"tool_call_id":{call_id}}}'

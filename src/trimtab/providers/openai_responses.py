@@ -118,6 +118,8 @@ def _body(request: ModelRequest, model: str) -> dict[str, Any]:
         ]
     if request.max_tokens is not None:
         body["max_output_tokens"] = request.max_tokens
+    if request.reasoning_effort is not None:
+        body["reasoning"] = {"effort": request.reasoning_effort}
     return body
 
 
@@ -129,6 +131,13 @@ def _items(message: Message) -> list[dict[str, Any]]:
     match message.role:
         case "system":
             return []
+        case "user" if message.images:  # the text, then each image (spec D14)
+            parts: list[dict[str, Any]] = [{"type": "input_text", "text": message.content}]
+            parts += [
+                {"type": "input_image", "image_url": f"data:{i.mime_type};base64,{i.data}"}
+                for i in message.images
+            ]
+            return [{"role": "user", "content": parts}]
         case "developer" | "user":
             return [{"role": message.role, "content": message.content}]
         case "assistant":

@@ -1,9 +1,12 @@
-"""A `send`'s attachments, made into text the model reads after the prompt (spec D11).
+"""A `send`'s attachments, made into text the model reads after the prompt (spec D11), and
+images it is shown (spec D14).
 
-trimtab's messages carry text, for every provider: a file or a selection is its text, a
-directory its listing, a blob its text when it is text and a one-line description otherwise
-(an image included). Each is bounded, and anything that cannot be read is refused with a
-clear error before anything is stored.
+A file or a selection is its text, a directory its listing, a blob its text when it is text
+and a one-line description otherwise. An image (a blob, or a file, of a type every provider
+with images takes) is described in the text too, and shown as an image where the session's
+provider takes images. Each is bounded, and anything that cannot be read is refused with a
+clear error before anything is stored. What the client attached is recorded with the message
+in the protocol's shapes (`Composed.attachments`), its data left out.
 """
 
 from __future__ import annotations
@@ -11,9 +14,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import mimetypes
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, get_args
 
+from trimtab.events import Image
 from trimtab.protocol.wire import (
     Attachment,
     BlobAttachment,
@@ -22,7 +29,7 @@ from trimtab.protocol.wire import (
     SelectionAttachment,
 )
 
-__all__ = ["MAX_BLOB_BYTES", "MAX_ENTRIES", "MAX_TEXT_BYTES", "with_attachments"]
+__all__ = ["MAX_BLOB_BYTES", "MAX_ENTRIES", "MAX_TEXT_BYTES", "Composed", "with_attachments"]
 
 MAX_TEXT_BYTES = 256 * 1024
 """Bytes of a file (or text blob) the model is given; the rest is cut, with a note."""
@@ -31,27 +38,42 @@ MAX_ENTRIES = 200
 """Entries of a directory listed; more are counted, not named."""
 
 MAX_BLOB_BYTES = 10 * 1024 * 1024
-"""The largest blob accepted (decoded)."""
+"""The largest blob, or image file, accepted (decoded)."""
+
+_IMAGE_TYPES = frozenset(get_args(Image.model_fields["mime_type"].annotation))
 
 
-async def with_attachments(prompt: str, attachments: list[Attachment]) -> str:
-    """`prompt` followed by each attachment as text.
+@dataclass
+class Composed:
+    """A send's prompt with its attachments."""
+
+    prompt: str
+    """The prompt, then each attachment as text."""
+    images: list[Image] = field(default_factory=list)
+    attachments: list[dict[str, Any]] = field(default_factory=list)
+    """What was attached, in the shapes of the protocol's `user.message` (spec D14)."""
+
+
+async def with_attachments(prompt: str, attachments: list[Attachment]) -> Composed:
+    """`prompt` followed by each attachment as text, and the images among them.
 
     Raises:
         ValueError: An attachment that cannot be read, or is too large.
     """
+    composed = Composed(prompt)
     parts = [prompt]
     for attachment in attachments:
         match attachment:
             case FileAttachment():
-                parts.append(await asyncio.to_thread(_file, attachment))
+                parts.append(await asyncio.to_thread(_file, attachment, composed))
             case DirectoryAttachment():
-                parts.append(await asyncio.to_thread(_directory, attachment))
+                parts.append(await asyncio.to_thread(_directory, attachment, composed))
             case SelectionAttachment():
-                parts.append(await asyncio.to_thread(_selection, attachment))
+                parts.append(await asyncio.to_thread(_selection, attachment, composed))
             case BlobAttachment():
-                parts.append(_blob(attachment))
-    return "\n\n".join(parts)
+                parts.append(_blob(attachment, composed))
+    composed.prompt = "\n\n".join(parts)
+    return composed
 
 
 def _wrap(kind: str, name: str, where: str | None, body: str) -> str:
@@ -66,11 +88,15 @@ def _path(given: str, what: str) -> Path:
     return path
 
 
-def _read(path: Path, what: str) -> bytes:
-    """The first `MAX_TEXT_BYTES` (plus one, to tell a cut) of a file."""
+def _read(path: Path, what: str, whole: int | None = None) -> bytes:
+    """The first `MAX_TEXT_BYTES` (plus one, to tell a cut) of a file; with `whole`, all of
+    it, refused when larger."""
     try:
         with path.open("rb") as file:
-            return file.read(MAX_TEXT_BYTES + 1)
+            data = file.read((whole or MAX_TEXT_BYTES) + 1)
+            if whole is not None and len(data) > whole:
+                raise ValueError(f"attachment {what} is larger than {whole} bytes: {path}")
+            return data
     except FileNotFoundError:
         raise ValueError(f"attachment {what} not found: {path}") from None
     except IsADirectoryError:
@@ -91,10 +117,19 @@ def _text(data: bytes, size: int) -> str | None:
     return text + (f"\n[cut: the first {MAX_TEXT_BYTES} of {size} bytes]" if cut else "")
 
 
-def _file(attachment: FileAttachment) -> str:
+def _file(attachment: FileAttachment, composed: Composed) -> str:
     path = _path(attachment.path, "file")
-    data = _read(path, "file")
     name = attachment.display_name or path.name
+    described: dict[str, Any] = {"type": "file", "path": str(path), "displayName": name}
+    if attachment.line_range is not None:
+        described["lineRange"] = attachment.line_range.model_dump()
+    composed.attachments.append(described)
+    mime = mimetypes.guess_type(path.name)[0]
+    if mime is not None and mime in _IMAGE_TYPES:
+        data = _read(path, "file", MAX_BLOB_BYTES)
+        described |= {"mimeType": mime, "byteLength": len(data)}
+        return _wrap("file", name, str(path), _image(mime, data, composed))
+    data = _read(path, "file")
     text = _text(data, _size(path))
     if text is None:
         return _wrap("file", name, str(path), f"[binary file, {_size(path)} bytes]")
@@ -105,7 +140,7 @@ def _file(attachment: FileAttachment) -> str:
     return _wrap("file", name, str(path), text)
 
 
-def _directory(attachment: DirectoryAttachment) -> str:
+def _directory(attachment: DirectoryAttachment, composed: Composed) -> str:
     path = _path(attachment.path, "directory")
     try:
         entries = sorted(os.scandir(path), key=lambda e: e.name)
@@ -119,18 +154,32 @@ def _directory(attachment: DirectoryAttachment) -> str:
     if len(entries) > MAX_ENTRIES:
         listed.append(f"[and {len(entries) - MAX_ENTRIES} more entries]")
     name = attachment.display_name or path.name
+    composed.attachments.append({"type": "directory", "path": str(path), "displayName": name})
     return _wrap("directory", name, str(path), "\n".join(listed) or "[empty]")
 
 
-def _selection(attachment: SelectionAttachment) -> str:
+def _selection(attachment: SelectionAttachment, composed: Composed) -> str:
     path = _path(attachment.file_path, "selection's file")
     name = attachment.display_name or path.name
     selection = attachment.selection
     where = str(path)
     if selection is not None:
         where += f":{selection.start.line + 1}-{selection.end.line + 1}"
-    if attachment.text is not None:
-        return _wrap("selection", name, where, attachment.text)
+    text = attachment.text if attachment.text is not None else _selected(path, attachment)
+    # The protocol's selection names its range: none given is the whole text.
+    lines = text.split("\n")
+    whole = {"start": {"line": 0, "character": 0}}
+    whole["end"] = {"line": len(lines) - 1, "character": len(lines[-1])}
+    described: dict[str, Any] = {"type": "selection", "filePath": str(path), "text": text}
+    described["displayName"] = name
+    described["selection"] = selection.model_dump() if selection is not None else whole
+    composed.attachments.append(described)
+    return _wrap("selection", name, where, text)
+
+
+def _selected(path: Path, attachment: SelectionAttachment) -> str:
+    """The selection's text, read from its file."""
+    selection = attachment.selection
     text = _text(_read(path, "selection's file"), _size(path))
     if text is None:
         raise ValueError(f"attachment selection's file is not text: {path}")
@@ -140,10 +189,10 @@ def _selection(attachment: SelectionAttachment) -> str:
             lines[-1] = lines[-1][: selection.end.character]
             lines[0] = lines[0][selection.start.character :]
         text = "\n".join(lines)
-    return _wrap("selection", name, where, text)
+    return text
 
 
-def _blob(attachment: BlobAttachment) -> str:
+def _blob(attachment: BlobAttachment, composed: Composed) -> str:
     if len(attachment.data) > MAX_BLOB_BYTES * 4 // 3 + 4:
         raise ValueError(f"attachment blob is larger than {MAX_BLOB_BYTES} bytes")
     try:
@@ -152,11 +201,25 @@ def _blob(attachment: BlobAttachment) -> str:
         raise ValueError("attachment blob data is not base64") from None
     name = attachment.display_name or "blob"
     mime = attachment.mime_type
+    described: dict[str, Any] = {"type": "blob", "mimeType": mime, "byteLength": len(data)}
+    composed.attachments.append(
+        described | ({"displayName": name} if attachment.display_name else {})
+    )
+    if mime in _IMAGE_TYPES:
+        return _wrap("blob", name, None, _image(mime, data, composed))
     text = _text(data, len(data)) if mime.startswith("text/") else None
     if text is None:
         kind = "image" if mime.startswith("image/") else "binary data"
-        text = f"[{kind}: {mime}, {len(data)} bytes; trimtab gives the model text only]"
+        text = f"[{kind}: {mime}, {len(data)} bytes; not shown to the model]"
     return _wrap("blob", name, None, text)
+
+
+def _image(mime: str, data: bytes, composed: Composed) -> str:
+    """Show the model `data` as an image; the note that stands for it in the text."""
+    composed.images.append(
+        Image.model_validate({"mime_type": mime, "data": base64.b64encode(data).decode()})
+    )
+    return f"[image: {mime}, {len(data)} bytes]"
 
 
 def _size(path: Path) -> int:

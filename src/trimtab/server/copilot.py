@@ -261,11 +261,14 @@ class CopilotConnection:
         context when it sent one (spec OT5)."""
         request = SendParams.model_validate(params)
         shared = self._hub.get(self._conn, request.session_id)
-        prompt = request.prompt
-        if request.attachments:
-            prompt = await with_attachments(prompt, request.attachments)
+        composed = await with_attachments(request.prompt, request.attachments or [])
         with remote_parent(request.traceparent, request.tracestate):
-            message_id = await shared.session.send(prompt, request_headers=request.request_headers)
+            message_id = await shared.session.send(
+                composed.prompt,
+                request_headers=request.request_headers,
+                images=composed.images,
+                attachments=composed.attachments,
+            )
         return shared, message_id
 
     async def _abort(self, params: dict[str, Any]) -> dict[str, Any]:

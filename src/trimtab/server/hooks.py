@@ -32,7 +32,10 @@ class ClientHooks:
             target = self.target
             if target is None or target.closed:
                 return None
-            params = {"sessionId": self.session_id, "hookType": hook_type, "input": hook_input}
+            # The session the hook is for: a fork of this session gets the source's hooks,
+            # and its calls must not read as the source's (a second `sessionStart` of it).
+            session_id = invocation.get("session_id", self.session_id)
+            params = {"sessionId": session_id, "hookType": hook_type, "input": hook_input}
             answer = await target.request("hooks.invoke", params, timeout=HOOK_TIMEOUT)
             return answer.get("output") if isinstance(answer, dict) else None
 

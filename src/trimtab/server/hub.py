@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from trimtab import Client, Session, SessionNotFoundError
+from trimtab import Client, Session, SessionNotFoundError, Tool
 from trimtab.events import Event, SessionResumeData, SessionResumeEvent, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
@@ -53,6 +53,9 @@ class SharedSession:
     peers: list[Connection] = field(default_factory=list)
     _tools: dict[Connection, frozenset[str]] = field(default_factory=dict)
     """The tools each attached connection declared (and so can run)."""
+    _offered: dict[Connection, list[Tool]] = field(default_factory=dict)
+    """The tools a connection that joined the open session brought that it has not: offered
+    to the model while that connection is attached (spec D5)."""
     _buffer: list[Event] | None = field(default_factory=list)
     _unsubscribe: Callable[[], None] | None = None
     lingering: asyncio.Task[None] | None = None
@@ -103,8 +106,28 @@ class SharedSession:
         if peer not in self.peers:
             self.peers.append(peer)
         self._tools[peer] = frozenset(t.name for t in params.tools or ())
+        own = {tool.name for tool in self.session.options()["tools"]}
+        offered: list[Tool] = [
+            self.questions.tool(t.definition())
+            for t in params.tools or ()
+            if t.name not in own and params.offers(t.name)
+        ]
+        before = self._offered.pop(peer, [])
+        if offered:
+            self._offered[peer] = offered
+        if offered or before:
+            self._offer()
         if params.hooks and self.hooks is not None:
             self.hooks.target = peer
+
+    def _offer(self) -> None:
+        """Offer the model the tools of every joined connection (the first one's, of a name
+        two declare)."""
+        union: dict[str, Tool] = {}
+        for tools in self._offered.values():
+            for tool in tools:
+                union.setdefault(tool.name, tool)
+        self.session.offer_tools(list(union.values()))
 
     def redeliver(self, peer: Connection) -> None:
         """Send `peer` the tool calls still waiting for an answer: a client that resumes the
@@ -123,6 +146,8 @@ class SharedSession:
         if peer in self.peers:
             self.peers.remove(peer)
         self._tools.pop(peer, None)
+        if self._offered.pop(peer, None):
+            self._offer()  # its tools go with it
         # The last one out keeps the hooks until the session is let go (sessionEnd).
         if self.hooks is not None and self.hooks.target is peer and self.peers:
             self.hooks.target = None
