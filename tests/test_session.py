@@ -407,6 +407,29 @@ async def test_D13_tool_hooks_suppress_output_and_add_context(client: Client) ->
     assert note.data.message_id is None
 
 
+async def test_D13_the_failure_hook_is_asked_for_calls_that_cannot_be_made(client: Client) -> None:
+    asked: list[tuple[str, Any, str]] = []
+
+    def failed(data: dict[str, Any], invocation: dict[str, str]) -> dict[str, Any]:
+        asked.append((data["toolName"], data["toolArgs"], data["error"]))
+        return {"additionalContext": f"Not {data['toolName']}."}
+
+    model = ScriptedModel(
+        [
+            [tool_call("nope", {}, id="c1"), tool_call("echo", {"txt": 1}, id="c2")],
+            "done",
+        ]
+    )
+    session = await open_session(
+        client, model, echo_tool(), hooks={"on_post_tool_use_failure": failed}
+    )
+    await session.send_and_wait("Go")
+    assert [(name, args) for name, args, _ in asked] == [("nope", {}), ("echo", {"txt": 1})]
+    assert "does not exist" in asked[0][2]
+    hook_notes = [content for role, content in roles(model, 1) if role == "user"][-2:]
+    assert [note.splitlines()[-1] for note in hook_notes] == ["Not nope.", "Not echo."]
+
+
 async def test_D13_user_prompt_submitted_context_follows_the_prompt(client: Client) -> None:
     hooks: Any = {
         "on_user_prompt_submitted": lambda data, i: {"additionalContext": "User prefers brevity."}

@@ -511,20 +511,11 @@ async def _decide(
     host: LoopHost, call: ToolCall, arguments: object, notes: list[str]
 ) -> CallOutcome:
     """How the call ends; what its hooks add to the conversation goes to `notes` (D13)."""
-    tool = host.tools.get(call.name)
-    if tool is None:
-        return CallOutcome("failure", f"Tool '{call.name}' does not exist.")
+    usable = _usable(host, call, arguments)
+    if isinstance(usable, CallOutcome):
+        return await _failed(host, call, arguments, usable, notes)
+    tool, params = usable
     external = isinstance(tool, ExternalTool)
-    if isinstance(tool, ExternalTool) and not tool.provided():
-        # Its client left: nobody would ever answer.
-        return CallOutcome("failure", f"No connected client provides the tool '{call.name}'.")
-    if call.name in host.deferred() and call.name not in host.state.discovered:
-        return CallOutcome(
-            "failure", f"Tool '{call.name}' is not loaded: find it with tool_search first."
-        )
-    params = tool.validate(arguments)
-    if isinstance(params, CallOutcome):
-        return params
     hooks, approved, suppressed = host.hooks, False, False
     if hooks:
         pre = await hooks.pre_tool_use(call.name, arguments)
@@ -534,7 +525,7 @@ async def _decide(
         if pre.arguments is not arguments:
             arguments, params = pre.arguments, tool.validate(pre.arguments)
             if isinstance(params, CallOutcome):
-                return params
+                return await _failed(host, call, arguments, params, notes)
         approved, suppressed = pre.approved, pre.suppressed
     invocation = host.invocation(call, arguments, new_id() if external else None)
     if not approved:
@@ -551,15 +542,41 @@ async def _decide(
     finally:
         current_tool_call.reset(token)
         host.state.in_flight.pop(call.id, None)
-    if outcome.outcome == "success":
-        _discover(host, outcome.references)
-        if hooks:
-            post = await hooks.post_tool_use(call.name, arguments, outcome.text)
-            notes += [post.note] if post.note else []
-            suppressed = suppressed or post.suppressed
-            outcome = outcome._replace(text=SUPPRESSED if suppressed else valid_text(post.text))
-    elif hooks:
-        note = await hooks.post_tool_use_failure(call.name, arguments, outcome.text)
+    if outcome.outcome != "success":
+        return await _failed(host, call, arguments, outcome, notes)
+    _discover(host, outcome.references)
+    if hooks:
+        post = await hooks.post_tool_use(call.name, arguments, outcome.text)
+        notes += [post.note] if post.note else []
+        suppressed = suppressed or post.suppressed
+        outcome = outcome._replace(text=SUPPRESSED if suppressed else valid_text(post.text))
+    return outcome
+
+
+def _usable(host: LoopHost, call: ToolCall, arguments: object) -> tuple[Tool, Any] | CallOutcome:
+    """The tool and its validated parameters, or why the call cannot be made."""
+    tool = host.tools.get(call.name)
+    if tool is None:
+        return CallOutcome("failure", f"Tool '{call.name}' does not exist.")
+    if isinstance(tool, ExternalTool) and not tool.provided():
+        # Its client left: nobody would ever answer.
+        return CallOutcome("failure", f"No connected client provides the tool '{call.name}'.")
+    if call.name in host.deferred() and call.name not in host.state.discovered:
+        return CallOutcome(
+            "failure", f"Tool '{call.name}' is not loaded: find it with tool_search first."
+        )
+    params = tool.validate(arguments)
+    return params if isinstance(params, CallOutcome) else (tool, params)
+
+
+async def _failed(
+    host: LoopHost, call: ToolCall, arguments: object, outcome: CallOutcome, notes: list[str]
+) -> CallOutcome:
+    """A call that did not succeed, also one that could not be made (an unknown tool, bad
+    arguments): its `postToolUseFailure` hooks may add guidance (D13), as in the reference
+    runtime. A denial is the user's answer, not a failure: they are not asked."""
+    if host.hooks and outcome.outcome != "denied":
+        note = await host.hooks.post_tool_use_failure(call.name, arguments, outcome.text)
         notes += [note] if note else []
     return outcome
 
