@@ -815,6 +815,30 @@ async def test_D14_image_blobs_and_files_are_image_parts_and_the_event_has_attac
     assert (file.path, file.display_name, file.mime_type) == (str(photo), "photo.png", "image/png")
 
 
+async def test_D14_a_trimtab_remote_session_sends_images_and_request_headers(
+    shared_server: ServerProcess, model: ReplayServer
+) -> None:
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(24)).decode()
+    async with trimtab.Client.connect(shared_server.url) as client:
+        session = await client.create_session(provider=provider(model))
+        with pytest.raises(ValueError, match="mime_type"):
+            await session.send("Look", images=[{"mime_type": "image/bmp", "data": png}])
+        image = {"mime_type": "image/png", "data": png}
+        await session.send("Say hello", images=[image], request_headers={"X-Turn-Tag": "remote"})
+        for _ in range(300):
+            if model.requests:
+                break
+            await asyncio.sleep(0.1)
+        await session.disconnect()
+    [request] = model.requests  # the refused send stored nothing and ran nothing
+    content = request["messages"][-1]["content"]
+    assert content[0]["text"].startswith('Say hello\n\n<attachment type="blob"')
+    assert content[1:] == [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
+    ]
+    assert model.received[0].headers["x-turn-tag"] == "remote"
+
+
 @pytest.mark.parametrize(
     ("attachment", "error"),
     [

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from pydantic import BaseModel, ValidationError
@@ -35,12 +35,14 @@ from trimtab.events import (
     EventType,
     ExternalToolCompletedEvent,
     ExternalToolRequestedEvent,
+    Image,
     PermissionRequestedEvent,
     ToolOutcome,
 )
 from trimtab.protocol.errors import error_from_rpc
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import (
+    BlobAttachment,
     ClearContextParams,
     ClearContextResultWire,
     CompactParams,
@@ -165,20 +167,31 @@ class RemoteSession:
         """Subscribe to events (all, or one type); returns a function that unsubscribes."""
         return self._subscribers.add(first, handler)
 
-    async def send(self, prompt: str) -> str:
+    async def send(
+        self,
+        prompt: str,
+        *,
+        request_headers: Mapping[str, str] | None = None,
+        images: Sequence[Image | Mapping[str, str]] = (),
+    ) -> str:
         """Queue `prompt` and return its message id at once, as `Session.send`."""
-        params = SendParams(session_id=self.session_id, prompt=prompt, **outgoing())
+        params = self._send_params(prompt, request_headers, images)
         return (await self._call("session.send", params, SendResult)).message_id
 
     async def send_and_wait(
-        self, prompt: str, *, timeout: float | None = None
+        self,
+        prompt: str,
+        *,
+        timeout: float | None = None,
+        request_headers: Mapping[str, str] | None = None,
+        images: Sequence[Image | Mapping[str, str]] = (),
     ) -> AssistantMessageEvent | None:
         """Send `prompt` and wait for its run to end, as `Session.send_and_wait`.
 
         Raises `SessionError` if the run ended in `session.error`, and `TimeoutError` after
         `timeout` seconds (the run goes on).
         """
-        params = SendParams(session_id=self.session_id, prompt=prompt, **outgoing())
+        params = self._send_params(prompt, request_headers, images)
         result = await self._call("session.sendAndWait", params, SendAndWaitResult, timeout=timeout)
         if result.response is None:
             return None
@@ -186,6 +199,26 @@ class RemoteSession:
         if not isinstance(event, AssistantMessageEvent):
             raise TrimtabError(f"the server answered with a {event.type} event")
         return event
+
+    def _send_params(
+        self,
+        prompt: str,
+        request_headers: Mapping[str, str] | None,
+        images: Sequence[Image | Mapping[str, str]],
+    ) -> SendParams:
+        """A send on the wire: its images as blob attachments (spec D14), checked here as
+        `Session.send` checks them, and its headers as `requestHeaders` (D9)."""
+        blobs = [
+            BlobAttachment(type="blob", data=image.data, mime_type=image.mime_type)
+            for image in (Image.model_validate(i) for i in images)
+        ]
+        return SendParams(
+            session_id=self.session_id,
+            prompt=prompt,
+            attachments=blobs or None,
+            request_headers=dict(request_headers) if request_headers else None,
+            **outgoing(),
+        )
 
     async def abort(self) -> None:
         """Stop the current run; its tool handlers here are cancelled too."""
