@@ -140,6 +140,8 @@ class Client:
         self._sessions: dict[str, Session] = {}
         self._owner_of_sessions = _SessionOwner(self)
         self._providers: dict[str, Provider] = {}
+        self._tool_tables: dict[tuple[int, ...], tuple[tuple[Tool, ...], dict[str, Tool]]] = {}
+        """Tool lists given to sessions, by their tools' ids, and their tables (`_tool_table`)."""
         self._maintainer: asyncio.Task[None] | None = None
         self._mcp: ServerPool | None = None
         """The MCP servers of this client's sessions, created with the first that has any."""
@@ -308,7 +310,7 @@ class Client:
         opts: SessionOptions,
     ) -> tuple[Session, Hooks]:
         """Assemble an opened session, and keep it (one per id)."""
-        tools = {tool.name: tool for tool in opts.get("tools", [])}
+        tools = self._tool_table(tuple(opts.get("tools", ())))
         search = tools.get(TOOL_SEARCH)
         if search is not None and not search.definition.overrides_built_in_tool:
             raise ValueError(
@@ -327,6 +329,17 @@ class Client:
         )
         self._sessions[session_id] = session
         return session, hooks
+
+    def _tool_table(self, tools: tuple[Tool, ...]) -> dict[str, Tool]:
+        """The tools by name: one dict for every session given the same tools, as an app's
+        sessions usually are (~180 bytes less per idle session; nothing changes it)."""
+        key = tuple(map(id, tools))
+        cached = self._tool_tables.get(key)
+        if cached is None:  # (the cache holds the tools: their ids cannot be reused meanwhile)
+            if len(self._tool_tables) >= _TOOL_TABLES:
+                del self._tool_tables[next(iter(self._tool_tables))]
+            cached = self._tool_tables[key] = (tools, {tool.name: tool for tool in tools})
+        return cached[1]
 
     def _mcp_tools(self, servers: dict[str, Any] | None, reserved: frozenset[str]) -> Any:
         """The session's MCP toolset (`trimtab.mcp`, imported only when servers are named)."""
@@ -437,6 +450,9 @@ async def _undo_create(store: Store, session_id: str) -> None:
     except Exception:
         log.warning("could not remove the half-created session %s", session_id, exc_info=True)
 
+
+_TOOL_TABLES = 64
+"""Distinct tool lists whose tables a client keeps for its sessions to share."""
 
 _MAX_ID_LENGTH = 200
 """The longest session id: it is a key of every store (PostgreSQL indexes keys up to ~2.7 KB)."""
