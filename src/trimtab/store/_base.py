@@ -114,7 +114,9 @@ class LiveFeed(Protocol):
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
         """Hand an ephemeral event (a delta, an idle) to the session's live subscribers, in its
         place after the session's first `after` events. Never stored: a subscriber that is not
-        listening misses it. Best effort: a delivery failure is logged, not raised.
+        listening misses it. Best effort: a delivery failure is logged, not raised. Returns
+        without waiting (queue what must be sent): the runtime publishes a streamed delta on
+        its way to the session's own handlers.
 
         Memory and SQLite reach the subscribers of this process; PostgreSQL those of every
         runtime sharing the database.
