@@ -4,6 +4,8 @@ session's change reach another."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 from tests.conftest import open_session
@@ -60,3 +62,22 @@ async def test_issue20_5_a_session_without_hooks_gives_a_fork_none(client: Clien
     assert hooks == {}
     hooks["onSessionStart"] = lambda *args: None  # the caller's own dict: nothing shared
     assert session.options()["hooks"] == {}
+
+
+async def test_issue20_5_the_client_lets_go_of_a_disconnected_sessions_tools(
+    client: Client,
+) -> None:
+    def probe() -> str:
+        return "ran"
+
+    held = weakref.ref(probe)
+    tools = [define_tool("probe", description="d", handler=probe)]
+    sessions = [await open_session(client, ScriptedModel(), *tools) for _ in range(2)]
+    await sessions[0].disconnect()
+    del probe, tools
+    gc.collect()
+    assert held() is not None  # the other session still has it
+    await sessions[1].disconnect()
+    del sessions
+    gc.collect()
+    assert held() is None
