@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -183,6 +185,18 @@ def rss_bytes(pid: int | None = None) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def settled_rss() -> int:
+    """This process's resident set once garbage is collected and glibc's `malloc_trim(0)`
+    has handed free heap pages back: what the live objects occupy, not what the allocator
+    kept from earlier garbage (a fair reading; it changes no live object). From
+    /proc/self/statm."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: no trim, still RSS
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 async def bytes_per_session(

@@ -4,16 +4,17 @@
                         [--write docs/performance.md] [--json results.json]
 
 NAMES (comma-separated, default all): trimtab (in process: turns above the floor, pure
-overhead, memory, import time, tracing off and on), agents, pydantic-ai, langgraph (the peers,
-each above its own floor), server (`trimtab serve` driven by the official Copilot client),
-copilot (the Copilot CLI driven by the same client), many (1,000 sessions on one `trimtab
-serve` over JSON-RPC: server CPU per turn against the same turns in process, latency, RSS),
-streaming (a delta's latency from the provider's bytes to an `on()` handler and to a JSON-RPC
-client), store (SQLite append rate, open and clear_context costs), local (the embedded model:
-tokens read per turn, time to first token against raw llama-cpp-python; skipped without the
-`local` extra and its weights), postgres (database round trips, commits and NOTIFYs per turn,
-in process), scaleout (1, 2 and 4 `trimtab serve` processes sharing one PostgreSQL database,
-200 concurrent sessions). The last two need $TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, and
+overhead, memory per idle session, 100,000 idle sessions, import time, tracing off and on),
+agents, pydantic-ai, langgraph (the peers, each above its own floor), server (`trimtab
+serve` driven by the official Copilot client), copilot (the Copilot CLI driven by the same
+client), many (1,000 sessions on one `trimtab serve` over JSON-RPC: server CPU per turn
+against the same turns in process, latency, RSS), streaming (a delta's latency from the
+provider's bytes to an `on()` handler and to a JSON-RPC client), store (SQLite append rate,
+open and clear_context costs), local (the embedded model: tokens read per turn, time to
+first token against raw llama-cpp-python; skipped without the `local` extra and its
+weights), postgres (database round trips, commits and NOTIFYs per turn, in process),
+scaleout (1, 2 and 4 `trimtab serve` processes sharing one PostgreSQL database, 200
+concurrent sessions). The last two need $TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, and
 are skipped without.
 
 Every measurement runs in a subprocess of its own (see `common.py` for the scenario). The
@@ -21,10 +22,11 @@ peers are installed into a virtual environment under the cache directory
 ($TRIMTAB_BENCH_CACHE, default ~/.cache/trimtab-bench), never into this one; the Copilot CLI
 comes from npm into the same cache.
 
-`--smoke` (CI) runs trimtab's in-process pure-overhead, memory, import, append, context and
-tracing benchmarks with few runs, and the many-sessions, streaming and (with a DSN) PostgreSQL
-benches small: no network beyond 127.0.0.1, no peers, well under a minute. Timings never fail
-a run; a worker that crashes, or whose correctness check fails, does.
+`--smoke` (CI) runs trimtab's in-process pure-overhead, memory (tracemalloc, and RSS over
+1,000 idle sessions), import, append, context and tracing benchmarks with few runs, and the
+many-sessions, streaming and (with a DSN) PostgreSQL benches small: no network beyond
+127.0.0.1, no peers, well under a minute. Timings never fail a run; a worker that crashes,
+or whose correctness check fails, does.
 """
 
 from __future__ import annotations
@@ -89,6 +91,14 @@ def worker(command: list[str], timeout: float = 1800) -> dict[str, Any]:
 
 def trimtab_part(part: str, *extra: str) -> dict[str, Any]:
     return worker([sys.executable, str(BENCH / "trimtab_inproc.py"), "--part", part, *extra])
+
+
+def idle_rss() -> dict[str, Any]:
+    """RSS growth per idle session over 1,000 sessions, per store, each in a fresh process."""
+    return {
+        store: trimtab_part("rss", "--store", store, "--sessions", "1000")
+        for store in ("sqlite", "memory")
+    }
 
 
 class FakeModel:
@@ -158,6 +168,7 @@ def _version(command: list[str]) -> str:
 def smoke(results: dict[str, Any]) -> None:
     results["scripted"] = trimtab_part("scripted", "--runs", str(SMOKE_RUNS), "--warmup", "5")
     results["memory"] = trimtab_part("memory", "--sessions", "100")
+    results["idle"] = idle_rss()
     results["import"] = trimtab_part("import")
     results["append"] = trimtab_part("append", "--smoke")
     results["context"] = trimtab_part("context", "--smoke")
@@ -177,7 +188,8 @@ def full(results: dict[str, Any], names: set[str], runs: str, warmup: str) -> No
             results["turns"] = trimtab_part("turns", *timing)
             results["scripted"] = trimtab_part("scripted", "--runs", runs, "--warmup", warmup)
             results["memory"] = trimtab_part("memory", "--sessions", "1000")
-            results["rss"] = trimtab_part("rss", "--sessions", "10000")
+            results["idle"] = idle_rss()
+            results["rss"] = trimtab_part("rss", "--store", "sqlite", "--sessions", "100000")
             results["import"] = trimtab_part("import")
             results["tracing"] = trimtab_part("tracing", "--runs", runs, "--warmup", warmup)
         wanted = [name for name in PEERS if name in names]

@@ -5,6 +5,7 @@ One part per process, so that a measurement never inherits another's heap or cac
 
     python bench/trimtab_inproc.py --part turns --base-url http://127.0.0.1:PORT/v1
     python bench/trimtab_inproc.py --part scripted|memory|rss|import|append|context|tracing
+    python bench/trimtab_inproc.py --part rss --store sqlite|memory --sessions 1000
 
 Each prints one JSON line (see `common.report`).
 """
@@ -12,7 +13,6 @@ Each prints one JSON line (see `common.report`).
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import subprocess
 import sys
@@ -217,24 +217,29 @@ def idle_sessions(client: Client) -> Callable[[int], Awaitable[object]]:
 
 
 async def rss(args: argparse.Namespace) -> dict[str, Any]:
-    """Resident memory of one process holding `args.sessions` idle sessions (SQLite store)."""
-    model = ScriptedModel(then=scripted_answer)
+    """RSS growth of one process opening `args.sessions` idle sessions on `args.store`
+    (`sqlite` or `memory`), per session: read with `common.settled_rss`, after warm-up
+    sessions have built what every session shares (schemas, pools, interned configuration)."""
+    warmup = 100
     with tempfile.TemporaryDirectory() as tmp:
-        async with Client(store=Path(tmp) / "bench.db") as client:
-            options = session_options(model)
-            await client.create_session(**options)
-            gc.collect()
-            before = common.rss_bytes()
-            for _ in range(args.sessions):
-                session = await client.create_session(**options)
-                await session.send_and_wait(common.PLAIN_PROMPT)
-                model.requests.clear()
-            gc.collect()
-            after = common.rss_bytes()
+        store: Any = Path(tmp) / "bench.db" if args.store == "sqlite" else "memory"
+        async with Client(store=store) as client:
+            open_idle = idle_sessions(client)
+            for i in range(warmup):
+                await open_idle(i)
+            before = common.settled_rss()
+            started = time.perf_counter()
+            for i in range(args.sessions):
+                await open_idle(warmup + i)
+            seconds = time.perf_counter() - started
+            after = common.settled_rss()  # the client still holds every session open
     return {
+        "store": args.store,
         "sessions": args.sessions,
+        "rss_before": before,
         "rss_total": after,
         "rss_per_session": (after - before) / args.sessions,
+        "seconds": seconds,
     }
 
 
@@ -500,6 +505,7 @@ async def main() -> dict[str, Any]:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--store", choices=["sqlite", "memory"], default="sqlite")
     parser.add_argument("--smoke", action="store_true", help="small sizes, for CI")
     args = parser.parse_args()
     if args.part == "import":

@@ -126,19 +126,20 @@ class Hooks:
 
     def __init__(self, session_id: str, handlers: SessionHooks | None) -> None:
         self._session_id = session_id
-        self._handlers = handlers or {}
+        # None, not an empty dict, in the many sessions without hooks.
+        self._handlers = handlers or None
 
     @property
     def handlers(self) -> SessionHooks:
         """The host's handlers, by hook name."""
-        return self._handlers
+        return self._handlers or {}
 
     def __bool__(self) -> bool:
         return bool(self._handlers)
 
     async def _call(self, name: str, data: dict[str, Any]) -> dict[str, Any]:
         """The hook's output, or `{}` when there is none or it failed."""
-        handler = cast("HookHandler | None", self._handlers.get(name))
+        handler = cast("HookHandler | None", self._handlers and self._handlers.get(name))
         if handler is None:
             return {}
         hook_input = {

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
@@ -109,6 +110,8 @@ conversations recorded against it replay unchanged (spec D7)."""
 
 _NO_TOOLS: frozenset[str] = frozenset()
 """One empty set for every session (docs/performance.md, memory per idle session)."""
+_NOT_IN_FLIGHT: Mapping[str, str] = MappingProxyType({})
+"""Likewise, one empty mapping of the calls in flight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +126,9 @@ class StagedClear:
 class LoopState:
     """The loop's live state that the session's `clear_context` needs to see."""
 
-    in_flight: dict[str, str] = field(default_factory=dict)
-    """Tool calls whose handler is running: call id -> tool name, in start order."""
+    in_flight: Mapping[str, str] = field(default_factory=lambda: _NOT_IN_FLIGHT)
+    """Tool calls whose handler is running: call id -> tool name, in start order; replaced
+    on change, so that the empty one is shared."""
     staged: StagedClear | None = None
     discovered: frozenset[str] = _NO_TOOLS
     """Deferred tools found by `tool_search`, callable for the rest of the window's run.
@@ -532,7 +536,8 @@ async def _decide(
         approval = await _permission(host, tool, call, invocation)
         if approval.refusal is not None:
             return approval.refusal
-    host.state.in_flight[call.id] = call.name
+    state = host.state
+    state.in_flight = {**state.in_flight, call.id: call.name}
     token = current_tool_call.set((host.session_id, call.id))
     try:
         if external:
@@ -541,7 +546,8 @@ async def _decide(
             outcome = await tool.run(params, invocation)
     finally:
         current_tool_call.reset(token)
-        host.state.in_flight.pop(call.id, None)
+        in_flight = {k: v for k, v in state.in_flight.items() if k != call.id}
+        state.in_flight = in_flight or _NOT_IN_FLIGHT
     if outcome.outcome != "success":
         return await _failed(host, call, arguments, outcome, notes)
     _discover(host, outcome.references)

@@ -11,8 +11,9 @@ even where the owner's ephemeral `session.idle` cannot reach it.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,6 +51,8 @@ __all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
 
 _NOTHING: frozenset[str] = frozenset()
 """One empty set for every session (docs/performance.md, memory per idle session)."""
+_NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
+"""Likewise, one empty mapping of unfinished calls."""
 
 
 class Batch(BaseModel):
@@ -120,8 +123,11 @@ class SessionState:
     """Input and output tokens summed over every `assistant.usage`; None before the first.
 
     Two ints rather than a `Usage` model (docs/performance.md, memory per idle session)."""
-    unfinished_calls: dict[str, ToolExecutionStartData] = field(default_factory=dict)
-    """Tool calls started but never completed (a crash mid-call), by call id."""
+    unfinished_calls: Mapping[str, ToolExecutionStartData] = field(
+        default_factory=lambda: _NO_CALLS
+    )
+    """Tool calls started but never completed (a crash mid-call), by call id; replaced on
+    change, so that the empty one is shared."""
     open_turn: str | None = None
     """The id of a turn started and not ended (a crash mid-turn)."""
     run_id: str | None = None
@@ -203,11 +209,12 @@ class SessionState:
                     requests = event.data.tool_requests or ()
                     batch.calls = {r.tool_call_id: r.name for r in requests}
             case ToolExecutionStartEvent():
-                self.unfinished_calls[event.data.tool_call_id] = event.data
+                call_id = event.data.tool_call_id
+                self.unfinished_calls = {**self.unfinished_calls, call_id: event.data}
                 if batch is not None and event.data.is_terminal:
-                    batch.terminal = [*batch.terminal, event.data.tool_call_id]
+                    batch.terminal = [*batch.terminal, call_id]
             case ToolExecutionCompleteEvent():
-                self.unfinished_calls.pop(event.data.tool_call_id, None)
+                self._call_ended(event.data.tool_call_id)
                 if batch is not None:
                     batch.outcomes[event.data.tool_call_id] = event.data.outcome
             case SessionContextClearedEvent() if batch is not None:
@@ -223,6 +230,11 @@ class SessionState:
             case _:
                 pass
         return False
+
+    def _call_ended(self, call_id: str) -> None:
+        if call_id in self.unfinished_calls:
+            calls = {k: v for k, v in self.unfinished_calls.items() if k != call_id}
+            self.unfinished_calls = calls or _NO_CALLS
 
     def _end_run(self) -> bool:
         ended = self.run_id is not None
@@ -291,7 +303,7 @@ class SessionState:
             turns=snapshot.turns,
             base=tuple(snapshot.conversation),
             tokens=snapshot.tokens,
-            unfinished_calls={c.tool_call_id: c for c in snapshot.unfinished_calls},
+            unfinished_calls={c.tool_call_id: c for c in snapshot.unfinished_calls} or _NO_CALLS,
             open_turn=snapshot.open_turn,
             run_id=snapshot.run_id,
             batch=snapshot.batch,

@@ -21,7 +21,9 @@ class Subscribers:
     __slots__ = ("_entries",)
 
     def __init__(self) -> None:
-        self._entries: list[tuple[EventType | None, EventHandler]] = []
+        # A tuple, replaced on change: the empty one is shared by every session nobody
+        # watches, and a delivery needs no copy to survive a handler that unsubscribes.
+        self._entries: tuple[tuple[EventType | None, EventHandler], ...] = ()
 
     def add(
         self, first: EventType | EventHandler, handler: EventHandler | None
@@ -38,17 +40,19 @@ class Subscribers:
             entry = (None, first)
         if not callable(entry[1]) or inspect.iscoroutinefunction(entry[1]):
             raise TypeError("an event handler must be a plain (non-async) callable")
-        self._entries.append(entry)
+        self._entries = (*self._entries, entry)
 
         def unsubscribe() -> None:
             if entry in self._entries:
-                self._entries.remove(entry)
+                entries = list(self._entries)
+                entries.remove(entry)
+                self._entries = tuple(entries)
 
         return unsubscribe
 
     def deliver(self, event: Event) -> None:
         """Call every handler that wants `event`; a failing handler is logged and skipped."""
-        for wanted, handler in tuple(self._entries):
+        for wanted, handler in self._entries:
             if wanted is None or wanted == event.type:
                 try:
                     handler(event)

@@ -60,8 +60,9 @@ class Projection:
         """The latest assistant message (content, requests) and the results it has so far."""
         self._rendered: list[Message] | None = None
         """The open turn's messages, until a result changes them."""
-        self._after: list[Message] = []
-        """User messages sent after the open turn (results may still come for it)."""
+        self._after: tuple[Message, ...] = ()
+        """User messages sent after the open turn (results may still come for it); a tuple,
+        so that the empty one of every idle session is shared."""
 
     def add(self, event: Event) -> None:
         """Project one event; those that do not shape the window are ignored."""
@@ -69,15 +70,21 @@ class Projection:
             case UserMessageEvent():
                 images = tuple(event.data.images) if event.data.images else ()
                 message = _kept(Message, role="user", content=event.data.content, images=images)
-                (self._after if self._turn is not None else self._final).append(message)
+                if self._turn is not None:
+                    self._after += (message,)
+                else:
+                    self._final.append(message)
             case AssistantMessageEvent():
                 self._final += self._turn_messages()
                 self._final += self._after
-                data = event.data
+                requests = tuple(event.data.tool_requests or ())
+                # Results are only ever added for a request: a turn without any shares one
+                # empty dict (most turns of an idle session's window end that way).
+                results = {} if requests else _NO_RESULTS
                 self._turn, self._rendered, self._after = (
-                    (data.content, tuple(data.tool_requests or ()), {}),
+                    (event.data.content, requests, results),
                     None,
-                    [],
+                    (),
                 )
             case ToolExecutionCompleteEvent() if self._turn is not None:
                 call_id, results = event.data.tool_call_id, self._turn[2]
@@ -103,6 +110,10 @@ class Projection:
         even while none of its calls has a result yet (what a clear reports, spec C5)."""
         turn = len(self._turn_messages()) or (self._turn is not None)
         return len(self._final) + turn + len(self._after)
+
+
+_NO_RESULTS: dict[str, str] = {}
+"""The results of every turn that requested no tool call: never written (see `add`)."""
 
 
 def _result_text(event: ToolExecutionCompleteEvent) -> str:

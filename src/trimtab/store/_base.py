@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
@@ -37,10 +38,13 @@ DEFAULT_TIMEOUT = 30.0
 configured otherwise (`timeout=` of the backends and `open_store`, `Client(store_timeout=)`)."""
 
 
-class Lease(BaseModel):
-    """Proof that one runtime runs a session's loop (spec R1)."""
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Proof that one runtime runs a session's loop (spec R1).
 
-    model_config = ConfigDict(frozen=True)
+    A slotted dataclass, not a model: every open session holds one, and a frozen pydantic
+    model of three fields is ~480 bytes against 64 (docs/performance.md, memory per idle
+    session). Nothing serialises it."""
 
     session_id: str
     owner: str
@@ -110,7 +114,9 @@ class LiveFeed(Protocol):
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
         """Hand an ephemeral event (a delta, an idle) to the session's live subscribers, in its
         place after the session's first `after` events. Never stored: a subscriber that is not
-        listening misses it. Best effort: a delivery failure is logged, not raised.
+        listening misses it. Best effort: a delivery failure is logged, not raised. Returns
+        without waiting (queue what must be sent): the runtime publishes a streamed delta on
+        its way to the session's own handlers.
 
         Memory and SQLite reach the subscribers of this process; PostgreSQL those of every
         runtime sharing the database.
