@@ -448,6 +448,8 @@ class Client:
                     for session in self._sessions.values():
                         if not session.is_remote and session.session_id not in kept:
                             session.ownership.lost()
+                # One read for all: a read per session would cost every idle one each tick.
+                waiting = await store.sessions_with_inputs()
                 for session in list(self._sessions.values()):
                     ownership = session.ownership
                     if not ownership.owned:
@@ -456,7 +458,7 @@ class Client:
                         )
                         if lease is not None:
                             await ownership.adopt(lease)
-                    else:
+                    elif session.session_id in waiting:
                         await ownership.take_inputs()
             except Exception:
                 # Upkeep must survive a transient store error; the next tick retries.

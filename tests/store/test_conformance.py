@@ -530,6 +530,18 @@ async def test_r1_inputs_stay_pending_in_fifo_order_until_their_message_is_store
     assert await store.pending_inputs("t") == [("elsewhere", "mt")]
 
 
+async def test_r1_the_sessions_with_pending_inputs_are_read_at_once(store: Store) -> None:
+    await make(store, "s", "t", "u")
+    assert await store.sessions_with_inputs() == set()
+    await store.enqueue_input("s", "one", "m1")
+    await store.enqueue_input("t", "two", "m2")
+    assert await store.sessions_with_inputs() == {"s", "t"}
+
+    await store.append("s", [message("one", "m1")], lease=None)  # claimed: no longer pending
+    await store.discard_inputs("t", ["m2"])
+    assert await store.sessions_with_inputs() == set()
+
+
 async def test_r1_queuing_the_same_message_again_is_a_no_op(store: Store) -> None:
     await store.create("s")
 

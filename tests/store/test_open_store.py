@@ -101,7 +101,8 @@ async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
     # Back to version 1: no snapshots (2), no idempotent appends nor claimed inputs (3).
     db.executescript(
         "DROP TABLE snapshots; DROP INDEX events_by_id; DROP INDEX inputs_by_message;"
-        " ALTER TABLE inputs DROP COLUMN claimed_seq; PRAGMA user_version = 1;"
+        " DROP INDEX inputs_pending; ALTER TABLE inputs DROP COLUMN claimed_seq;"
+        " PRAGMA user_version = 1;"
     )
     db.close()
     store = SqliteStore(path)
@@ -110,4 +111,5 @@ async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
     await store.enqueue_input("s", "hi", "m1")
     await store.enqueue_input("s", "hi", "m1")
     assert await store.pending_inputs("s") == [("hi", "m1")]
+    assert await store.sessions_with_inputs() == {"s"}
     await store.close()

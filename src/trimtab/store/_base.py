@@ -169,6 +169,12 @@ class Inbox(Protocol):
         """
         ...
 
+    async def sessions_with_inputs(self) -> set[str]:
+        """The sessions that have inputs pending, whoever holds them: what a runtime's upkeep
+        reads once, rather than each session's inbox in turn (a read per idle session per
+        tick). An input is pending only until its message is stored, so this reads little."""
+        ...
+
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         """Remove the named inputs that are still pending, in one atomic step; the ids removed.
 

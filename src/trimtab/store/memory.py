@@ -212,6 +212,10 @@ class MemoryStore:
             (prompt, message_id) for message_id, prompt in self._session(session_id).inputs.items()
         ]
 
+    async def sessions_with_inputs(self) -> set[str]:
+        """The sessions with inputs pending (see `Store`)."""
+        return {session_id for session_id, state in self._sessions.items() if state.inputs}
+
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         """Remove the named inputs still pending (see `Store`)."""
         inputs = self._session(session_id).inputs

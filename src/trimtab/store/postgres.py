@@ -751,6 +751,16 @@ class PostgresStore:
         ]
 
     @_bounded
+    async def sessions_with_inputs(self) -> set[str]:
+        """The sessions with inputs pending (see `Store`), by the partial index of pending
+        inputs (`session_inputs_pending`)."""
+        async with self._connection() as conn:
+            cursor = await conn.execute(
+                "SELECT DISTINCT session_id FROM session_inputs WHERE claimed_seq IS NULL"
+            )
+            return {session_id for (session_id,) in await cursor.fetchall()}
+
+    @_bounded
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         """Remove the named inputs still pending, in one statement (see `Store`)."""
         async with self._connection() as conn:

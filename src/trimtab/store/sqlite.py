@@ -46,7 +46,7 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Stored in `PRAGMA user_version`; bump it with a migration step when the schema changes."""
 
 PAGE_CACHE_KIB = 128
@@ -121,6 +121,11 @@ _SCHEMA_V3 = (
     "CREATE UNIQUE INDEX events_by_id ON events (session_id, id)",
     "ALTER TABLE inputs ADD COLUMN claimed_seq INTEGER",
     "CREATE UNIQUE INDEX inputs_by_message ON inputs (session_id, message_id)",
+)
+
+_SCHEMA_V4 = (
+    # The pending inputs of every session in one read (`sessions_with_inputs`).
+    "CREATE INDEX inputs_pending ON inputs (session_id) WHERE claimed_seq IS NULL",
 )
 
 # The lease owner is reported only while the lease is live; `?` is the current time.
@@ -504,6 +509,15 @@ class SqliteStore:
 
         return [(prompt, message_id) for prompt, message_id in await self._run(select, _READ)]
 
+    async def sessions_with_inputs(self) -> set[str]:
+        """The sessions with inputs pending (see `Store`), by the index of pending inputs."""
+
+        def select(db: sqlite3.Connection) -> set[str]:
+            rows = db.execute("SELECT DISTINCT session_id FROM inputs WHERE claimed_seq IS NULL")
+            return {session_id for (session_id,) in rows}
+
+        return await self._run(select, _READ)
+
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         """Remove the named inputs still pending, in one transaction (see `Store`)."""
 
@@ -589,7 +603,9 @@ def _migrate(db: sqlite3.Connection) -> None:
                 f"the database has schema version {version}, newer than this trimtab's"
                 f" {SCHEMA_VERSION}: upgrade trimtab"
             )
-        for number, statements in enumerate((_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3), start=1):
+        for number, statements in enumerate(
+            (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4), start=1
+        ):
             if version < number:
                 for statement in statements:
                     db.execute(statement)

@@ -133,6 +133,10 @@ class FaultyStore:
         await self._enter()
         return await self.inner.pending_inputs(session_id)
 
+    async def sessions_with_inputs(self) -> set[str]:
+        await self._enter()
+        return await self.inner.sessions_with_inputs()
+
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         await self._enter()
         return await self.inner.discard_inputs(session_id, message_ids)
