@@ -12,8 +12,9 @@ turns of `--chunks` deltas. psycopg is wrapped to count, per turn:
   lease renewals, the pool's connection checks);
 - transactions (`BEGIN` ... `COMMIT`: two more round trips each);
 - commits that write: a writing statement in autocommit, or a transaction holding one. Each
-  is a durable commit (a WAL flush, with `synchronous_commit` on); a NOTIFY alone writes no
-  WAL.
+  is a durable commit (a WAL flush, with `synchronous_commit` on) unless trimtab made it
+  asynchronous (an append with `durable=False`, spec P5: its `sync` parameter is 'off'),
+  which is counted apart; a NOTIFY alone writes no WAL.
 
 A step is one model call: a plain turn has one, a one-tool turn two. Server CPU per turn is
 this process's CPU over the turns (the model is a process of its own), with the database's
@@ -58,7 +59,9 @@ class Counts:
 
         async def counted_execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             text = query if isinstance(query, str) else str(query)
-            counts.statement(id(cursor.connection), text)
+            params = args[0] if args else kwargs.get("params")
+            asynchronous = isinstance(params, dict) and params.get("sync") == "off"
+            counts.statement(id(cursor.connection), text, asynchronous)
             return await execute(cursor, query, *args, **kwargs)
 
         def counted_transaction(conn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -67,7 +70,7 @@ class Counts:
         psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign, assignment]
         psycopg.AsyncConnection.transaction = counted_transaction  # type: ignore[method-assign, assignment]
 
-    def statement(self, conn: int, text: str) -> None:
+    def statement(self, conn: int, text: str, asynchronous: bool) -> None:
         self.counter["statements"] += 1
         if NOTIFY_ONLY.match(text):
             self.counter["notify"] += 1
@@ -76,7 +79,7 @@ class Counts:
             if conn in self._open:
                 self._open[conn] = True
             else:
-                self.counter["commits"] += 1
+                self.counter["async_commits" if asynchronous else "commits"] += 1
         else:
             self.counter["other"] += 1
 

@@ -545,8 +545,10 @@ class CutAfterCommit(MemoryStore):
         super().__init__()
         self.cut_at = cut_at
 
-    async def append(self, session_id: str, events: Any, *, lease: Any) -> int:
-        count = await super().append(session_id, events, lease=lease)
+    async def append(
+        self, session_id: str, events: Any, *, lease: Any, durable: bool = True
+    ) -> int:
+        count = await super().append(session_id, events, lease=lease, durable=durable)
         if events and events[0].type == self.cut_at:
             self.cut_at = ""
             raise StoreUnavailableError("the connection dropped during the commit")
@@ -600,10 +602,12 @@ class FailingAt(MemoryStore):
         super().__init__()
         self.event_type = event_type
 
-    async def append(self, session_id: str, events: Any, *, lease: Any) -> int:
+    async def append(
+        self, session_id: str, events: Any, *, lease: Any, durable: bool = True
+    ) -> int:
         if events and events[0].type == self.event_type:
             raise LeaseLostError("taken over meanwhile")
-        return await super().append(session_id, events, lease=lease)
+        return await super().append(session_id, events, lease=lease, durable=durable)
 
 
 async def test_e1_a_run_the_store_refuses_ends_in_a_typed_error_and_one_idle() -> None:

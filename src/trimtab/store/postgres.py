@@ -164,8 +164,13 @@ _MIGRATIONS: tuple[str, ...] = (
 
 # The fenced append (scale-out.md 4.3). With no lease (`token` NULL) it is unfenced. It stores
 # nothing, and returns no row, when the session is unknown, the lease is not the session's
-# current live one, or the batch's first event is already in the log (the batch is a retry).
-# A user message claims the queued input it delivers, in the same statement.
+# current live one, the batch's first event is already in the log (the batch is a retry), or
+# the batch follows an event (`parent`, leased appends only) that is not the log's last: a
+# crash of the server lost appends this runtime made (spec P5). A user message claims the
+# queued input it delivers, in the same statement. `sync` is the commit's
+# `synchronous_commit`: 'off' for an append that need not wait for the disk, else the
+# connection's own setting (set_config's local value is read at the commit, which ends the
+# statement's own transaction).
 _APPEND = """
     WITH session AS (
         UPDATE sessions
@@ -181,6 +186,9 @@ _APPEND = """
           AND NOT EXISTS (
               SELECT FROM session_events
               WHERE session_id = %(session_id)s AND id = %(first_id)s)
+          AND (%(token)s::bigint IS NULL OR %(parent)s::text IS NULL OR EXISTS (
+              SELECT FROM session_events
+              WHERE session_id = %(session_id)s AND seq = last_seq AND id = %(parent)s))
         RETURNING last_seq
     ),
     claimed AS (
@@ -197,7 +205,10 @@ _APPEND = """
              unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::json[])
                  WITH ORDINALITY AS new (id, type, payload, n)
     )
-    SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq) FROM session
+    SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq),
+           set_config('synchronous_commit',
+                      COALESCE(%(sync)s, current_setting('synchronous_commit')), true)
+    FROM session
 """
 
 # Why an append stored nothing (or, for an empty batch, the count it returns).
@@ -205,7 +216,9 @@ _APPEND_STATE = """
     SELECT last_seq, lease_owner, lease_token,
            extract(epoch FROM lease_expires_at)::float8, extract(epoch FROM now())::float8,
            EXISTS (SELECT FROM session_events e
-                   WHERE e.session_id = s.session_id AND e.id = %(first_id)s)
+                   WHERE e.session_id = s.session_id AND e.id = %(first_id)s),
+           (SELECT e.id FROM session_events e
+            WHERE e.session_id = s.session_id AND e.seq = s.last_seq)
     FROM sessions s
     WHERE session_id = %(session_id)s
 """
@@ -444,19 +457,31 @@ class PostgresStore:
                 raise ValueError(f"session {session_id!r} already exists") from None
 
     @_bounded
-    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
         """Append persisted events in order, in one statement; returns the new event count.
 
         With a lease, the fencing check is part of the same statement, so a lease taken over
         by another runtime can never let a stale write through. A batch whose first event is
-        stored already is a retry and stores nothing (see `Store`).
+        stored already is a retry and stores nothing (see `Store`). With a lease, a batch
+        whose first event follows one (`parent_id`) that is not the log's last is refused with
+        `LeaseLostError`: the server lost the last appends in a crash (spec P5), so this
+        runtime's view of the log is no longer the log.
+
+        `durable=False` commits with `synchronous_commit` off: no wait for the WAL flush.
         """
         check_persistable(events)
         await self._live_sent()
         async with self._append_order.hold(session_id):
             if not events:
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
-            params = _append_params(session_id, events, lease)
+            params = _append_params(session_id, events, lease, durable)
             conflict = False
             try:
                 async with self._connection() as conn:
@@ -467,9 +492,8 @@ class PostgresStore:
                     raise
                 row, conflict = None, True
             if row is None:
-                first_id = events[0].id
                 return await self._append_state(
-                    session_id, lease, first_id, stored_nothing=True, conflict=conflict
+                    session_id, lease, events[0], stored_nothing=True, conflict=conflict
                 )
             return int(row[0])
 
@@ -477,13 +501,14 @@ class PostgresStore:
         self,
         session_id: str,
         lease: Lease | None,
-        first_id: str | None,
+        first: Event | None,
         *,
         stored_nothing: bool,
         conflict: bool = False,
     ) -> int:
         """The event count after the fencing check, or the error an append that stored nothing
         (`stored_nothing`) has to raise; a batch stored already is no error."""
+        first_id = first.id if first else None
         async with self._connection() as conn:
             cursor = await conn.execute(
                 _APPEND_STATE, {"session_id": session_id, "first_id": first_id}
@@ -491,13 +516,20 @@ class PostgresStore:
             row = await cursor.fetchone()
         if row is None:
             raise SessionNotFoundError(session_id)
-        last_seq, owner, token, expires_at, now, duplicate = row
+        last_seq, owner, token, expires_at, now, duplicate, last_id = row
         if lease is not None and not holds_lease(
             lease, session_id, owner=owner, token=token, expires_at=expires_at, now=now
         ):
             raise LeaseLostError(
                 f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
             )
+        if stored_nothing and not duplicate and lease is not None and first is not None:
+            if first.parent_id is not None and first.parent_id != last_id:
+                raise LeaseLostError(
+                    f"the log of {session_id!r} no longer ends with the events this runtime"
+                    f" stored (it ends at event {last_seq}): the database lost its last"
+                    " appends in a crash; resume the session to recover it (spec P5)"
+                )
         if stored_nothing and not duplicate:
             if conflict:
                 raise ValueError(f"an event of the batch is already in {session_id!r}")
@@ -836,7 +868,9 @@ async def _migrate(conn: _Connection) -> None:
             await conn.execute("INSERT INTO trimtab_schema (version) VALUES (%s)", (number,))
 
 
-def _append_params(session_id: str, events: Sequence[Event], lease: Lease | None) -> dict[str, Any]:
+def _append_params(
+    session_id: str, events: Sequence[Event], lease: Lease | None, durable: bool = True
+) -> dict[str, Any]:
     """The parameters of `_APPEND`; events are serialised here, before any lock is taken."""
     return {
         "session_id": session_id,
@@ -849,6 +883,8 @@ def _append_params(session_id: str, events: Sequence[Event], lease: Lease | None
         "types": [event.type for event in events],
         "payloads": [event.model_dump_json() for event in events],
         "first_id": events[0].id,
+        "parent": events[0].parent_id,
+        "sync": None if durable else "off",
         "message_ids": [claimed_input(event) for event in events],
         "channel": CHANNEL,
     }
