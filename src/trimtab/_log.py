@@ -148,18 +148,27 @@ class SessionLog:
             events = (*first(state), *events)
         stamped = chained(events, state.last_id, state.epoch)
         stored = [e for e in stamped if not e.ephemeral]
+        published = 0
         if stored:
             if self.lease is None:
                 raise LeaseLostError(
                     f"session {self.session_id} is remote: this runtime cannot write it"
                 )
+            # Ephemeral events ahead of the first stored one are published before the append,
+            # still in their place for other runtimes: a store may send them with it
+            # (PostgreSQL: in the append's statement, one round trip for both).
+            while stamped[published].ephemeral:
+                await self.store.publish(
+                    self.session_id, stamped[published], after=state.event_count
+                )
+                published += 1
             await self._append(stored, durable=any(e.type not in DEFERRABLE for e in stored))
-        for event in stamped:
+        for index, event in enumerate(stamped):
             if not event.ephemeral:
                 state.apply(event)
                 if self.claimed and isinstance(event, UserMessageEvent):
                     self.claimed.discard(event.data.message_id or "")
-            elif self.lease is not None:
+            elif self.lease is not None and index >= published:
                 # Hosts following this session from other runtimes see its live events too.
                 await self.store.publish(self.session_id, event, after=state.event_count)
             self.subscribers.deliver(event)

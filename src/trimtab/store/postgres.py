@@ -170,7 +170,9 @@ _MIGRATIONS: tuple[str, ...] = (
 # queued input it delivers, in the same statement. `sync` is the commit's
 # `synchronous_commit`: 'off' for an append that need not wait for the disk, else the
 # connection's own setting (set_config's local value is read at the commit, which ends the
-# statement's own transaction).
+# statement's own transaction). The ephemeral events published before the append and not sent
+# yet (`live`) go in the same statement, before its doorbell: the aggregate over them is done
+# before the join yields the row whose select list rings it.
 _APPEND = """
     WITH session AS (
         UPDATE sessions
@@ -208,7 +210,9 @@ _APPEND = """
     SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq),
            set_config('synchronous_commit',
                       COALESCE(%(sync)s, current_setting('synchronous_commit')), true)
-    FROM session
+    FROM session,
+         (SELECT count(pg_notify(%(live_channel)s, payload))
+          FROM unnest(%(live)s::text[]) AS payload) AS live
 """
 
 # Why an append stored nothing (or, for an empty batch, the count it returns).
@@ -477,25 +481,31 @@ class PostgresStore:
         `durable=False` commits with `synchronous_commit` off: no wait for the WAL flush.
         """
         check_persistable(events)
-        await self._live_sent()
-        async with self._append_order.hold(session_id):
-            if not events:
+        if not events:
+            await self._live_sent()
+            async with self._append_order.hold(session_id):
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
-            params = _append_params(session_id, events, lease, durable)
-            conflict = False
-            try:
-                async with self._connection() as conn:
-                    row = await (await conn.execute(_APPEND, params)).fetchone()
-            except errors.UniqueViolation as error:
-                # Only a concurrent append of the same batch (from another store) gets here.
-                if error.diag.constraint_name != "session_events_by_id":
-                    raise
-                row, conflict = None, True
-            if row is None:
-                return await self._append_state(
-                    session_id, lease, events[0], stored_nothing=True, conflict=conflict
-                )
-            return int(row[0])
+        params = _append_params(session_id, events, lease, durable)
+        params["live"], taken = await self._take_live()
+        try:
+            async with self._append_order.hold(session_id):
+                conflict = False
+                try:
+                    async with self._connection() as conn:
+                        row = await (await conn.execute(_APPEND, params)).fetchone()
+                except errors.UniqueViolation as error:
+                    # Only a concurrent append of the same batch (from another store) gets here.
+                    if error.diag.constraint_name != "session_events_by_id":
+                        raise
+                    row, conflict = None, True
+        finally:
+            if taken is not None and not taken.done():
+                taken.set_result(None)  # sent with the append, or given up on with it
+        if row is None:
+            return await self._append_state(
+                session_id, lease, events[0], stored_nothing=True, conflict=conflict
+            )
+        return int(row[0])
 
     async def _append_state(
         self,
@@ -571,6 +581,9 @@ class PostgresStore:
             self._live_sender = loop.create_task(self._send_live())
 
     async def _send_live(self) -> None:
+        # One turn of the event loop first: an append called right after the publish (its
+        # task starts after this one) takes the events into its own statement instead.
+        await asyncio.sleep(0)
         try:
             while self._live:
                 payloads, self._live = self._live, []
@@ -592,6 +605,24 @@ class PostgresStore:
             queued, self._live_queued, self._live = self._live_queued, None, []
             if queued is not None and not queued.done():
                 queued.set_result(None)
+
+    async def _take_live(self) -> tuple[list[str], asyncio.Future[None] | None]:
+        """The ephemeral events published so far and not on their way yet, for an append to
+        send before its doorbell (with the future to resolve once it is done), after waiting
+        for the batch on its way. If the sender took them meanwhile, it waits for them to be
+        sent instead, and not for those published later."""
+        queued, sending = self._live_queued, self._live_sending
+        if sending is not None and not sending.done():
+            await asyncio.shield(sending)
+        if queued is None:
+            return [], None
+        if self._live_queued is not queued:  # the sender took them
+            if not queued.done():
+                await asyncio.shield(queued)
+            return [], None
+        payloads, self._live, self._live_queued = self._live, [], None
+        self._live_sending = queued
+        return payloads, queued
 
     async def _live_sent(self) -> None:
         """Wait until the ephemeral events published so far are sent (or given up on), and
@@ -885,6 +916,8 @@ def _append_params(
         "first_id": events[0].id,
         "parent": events[0].parent_id,
         "sync": None if durable else "off",
+        "live_channel": LIVE_CHANNEL,
+        "live": [],
         "message_ids": [claimed_input(event) for event in events],
         "channel": CHANNEL,
     }
