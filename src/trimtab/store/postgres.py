@@ -5,7 +5,10 @@ how they hold across hosts (docs: scale-out.md, section 4):
 
 - An append is one statement: it bumps the session's `last_seq` (the row lock serialises the
   session's appenders, so sequence numbers are gapless and in commit order), checks the lease
-  in the same `WHERE` (fencing), inserts the events and rings the doorbell.
+  and that the batch follows the log's last event in the same `WHERE` (fencing), inserts the
+  events and rings the doorbell. An append that need not be durable (spec P5) commits with
+  `synchronous_commit` off, set in that statement: commits reach the disk in their order, so a
+  crash of the server loses at most a suffix of those, which the tail check then reveals.
 - Leases live on the database clock (`now()`), never on the hosts' clocks.
 - Fan-out: every append does `pg_notify('trimtab_events', '<session_id>:<last seq>')`. The
   notification is only a doorbell; subscribers read the events from the table by sequence, so
@@ -14,7 +17,8 @@ how they hold across hosts (docs: scale-out.md, section 4):
   `pg_notify('trimtab_live', ...)`, and each runtime's listener hands them to its subscribers,
   placed after the stored events they followed. The sending is not waited for: the events
   published while one batch travels go in the next, one statement for them all, and an append
-  waits until those before it are sent, so that they arrive before its doorbell.
+  sends those still queued in its own statement, before its doorbell (after waiting for the
+  batch on its way), so that they arrive before it.
 - Inputs queued for a session's lease holder wait in `session_inputs`, until the append of
   the `user.message` each becomes claims it.
 
