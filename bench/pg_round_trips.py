@@ -18,7 +18,8 @@ turns of `--chunks` deltas. psycopg is wrapped to count, per turn:
 
 A step is one model call: a plain turn has one, a one-tool turn two. Server CPU per turn is
 this process's CPU over the turns (the model is a process of its own), with the database's
-backends' CPU beside it. The last stdout line is the JSON result.
+backends' CPU beside it, and the same turns' CPU on the memory store (no database at all),
+measured in the same process, as the reference. The last stdout line is the JSON result.
 """
 
 from __future__ import annotations
@@ -146,7 +147,24 @@ async def measure(args: argparse.Namespace, base_url: str, url: str, name: str) 
                 "postgres_cpu_ms_per_turn": sum(backend_cpu) / args.turns * 1000,
             }
             await session.disconnect()
+    result["memory_cpu_ms_per_turn"] = await memory_cpu(args, provider)
     return result
+
+
+async def memory_cpu(args: argparse.Namespace, provider: dict[str, Any]) -> dict[str, float]:
+    """trimtab's CPU per turn of each kind on the memory store: what a turn costs without a
+    database, for the PostgreSQL figures to be read against."""
+    cpu_ms: dict[str, float] = {}
+    async with Client(store="memory") as client:
+        for kind, prompt in (("plain", common.PLAIN_PROMPT), ("tool", common.TOOL_PROMPT)):
+            session = await client.create_session(**session_options(provider))
+            await session.send_and_wait(prompt)
+            cpu = time.process_time()
+            for _ in range(args.turns):
+                await session.send_and_wait(prompt)
+            cpu_ms[kind] = (time.process_time() - cpu) / args.turns * 1000
+            await session.disconnect()
+    return cpu_ms
 
 
 async def main() -> dict[str, Any]:
