@@ -199,7 +199,7 @@ _APPEND = """
     ),
     claimed AS (
         UPDATE session_inputs i SET claimed_seq = session.last_seq - %(count)s + new.n
-        FROM session, unnest(%(message_ids)s::text[]) WITH ORDINALITY AS new (message_id, n)
+        FROM session, unnest(%(message_ids)b::text[]) WITH ORDINALITY AS new (message_id, n)
         WHERE i.session_id = %(session_id)s AND i.message_id = new.message_id
           AND i.claimed_seq IS NULL
     ),
@@ -208,7 +208,7 @@ _APPEND = """
         SELECT %(session_id)s, session.last_seq - %(count)s + new.n,
                new.id, new.type, new.payload, %(token)s
         FROM session,
-             unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::json[])
+             unnest(%(ids)b::text[], %(types)b::text[], %(payloads)b::json[])
                  WITH ORDINALITY AS new (id, type, payload, n)
     )
     SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq),
@@ -216,7 +216,7 @@ _APPEND = """
                       COALESCE(%(sync)s, current_setting('synchronous_commit')), true)
     FROM session,
          (SELECT count(pg_notify(%(live_channel)s, payload))
-          FROM unnest(%(live)s::text[]) AS payload) AS live
+          FROM unnest(%(live)b::text[]) AS payload) AS live
 """
 
 # Why an append stored nothing (or, for an empty batch, the count it returns).
@@ -642,7 +642,7 @@ class PostgresStore:
         async with self._connection() as conn:
             # One row per payload, in their order: NOTIFY delivers in the order it was called.
             await conn.execute(
-                "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+                "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
                 (channel, payloads),
             )
 
