@@ -194,7 +194,8 @@ _APPEND = """
               WHERE session_id = %(session_id)s AND id = %(first_id)s)
           AND (%(token)s::bigint IS NULL OR %(parent)s::text IS NULL OR EXISTS (
               SELECT FROM session_events
-              WHERE session_id = %(session_id)s AND seq = last_seq AND id = %(parent)s))
+              WHERE session_id = %(session_id)s AND seq = sessions.last_seq
+                AND id = %(parent)s))
         RETURNING last_seq
     ),
     claimed AS (
