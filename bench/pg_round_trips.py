@@ -12,12 +12,14 @@ turns of `--chunks` deltas. psycopg is wrapped to count, per turn:
   lease renewals, the pool's connection checks);
 - transactions (`BEGIN` ... `COMMIT`: two more round trips each);
 - commits that write: a writing statement in autocommit, or a transaction holding one. Each
-  is a durable commit (a WAL flush, with `synchronous_commit` on); a NOTIFY alone writes no
-  WAL.
+  is a durable commit (a WAL flush, with `synchronous_commit` on) unless trimtab made it
+  asynchronous (an append with `durable=False`, spec P5: its `sync` parameter is 'off'),
+  which is counted apart; a NOTIFY alone writes no WAL.
 
 A step is one model call: a plain turn has one, a one-tool turn two. Server CPU per turn is
 this process's CPU over the turns (the model is a process of its own), with the database's
-backends' CPU beside it. The last stdout line is the JSON result.
+backends' CPU beside it, and the same turns' CPU on the memory store (no database at all),
+measured in the same process, as the reference. The last stdout line is the JSON result.
 """
 
 from __future__ import annotations
@@ -58,7 +60,9 @@ class Counts:
 
         async def counted_execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             text = query if isinstance(query, str) else str(query)
-            counts.statement(id(cursor.connection), text)
+            params = args[0] if args else kwargs.get("params")
+            asynchronous = isinstance(params, dict) and params.get("sync") == "off"
+            counts.statement(id(cursor.connection), text, asynchronous)
             return await execute(cursor, query, *args, **kwargs)
 
         def counted_transaction(conn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -67,7 +71,7 @@ class Counts:
         psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign, assignment]
         psycopg.AsyncConnection.transaction = counted_transaction  # type: ignore[method-assign, assignment]
 
-    def statement(self, conn: int, text: str) -> None:
+    def statement(self, conn: int, text: str, asynchronous: bool) -> None:
         self.counter["statements"] += 1
         if NOTIFY_ONLY.match(text):
             self.counter["notify"] += 1
@@ -76,7 +80,7 @@ class Counts:
             if conn in self._open:
                 self._open[conn] = True
             else:
-                self.counter["commits"] += 1
+                self.counter["async_commits" if asynchronous else "commits"] += 1
         else:
             self.counter["other"] += 1
 
@@ -143,7 +147,24 @@ async def measure(args: argparse.Namespace, base_url: str, url: str, name: str) 
                 "postgres_cpu_ms_per_turn": sum(backend_cpu) / args.turns * 1000,
             }
             await session.disconnect()
+    result["memory_cpu_ms_per_turn"] = await memory_cpu(args, provider)
     return result
+
+
+async def memory_cpu(args: argparse.Namespace, provider: dict[str, Any]) -> dict[str, float]:
+    """trimtab's CPU per turn of each kind on the memory store: what a turn costs without a
+    database, for the PostgreSQL figures to be read against."""
+    cpu_ms: dict[str, float] = {}
+    async with Client(store="memory") as client:
+        for kind, prompt in (("plain", common.PLAIN_PROMPT), ("tool", common.TOOL_PROMPT)):
+            session = await client.create_session(**session_options(provider))
+            await session.send_and_wait(prompt)
+            cpu = time.process_time()
+            for _ in range(args.turns):
+                await session.send_and_wait(prompt)
+            cpu_ms[kind] = (time.process_time() - cpu) / args.turns * 1000
+            await session.disconnect()
+    return cpu_ms
 
 
 async def main() -> dict[str, Any]:

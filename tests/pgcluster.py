@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
@@ -29,11 +30,28 @@ __all__ = ["PrivateCluster", "private_cluster"]
 
 
 class PrivateCluster:
-    """A running cluster of one test module's own: its DSN, and a way to freeze it."""
+    """A running cluster of one test module's own: its DSN, and ways to freeze or crash it."""
 
-    def __init__(self, root: Path, port: int) -> None:
+    def __init__(self, root: Path, port: int, start: list[str]) -> None:
         self.data = root / "data"
         self.dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        self._start = start
+
+    def crash(self) -> None:
+        """Kill every server process at once (SIGKILL), as a power cut does to what was not
+        written yet (frozen ones included), then start the server again: it recovers from
+        the WAL it wrote."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        # Gone, not only killed: a new server refuses shared memory still attached.
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in pids):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the killed server processes did not exit")
+            time.sleep(0.05)
+        subprocess.run(self._start, check=True, capture_output=True)
 
     def pids(self) -> list[int]:
         """The postmaster, then every server process it started."""
@@ -63,8 +81,9 @@ class PrivateCluster:
 
 
 @contextlib.contextmanager
-def private_cluster() -> Iterator[PrivateCluster]:
-    """Start a cluster in a temporary directory; stop it and delete it afterwards."""
+def private_cluster(*settings: str) -> Iterator[PrivateCluster]:
+    """Start a cluster in a temporary directory, with the server `settings` given
+    (`name=value`); stop it and delete it afterwards."""
     require_psycopg()
     binaries = _binaries()
     as_user: list[str] = []
@@ -87,12 +106,10 @@ def private_cluster() -> Iterator[PrivateCluster]:
         )
         port = _free_port()
         options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
-        subprocess.run(
-            [*pg_ctl, "-l", str(root / "server.log"), "-w", "-t", "60", "-o", options, "start"],
-            check=True,
-            capture_output=True,
-        )
-        cluster = PrivateCluster(root, port)
+        options += "".join(f" -c {setting}" for setting in settings)
+        start = [*pg_ctl, "-l", str(root / "server.log"), "-w", "-t", "60", "-o", options, "start"]
+        subprocess.run(start, check=True, capture_output=True)
+        cluster = PrivateCluster(root, port, start)
         try:
             yield cluster
         finally:

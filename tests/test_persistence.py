@@ -545,8 +545,10 @@ class CutAfterCommit(MemoryStore):
         super().__init__()
         self.cut_at = cut_at
 
-    async def append(self, session_id: str, events: Any, *, lease: Any) -> int:
-        count = await super().append(session_id, events, lease=lease)
+    async def append(
+        self, session_id: str, events: Any, *, lease: Any, durable: bool = True
+    ) -> int:
+        count = await super().append(session_id, events, lease=lease, durable=durable)
         if events and events[0].type == self.cut_at:
             self.cut_at = ""
             raise StoreUnavailableError("the connection dropped during the commit")
@@ -600,10 +602,12 @@ class FailingAt(MemoryStore):
         super().__init__()
         self.event_type = event_type
 
-    async def append(self, session_id: str, events: Any, *, lease: Any) -> int:
+    async def append(
+        self, session_id: str, events: Any, *, lease: Any, durable: bool = True
+    ) -> int:
         if events and events[0].type == self.event_type:
             raise LeaseLostError("taken over meanwhile")
-        return await super().append(session_id, events, lease=lease)
+        return await super().append(session_id, events, lease=lease, durable=durable)
 
 
 async def test_e1_a_run_the_store_refuses_ends_in_a_typed_error_and_one_idle() -> None:
@@ -619,3 +623,41 @@ async def test_e1_a_run_the_store_refuses_ends_in_a_typed_error_and_one_idle() -
         assert (error.data.error_type, error.ephemeral) == ("lease_lost", True)
         assert seen.types[-2:] == ["session.error", "session.idle"]
         assert session.is_remote  # it stops writing
+
+
+class DurabilityRecorder(MemoryStore):
+    """A store that records, per append, its event types and whether it must be durable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends: list[tuple[list[str], bool]] = []
+
+    async def append(
+        self, session_id: str, events: Any, *, lease: Any, durable: bool = True
+    ) -> int:
+        self.appends.append(([e.type for e in events], durable))
+        return await super().append(session_id, events, lease=lease, durable=durable)
+
+
+async def test_p5_a_step_waits_for_the_disk_once_for_the_send_or_the_tool_start() -> None:
+    store = DurabilityRecorder()
+    async with Client(store=store) as client:
+        model = ScriptedModel(["plain", tool_call("echo", {"text": "x"}), "after the tool"])
+        session = await open_session(client, model, echo_tool())
+
+        del store.appends[:]
+        await session.send_and_wait("one step")
+        plain = store.appends[:]
+        del store.appends[:]
+        await session.send_and_wait("two steps")
+        tool = store.appends[:]
+
+    # Durable: the send's message (acknowledged once stored, P4) and the call's start (the
+    # handler runs after it, P3); every other append of the run may lose its tail in a crash.
+    assert [types for types, durable in plain if durable] == [["user.message"]]
+    assert [types for types, durable in tool if durable] == [
+        ["user.message"],
+        ["tool.execution_start"],
+    ]
+    assert [types[-1] for types, _ in plain][-1] == "assistant.turn_end"
+    assert len(tool) > len(plain) > 2

@@ -22,6 +22,7 @@ from trimtab._subscribers import Subscribers
 from trimtab.events import (
     AbortEvent,
     Event,
+    EventType,
     SessionIdleData,
     SessionIdleEvent,
     UserMessageEvent,
@@ -34,6 +35,26 @@ log = logging.getLogger("trimtab")
 
 Settle: TypeAlias = Callable[[SessionState], Sequence[Event]]
 """Events to store first, decided from the log's state once the writer holds it."""
+
+DEFERRABLE: frozenset[EventType] = frozenset(
+    {
+        "assistant.turn_start",
+        "assistant.message",
+        "assistant.usage",
+        "assistant.turn_end",
+        "tool.execution_complete",
+        "permission.requested",
+        "permission.completed",
+        "external_tool.requested",
+        "external_tool.completed",
+    }
+)
+"""The events whose append need not wait for the disk (spec P5): what a run produces between
+the points something outside depends on. A crash of the database may lose a suffix of them,
+which the log then shows as a run interrupted there (P3). Every other event is durable when
+its append returns: a `user.message` (a send is acknowledged once it is stored, P4), a
+`tool.execution_start` (the handler runs only after it, so a crash can never run it twice,
+P3), and the rest (settings, aborts, errors, clears), which are rare."""
 
 _STORE_RETRY_DELAYS = (0.1, 0.2, 0.5, 1.0, 2.0)
 """Seconds between tries of an append while the store is unavailable (a database restart),
@@ -134,24 +155,33 @@ class SessionLog:
             events = (*first(state), *events)
         stamped = chained(events, state.last_id, state.epoch)
         stored = [e for e in stamped if not e.ephemeral]
+        published = 0
         if stored:
             if self.lease is None:
                 raise LeaseLostError(
                     f"session {self.session_id} is remote: this runtime cannot write it"
                 )
-            await self._append(stored)
-        for event in stamped:
+            # Ephemeral events ahead of the first stored one are published before the append,
+            # still in their place for other runtimes: a store may send them with it
+            # (PostgreSQL: in the append's statement, one round trip for both).
+            while stamped[published].ephemeral:
+                await self.store.publish(
+                    self.session_id, stamped[published], after=state.event_count
+                )
+                published += 1
+            await self._append(stored, durable=any(e.type not in DEFERRABLE for e in stored))
+        for index, event in enumerate(stamped):
             if not event.ephemeral:
                 state.apply(event)
                 if self.claimed and isinstance(event, UserMessageEvent):
                     self.claimed.discard(event.data.message_id or "")
-            elif self.lease is not None:
+            elif self.lease is not None and index >= published:
                 # Hosts following this session from other runtimes see its live events too.
                 await self.store.publish(self.session_id, event, after=state.event_count)
             self.subscribers.deliver(event)
         return stamped
 
-    async def _append(self, events: Sequence[Event]) -> None:
+    async def _append(self, events: Sequence[Event], *, durable: bool) -> None:
         """Store events, riding out a short store outage (a database restart) for at most the
         store's `timeout` in all: appends are idempotent by event id, so a try whose outcome
         was unknown is simply repeated."""
@@ -161,7 +191,7 @@ class SessionLog:
         for attempt in itertools.count():
             tried = loop.time()
             try:
-                await self.store.append(self.session_id, events, lease=self.lease)
+                await self.store.append(self.session_id, events, lease=self.lease, durable=durable)
                 return
             except StoreUnavailableError:
                 delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]

@@ -338,39 +338,42 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
             result.error = _error_event("internal", text, None, False, message_id)
             return "end"
         calls = _distinct(response.tool_calls)
-        message = await host.emit(
-            AssistantMessageEvent(
-                data=AssistantMessageData(
-                    message_id=reply_id,
-                    content=valid_text(response.content),
-                    tool_requests=[_request(c) for c in calls] or None,
-                    originating_message_id=message_id,
-                    turn_id=turn_id,
-                    model=model,
-                    reasoning_text=valid_text(response.reasoning) if response.reasoning else None,
-                )
-            )
+        reasoning = valid_text(response.reasoning) if response.reasoning else None
+        reply = AssistantMessageData(
+            message_id=reply_id,
+            content=valid_text(response.content),
+            tool_requests=[_request(c) for c in calls] or None,
+            originating_message_id=message_id,
+            turn_id=turn_id,
+            model=model,
+            reasoning_text=reasoning,
+        )
+        usage = AssistantUsageData(
+            model=model or host.provider.name,
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            duration=duration,
+            finish_reason=response.finish_reason,
+        )
+        # The reply and its usage in one append: one round trip to the store, not two.
+        message, _ = await host.emit_all(
+            (AssistantMessageEvent(data=reply), AssistantUsageEvent(data=usage))
         )
         assert isinstance(message, AssistantMessageEvent)
         result.last_message = message
-        await host.emit(
-            AssistantUsageEvent(
-                data=AssistantUsageData(
-                    model=model or host.provider.name,
-                    input_tokens=response.usage.input_tokens,
-                    output_tokens=response.usage.output_tokens,
-                    duration=duration,
-                    finish_reason=response.finish_reason,
-                )
-            )
-        )
+        if not calls:
+            # The turn ends with its usage info, in one append. An emit is never half done: an
+            # abort during it still stores the end, which must then not be stored again.
+            closes = False
+            end = AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model))
+            await host.emit_all((SessionUsageInfoEvent(data=info), end))
+            return _next_step(host)
         await host.emit(SessionUsageInfoEvent(data=info))
-        if calls:
-            await _run_batch(host, calls, turn_id)
+        await _run_batch(host, calls, turn_id)
     except BaseException as exc:
         # An abort or a failure still closes the turn; a store that failed is not asked
         # again (each try would wait out its timeout): the next input closes it (W2).
-        closes = not _cannot_write(exc)
+        closes = closes and not _cannot_write(exc)
         raise
     finally:
         if closes:

@@ -284,6 +284,8 @@ async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     async def counted(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
         if str(query).startswith("SELECT pg_notify(%s, payload)"):
             batches.append(len(params[1]))
+        elif isinstance(params, dict) and params.get("live"):  # sent with an append
+            batches.append(len(params["live"]))
         return await execute(cursor, query, params, **kwargs)
 
     monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
@@ -307,7 +309,8 @@ async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     ]
     assert [e.data.delta_content for e in got[1:21]] == [str(n) for n in range(20)]  # type: ignore[union-attr]
     assert contents([got[0], got[21]]) == ["a", "b"]
-    # Fewer NOTIFY statements than deltas: those published while one was sent went together.
+    # Fewer statements than deltas: those published while one was sent went together (or
+    # with the append that followed them).
     assert sum(batches) == 20
     assert len(batches) < 20
 
@@ -426,6 +429,27 @@ async def test_a_retry_still_needs_the_lease(pg_dsn: str) -> None:
 
         with pytest.raises(LeaseLostError):
             await store.append("s", batch, lease=lease)
+
+
+async def test_p5_a_leased_append_after_an_event_the_log_lost_is_refused(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        lease = await store.acquire_lease("s", "w", 60)
+        assert lease is not None
+        first = user("kept")
+        await store.append("s", [first], lease=lease)
+        # What a runtime that outlived the server's crash would append: its chain goes on
+        # from an event the log no longer holds.
+        after_lost = user("after the hole").model_copy(update={"parent_id": "lost"})
+
+        with pytest.raises(LeaseLostError, match="lost its last appends"):
+            await store.append("s", [after_lost], lease=lease, durable=False)
+        assert contents(await store.read("s")) == ["kept"]
+
+        # Following the log's last event, the same append goes through, durable or not.
+        follows = user("next").model_copy(update={"parent_id": first.id})
+        assert await store.append("s", [follows], lease=lease, durable=False) == 2
+        assert contents(await store.read("s")) == ["kept", "next"]
 
 
 async def test_concurrent_appends_of_one_batch_from_two_stores_store_it_once(

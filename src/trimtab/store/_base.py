@@ -78,8 +78,21 @@ class EventLog(Protocol):
         id exists."""
         ...
 
-    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
         """Append persisted events in order and return the new event count.
+
+        `durable=False` allows the append to commit without waiting for the disk (spec P5):
+        it is stored and visible at once, and made durable by the next durable append (or the
+        backend's own background flush) so that a crash of the database can only lose a
+        suffix of such appends, never one between two that survive. Memory and SQLite, whose
+        commits never wait for the disk (SQLite: WAL with `synchronous = NORMAL`), ignore it.
 
         With a lease, the append is fenced: it raises `LeaseLostError` unless the lease is
         still the session's current, unexpired one. Raises `SessionNotFoundError` for an

@@ -80,7 +80,14 @@ class MemoryStore:
             created_at=now, updated_at=now, events=list(events), summary=summarize(events)
         )
 
-    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
         """Append persisted events in order and return the new event count (see `Store`)."""
         check_persistable(events)
         session = self._session(session_id)

@@ -5,7 +5,10 @@ how they hold across hosts (docs: scale-out.md, section 4):
 
 - An append is one statement: it bumps the session's `last_seq` (the row lock serialises the
   session's appenders, so sequence numbers are gapless and in commit order), checks the lease
-  in the same `WHERE` (fencing), inserts the events and rings the doorbell.
+  and that the batch follows the log's last event in the same `WHERE` (fencing), inserts the
+  events and rings the doorbell. An append that need not be durable (spec P5) commits with
+  `synchronous_commit` off, set in that statement: commits reach the disk in their order, so a
+  crash of the server loses at most a suffix of those, which the tail check then reveals.
 - Leases live on the database clock (`now()`), never on the hosts' clocks.
 - Fan-out: every append does `pg_notify('trimtab_events', '<session_id>:<last seq>')`. The
   notification is only a doorbell; subscribers read the events from the table by sequence, so
@@ -14,7 +17,8 @@ how they hold across hosts (docs: scale-out.md, section 4):
   `pg_notify('trimtab_live', ...)`, and each runtime's listener hands them to its subscribers,
   placed after the stored events they followed. The sending is not waited for: the events
   published while one batch travels go in the next, one statement for them all, and an append
-  waits until those before it are sent, so that they arrive before its doorbell.
+  sends those still queued in its own statement, before its doorbell (after waiting for the
+  batch on its way), so that they arrive before it.
 - Inputs queued for a session's lease holder wait in `session_inputs`, until the append of
   the `user.message` each becomes claims it.
 
@@ -164,8 +168,15 @@ _MIGRATIONS: tuple[str, ...] = (
 
 # The fenced append (scale-out.md 4.3). With no lease (`token` NULL) it is unfenced. It stores
 # nothing, and returns no row, when the session is unknown, the lease is not the session's
-# current live one, or the batch's first event is already in the log (the batch is a retry).
-# A user message claims the queued input it delivers, in the same statement.
+# current live one, the batch's first event is already in the log (the batch is a retry), or
+# the batch follows an event (`parent`, leased appends only) that is not the log's last: a
+# crash of the server lost appends this runtime made (spec P5). A user message claims the
+# queued input it delivers, in the same statement. `sync` is the commit's
+# `synchronous_commit`: 'off' for an append that need not wait for the disk, else the
+# connection's own setting (set_config's local value is read at the commit, which ends the
+# statement's own transaction). The ephemeral events published before the append and not sent
+# yet (`live`) go in the same statement, before its doorbell: the aggregate over them is done
+# before the join yields the row whose select list rings it.
 _APPEND = """
     WITH session AS (
         UPDATE sessions
@@ -181,11 +192,15 @@ _APPEND = """
           AND NOT EXISTS (
               SELECT FROM session_events
               WHERE session_id = %(session_id)s AND id = %(first_id)s)
+          AND (%(token)s::bigint IS NULL OR %(parent)s::text IS NULL OR EXISTS (
+              SELECT FROM session_events
+              WHERE session_id = %(session_id)s AND seq = sessions.last_seq
+                AND id = %(parent)s))
         RETURNING last_seq
     ),
     claimed AS (
         UPDATE session_inputs i SET claimed_seq = session.last_seq - %(count)s + new.n
-        FROM session, unnest(%(message_ids)s::text[]) WITH ORDINALITY AS new (message_id, n)
+        FROM session, unnest(%(message_ids)b::text[]) WITH ORDINALITY AS new (message_id, n)
         WHERE i.session_id = %(session_id)s AND i.message_id = new.message_id
           AND i.claimed_seq IS NULL
     ),
@@ -194,10 +209,15 @@ _APPEND = """
         SELECT %(session_id)s, session.last_seq - %(count)s + new.n,
                new.id, new.type, new.payload, %(token)s
         FROM session,
-             unnest(%(ids)s::text[], %(types)s::text[], %(payloads)s::json[])
+             unnest(%(ids)b::text[], %(types)b::text[], %(payloads)b::json[])
                  WITH ORDINALITY AS new (id, type, payload, n)
     )
-    SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq) FROM session
+    SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq),
+           set_config('synchronous_commit',
+                      COALESCE(%(sync)s, current_setting('synchronous_commit')), true)
+    FROM session,
+         (SELECT count(pg_notify(%(live_channel)s, payload))
+          FROM unnest(%(live)b::text[]) AS payload) AS live
 """
 
 # Why an append stored nothing (or, for an empty batch, the count it returns).
@@ -205,7 +225,9 @@ _APPEND_STATE = """
     SELECT last_seq, lease_owner, lease_token,
            extract(epoch FROM lease_expires_at)::float8, extract(epoch FROM now())::float8,
            EXISTS (SELECT FROM session_events e
-                   WHERE e.session_id = s.session_id AND e.id = %(first_id)s)
+                   WHERE e.session_id = s.session_id AND e.id = %(first_id)s),
+           (SELECT e.id FROM session_events e
+            WHERE e.session_id = s.session_id AND e.seq = s.last_seq)
     FROM sessions s
     WHERE session_id = %(session_id)s
 """
@@ -444,46 +466,64 @@ class PostgresStore:
                 raise ValueError(f"session {session_id!r} already exists") from None
 
     @_bounded
-    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
         """Append persisted events in order, in one statement; returns the new event count.
 
         With a lease, the fencing check is part of the same statement, so a lease taken over
         by another runtime can never let a stale write through. A batch whose first event is
-        stored already is a retry and stores nothing (see `Store`).
+        stored already is a retry and stores nothing (see `Store`). With a lease, a batch
+        whose first event follows one (`parent_id`) that is not the log's last is refused with
+        `LeaseLostError`: the server lost the last appends in a crash (spec P5), so this
+        runtime's view of the log is no longer the log.
+
+        `durable=False` commits with `synchronous_commit` off: no wait for the WAL flush.
         """
         check_persistable(events)
-        await self._live_sent()
-        async with self._append_order.hold(session_id):
-            if not events:
+        if not events:
+            await self._live_sent()
+            async with self._append_order.hold(session_id):
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
-            params = _append_params(session_id, events, lease)
-            conflict = False
-            try:
-                async with self._connection() as conn:
-                    row = await (await conn.execute(_APPEND, params)).fetchone()
-            except errors.UniqueViolation as error:
-                # Only a concurrent append of the same batch (from another store) gets here.
-                if error.diag.constraint_name != "session_events_by_id":
-                    raise
-                row, conflict = None, True
-            if row is None:
-                first_id = events[0].id
-                return await self._append_state(
-                    session_id, lease, first_id, stored_nothing=True, conflict=conflict
-                )
-            return int(row[0])
+        params = _append_params(session_id, events, lease, durable)
+        params["live"], taken = await self._take_live()
+        try:
+            async with self._append_order.hold(session_id):
+                conflict = False
+                try:
+                    async with self._connection() as conn:
+                        row = await (await conn.execute(_APPEND, params)).fetchone()
+                except errors.UniqueViolation as error:
+                    # Only a concurrent append of the same batch (from another store) gets here.
+                    if error.diag.constraint_name != "session_events_by_id":
+                        raise
+                    row, conflict = None, True
+        finally:
+            if taken is not None and not taken.done():
+                taken.set_result(None)  # sent with the append, or given up on with it
+        if row is None:
+            return await self._append_state(
+                session_id, lease, events[0], stored_nothing=True, conflict=conflict
+            )
+        return int(row[0])
 
     async def _append_state(
         self,
         session_id: str,
         lease: Lease | None,
-        first_id: str | None,
+        first: Event | None,
         *,
         stored_nothing: bool,
         conflict: bool = False,
     ) -> int:
         """The event count after the fencing check, or the error an append that stored nothing
         (`stored_nothing`) has to raise; a batch stored already is no error."""
+        first_id = first.id if first else None
         async with self._connection() as conn:
             cursor = await conn.execute(
                 _APPEND_STATE, {"session_id": session_id, "first_id": first_id}
@@ -491,13 +531,20 @@ class PostgresStore:
             row = await cursor.fetchone()
         if row is None:
             raise SessionNotFoundError(session_id)
-        last_seq, owner, token, expires_at, now, duplicate = row
+        last_seq, owner, token, expires_at, now, duplicate, last_id = row
         if lease is not None and not holds_lease(
             lease, session_id, owner=owner, token=token, expires_at=expires_at, now=now
         ):
             raise LeaseLostError(
                 f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
             )
+        if stored_nothing and not duplicate and lease is not None and first is not None:
+            if first.parent_id is not None and first.parent_id != last_id:
+                raise LeaseLostError(
+                    f"the log of {session_id!r} no longer ends with the events this runtime"
+                    f" stored (it ends at event {last_seq}): the database lost its last"
+                    " appends in a crash; resume the session to recover it (spec P5)"
+                )
         if stored_nothing and not duplicate:
             if conflict:
                 raise ValueError(f"an event of the batch is already in {session_id!r}")
@@ -539,6 +586,9 @@ class PostgresStore:
             self._live_sender = loop.create_task(self._send_live())
 
     async def _send_live(self) -> None:
+        # One turn of the event loop first: an append called right after the publish (its
+        # task starts after this one) takes the events into its own statement instead.
+        await asyncio.sleep(0)
         try:
             while self._live:
                 payloads, self._live = self._live, []
@@ -561,6 +611,24 @@ class PostgresStore:
             if queued is not None and not queued.done():
                 queued.set_result(None)
 
+    async def _take_live(self) -> tuple[list[str], asyncio.Future[None] | None]:
+        """The ephemeral events published so far and not on their way yet, for an append to
+        send before its doorbell (with the future to resolve once it is done), after waiting
+        for the batch on its way. If the sender took them meanwhile, it waits for them to be
+        sent instead, and not for those published later."""
+        queued, sending = self._live_queued, self._live_sending
+        if sending is not None and not sending.done():
+            await asyncio.shield(sending)
+        if queued is None:
+            return [], None
+        if self._live_queued is not queued:  # the sender took them
+            if not queued.done():
+                await asyncio.shield(queued)
+            return [], None
+        payloads, self._live, self._live_queued = self._live, [], None
+        self._live_sending = queued
+        return payloads, queued
+
     async def _live_sent(self) -> None:
         """Wait until the ephemeral events published so far are sent (or given up on), and
         not for those published meanwhile, which other sessions may go on doing."""
@@ -575,7 +643,7 @@ class PostgresStore:
         async with self._connection() as conn:
             # One row per payload, in their order: NOTIFY delivers in the order it was called.
             await conn.execute(
-                "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+                "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
                 (channel, payloads),
             )
 
@@ -846,7 +914,9 @@ async def _migrate(conn: _Connection) -> None:
             await conn.execute("INSERT INTO trimtab_schema (version) VALUES (%s)", (number,))
 
 
-def _append_params(session_id: str, events: Sequence[Event], lease: Lease | None) -> dict[str, Any]:
+def _append_params(
+    session_id: str, events: Sequence[Event], lease: Lease | None, durable: bool = True
+) -> dict[str, Any]:
     """The parameters of `_APPEND`; events are serialised here, before any lock is taken."""
     return {
         "session_id": session_id,
@@ -859,6 +929,10 @@ def _append_params(session_id: str, events: Sequence[Event], lease: Lease | None
         "types": [event.type for event in events],
         "payloads": [event.model_dump_json() for event in events],
         "first_id": events[0].id,
+        "parent": events[0].parent_id,
+        "sync": None if durable else "off",
+        "live_channel": LIVE_CHANNEL,
+        "live": [],
         "message_ids": [claimed_input(event) for event in events],
         "channel": CHANNEL,
     }

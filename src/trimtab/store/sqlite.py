@@ -241,7 +241,14 @@ class SqliteStore:
         except sqlite3.IntegrityError:
             raise ValueError(f"session {session_id!r} already exists") from None
 
-    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
         """Append persisted events in order, in one transaction; returns the new event count.
 
         With a lease, the fencing check runs inside the same transaction as the insert, so a

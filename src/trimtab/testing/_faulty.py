@@ -77,8 +77,17 @@ class FaultyStore:
     async def create(self, session_id: str, events: Sequence[Event] = ()) -> None:
         await self._write(lambda: self.inner.create(session_id, events))
 
-    async def append(self, session_id: str, events: Sequence[Event], *, lease: Lease | None) -> int:
-        count = await self._write(lambda: self.inner.append(session_id, events, lease=lease))
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
+        count = await self._write(
+            lambda: self.inner.append(session_id, events, lease=lease, durable=durable)
+        )
         assert count is not None
         return count
 
