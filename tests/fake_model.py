@@ -14,12 +14,57 @@ import asyncio
 import contextlib
 import itertools
 import json
-from typing import Any
+from typing import Any, Self
 
-__all__ = ["FakeModel"]
+__all__ = ["FakeModel", "LocalServer"]
 
 
-class FakeModel:
+class LocalServer:
+    """A TCP server on 127.0.0.1 for one test, as an async context manager: each connection
+    is served by `serve_connection` in a task of its own, cancelled when the test leaves."""
+
+    def __init__(self) -> None:
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._handlers:
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    @property
+    def root_url(self) -> str:
+        """`http://127.0.0.1:PORT`."""
+        assert self._server is not None, "use the server as an async context manager"
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        raise NotImplementedError
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            await self.serve_connection(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+class FakeModel(LocalServer):
     """A Chat Completions server on 127.0.0.1 that answers by rule (see the module).
 
     Args:
@@ -40,6 +85,7 @@ class FakeModel:
     ) -> None:
         if always_call and tool is None:
             raise ValueError("always_call needs a tool")
+        super().__init__()
         self.reply = reply
         self.delay = delay
         self.tool = tool
@@ -47,44 +93,21 @@ class FakeModel:
         self.requests: list[dict[str, Any]] = []
         """The JSON body of every request, in order."""
         self._ids = itertools.count(1)
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task[Any]] = set()
-
-    async def __aenter__(self) -> FakeModel:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._handlers:
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
 
     @property
     def base_url(self) -> str:
         """The API root a provider config names, such as `http://127.0.0.1:PORT/v1`."""
-        assert self._server is not None, "use the model as an async context manager"
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
+        return f"{self.root_url}/v1"
 
     def provider(self) -> dict[str, Any]:
         """A provider config pointed at this server."""
         return {"type": "openai", "base_url": self.base_url, "api_key": "test-key"}
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            while await self._answer_one(reader, writer):
-                pass
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        while await self._answer_one(reader, writer):
             pass
-        finally:
-            self._handlers.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
 
     async def _answer_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Read one request and answer it; False once the client closed the connection."""

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.fake_model import LocalServer
 from trimtab._errors import ProviderError
 from trimtab.providers import (
     Message,
@@ -78,43 +79,19 @@ async def timed_out(model: Provider, *, stream: bool, bound: float) -> ProviderE
     return caught.value
 
 
-class SilentServer:
+class SilentServer(LocalServer):
     """Accepts connections, reads the requests, and never answers."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests = 0
-        self._handlers: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> SilentServer:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._handlers:
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-
-    @property
-    def root_url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        try:
-            await reader.readuntil(b"\r\n\r\n")
-            self.requests += 1
-            await reader.read()  # until the client gives up and closes the connection
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass
-        finally:
-            writer.close()
-            self._handlers.discard(task)
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        self.requests += 1
+        await reader.read()  # until the client gives up and closes the connection
 
 
 @pytest.fixture
