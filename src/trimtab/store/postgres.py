@@ -295,15 +295,6 @@ _PENDING_INPUTS = """
     ORDER BY i.id
 """
 
-# No row: unknown session. One row of NULL: nothing removed. Else the ids removed.
-_DISCARD_INPUTS = """
-    WITH gone AS (
-        DELETE FROM session_inputs
-        WHERE session_id = %(s)s AND message_id = ANY(%(ids)s) AND claimed_seq IS NULL
-        RETURNING message_id
-    )
-    SELECT g.message_id FROM sessions s LEFT JOIN gone g ON true WHERE s.session_id = %(s)s
-"""
 
 # No row: unknown session. One row with a NULL payload: no events after the cursor.
 _READ = """
