@@ -212,6 +212,43 @@ async def test_r1_second_runtime_sees_a_remote_session_and_its_send_is_delivered
         assert [e.type for e in await remote.get_events()][-1] == "assistant.turn_end"
 
 
+class _InboxOutage(SqliteStore):
+    """A SQLite store whose read of the sessions with inputs fails its first `failures` times."""
+
+    def __init__(self, path: Path, failures: int) -> None:
+        super().__init__(path)
+        self.failures = failures
+
+    async def sessions_with_inputs(self) -> set[str]:
+        if self.failures > 0:
+            self.failures -= 1
+            raise OSError("disk I/O error")
+        return await super().sessions_with_inputs()
+
+
+async def test_r1_a_remote_send_is_delivered_after_the_owners_upkeep_failed_to_read_the_inbox(
+    tmp_path: Path,
+) -> None:
+    """The owner's upkeep reads which sessions have inputs in one query (not each inbox in
+    turn): while that read fails, the input waits in the store, and it runs once it works."""
+    db = tmp_path / "shared.db"
+    flaky = _InboxOutage(db, failures=3)
+    async with (
+        Client(store=flaky, poll_interval=0.02) as owner,
+        Client(store=db, poll_interval=0.02) as other,
+    ):
+        model = ScriptedModel(["from the owner"])
+        session = await open_session(owner, model)
+        rec = Recorder(session)
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+        await remote.send("hello from elsewhere")
+        await rec.wait_for("session.idle")
+        assert flaky.failures == 0
+        assert roles(model, 0)[-1] == ("user", "hello from elsewhere")
+        messages = [e for e in await session.get_events() if e.type == "user.message"]
+        assert [m.data.content for m in messages] == ["hello from elsewhere"]
+
+
 async def test_r1_remote_session_is_taken_over_when_the_owner_leaves(tmp_path: Path) -> None:
     db = tmp_path / "shared.db"
     async with (
