@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import ssl
 from typing import Any, Self
 
 __all__ = ["FakeModel", "LocalServer"]
@@ -21,14 +22,16 @@ __all__ = ["FakeModel", "LocalServer"]
 
 class LocalServer:
     """A TCP server on 127.0.0.1 for one test, as an async context manager: each connection
-    is served by `serve_connection` in a task of its own, cancelled when the test leaves."""
+    is served by `serve_connection` in a task of its own, cancelled when the test leaves.
+    With `tls` (a server context) it speaks HTTPS."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: ssl.SSLContext | None = None) -> None:
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._tls = tls
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0, ssl=self._tls)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -40,9 +43,10 @@ class LocalServer:
 
     @property
     def root_url(self) -> str:
-        """`http://127.0.0.1:PORT`."""
+        """`http://127.0.0.1:PORT`, or `https://` with TLS."""
         assert self._server is not None, "use the server as an async context manager"
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        scheme = "https" if self._tls else "http"
+        return f"{scheme}://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     async def serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -73,6 +77,7 @@ class FakeModel(LocalServer):
         tool: The tool to call after each user message (None: never call one).
         always_call: Call `tool` whatever the conversation's last message is: a model that
             never ends a run by itself.
+        tls: A server context: answer over HTTPS.
     """
 
     def __init__(
@@ -82,10 +87,11 @@ class FakeModel(LocalServer):
         delay: float = 0.0,
         tool: str | None = None,
         always_call: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if always_call and tool is None:
             raise ValueError("always_call needs a tool")
-        super().__init__()
+        super().__init__(tls=tls)
         self.reply = reply
         self.delay = delay
         self.tool = tool

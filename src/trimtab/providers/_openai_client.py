@@ -25,6 +25,7 @@ from urllib.parse import quote
 import httpx2
 
 from trimtab._errors import ProviderError
+from trimtab.providers import _network as network
 from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
@@ -360,7 +361,7 @@ class ChatClient:
             limits=_LIMITS,
             follow_redirects=True,
             verify=verify,
-            transport=self._transport,
+            transport=self._transport or network.transport(verify=verify, limits=_LIMITS),
         )
 
 
