@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import Recorder, echo_tool, open_session, roles
 from trimtab import Client, ProviderError, SessionError, ToolInvocation, define_tool
 from trimtab._window import IMAGE_TOKENS
-from trimtab.events import Image
+from trimtab.events import Image, new_id
 from trimtab.testing import ScriptedModel, tool_call
 
 
@@ -514,3 +514,14 @@ async def test_D9_request_headers_reach_the_provider_over_http(client: Client) -
         await session.send("Say hello", request_headers={"X-Trace": "abc"})
         await session.wait_idle()
     assert model.received[0].headers["x-trace"] == "abc"
+
+
+def test_event_ids_are_distinct_uuid4s() -> None:
+    # The Copilot clients parse every event id as a UUID (spec E3's ids).
+    ids = [new_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text
+        assert parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122

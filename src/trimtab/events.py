@@ -8,7 +8,7 @@ the Copilot SDK's session events: snake_case in Python, camelCase on the wire.
 
 from __future__ import annotations
 
-import uuid
+import os
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeAlias, cast, get_args
 
@@ -110,7 +110,11 @@ ToolOutcome: TypeAlias = Literal[
 
 def new_id() -> str:
     """A fresh UUID4 string: the Copilot clients parse every event id as a UUID."""
-    return str(uuid.uuid4())
+    # What `str(uuid.uuid4())` gives, without the `UUID` object made only to be printed:
+    # 0.8 µs against 1.9 for every event (a streamed delta's path, docs/performance.md).
+    digits = os.urandom(16).hex()
+    variant = "89ab"[int(digits[16], 16) & 3]  # RFC 4122: the top two bits are 10
+    return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
 
 
 def now() -> datetime:
