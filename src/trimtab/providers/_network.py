@@ -10,6 +10,7 @@ buffer, and a read only waits when nothing is buffered.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import ssl
 from collections import deque
 from collections.abc import Iterable
@@ -115,6 +116,14 @@ class _Connection(asyncio.Protocol):
         return data
 
 
+def _numeric(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
     if not waiter.done():
         waiter.set_exception(httpcore2.ReadTimeout(f"no data within {timeout} s"))
@@ -210,7 +219,8 @@ class AsyncioBackend(httpcore2.AsyncNetworkBackend):
                     host,
                     port,
                     local_addr=(local_address, 0) if local_address else None,
-                    happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY,
+                    # A numeric address has nothing to race (and the race costs tasks).
+                    happy_eyeballs_delay=None if _numeric(host) else _HAPPY_EYEBALLS_DELAY,
                 )
         except TimeoutError:
             raise httpcore2.ConnectTimeout(f"could not connect within {timeout} s") from None
