@@ -136,6 +136,11 @@ class AsyncioStream(httpcore2.AsyncNetworkStream):
         self._transport = transport
         self._connection = connection
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not read yet (at most about `READ_BUFFER_LIMIT`)."""
+        return self._connection.buffered
+
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         connection = self._connection
         if not connection.chunks and not connection.ended:
