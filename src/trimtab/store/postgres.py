@@ -177,8 +177,18 @@ _MIGRATIONS: tuple[str, ...] = (
 # statement's own transaction). The ephemeral events published before the append and not sent
 # yet (`live`) go in the same statement, before its doorbell: the aggregate over them is done
 # before the join yields the row whose select list rings it.
-_APPEND = """
-    WITH session AS (
+#
+# The batch (`events`: `[id, type, payload, claimed message id]` per event) and `live` come as
+# one JSON text each, not as arrays: psycopg dumps a list element by element in Python, which
+# cost more of this process's CPU than the rest of the statement. Each payload travels as a
+# JSON string, so that `->>` gives back its exact text (a nested value would be re-read by the
+# server, which refuses `\u0000` in it).
+_APPEND = f"""
+    WITH new AS (
+        SELECT e->>0 AS id, e->>1 AS type, (e->>2)::json AS payload, e->>3 AS message_id, n
+        FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS batch (e, n)
+    ),
+    session AS (
         UPDATE sessions
         SET last_seq = last_seq + %(count)s,
             updated_at = now(),
@@ -200,7 +210,7 @@ _APPEND = """
     ),
     claimed AS (
         UPDATE session_inputs i SET claimed_seq = session.last_seq - %(count)s + new.n
-        FROM session, unnest(%(message_ids)b::text[]) WITH ORDINALITY AS new (message_id, n)
+        FROM session, new
         WHERE i.session_id = %(session_id)s AND i.message_id = new.message_id
           AND i.claimed_seq IS NULL
     ),
@@ -208,16 +218,14 @@ _APPEND = """
         INSERT INTO session_events (session_id, seq, id, type, payload, lease_token)
         SELECT %(session_id)s, session.last_seq - %(count)s + new.n,
                new.id, new.type, new.payload, %(token)s
-        FROM session,
-             unnest(%(ids)b::text[], %(types)b::text[], %(payloads)b::json[])
-                 WITH ORDINALITY AS new (id, type, payload, n)
+        FROM session, new
     )
-    SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq),
+    SELECT last_seq, pg_notify('{CHANNEL}', %(session_id)s || ':' || last_seq),
            set_config('synchronous_commit',
                       COALESCE(%(sync)s, current_setting('synchronous_commit')), true)
     FROM session,
-         (SELECT count(pg_notify(%(live_channel)s, payload))
-          FROM unnest(%(live)b::text[]) AS payload) AS live
+         (SELECT count(pg_notify('{LIVE_CHANNEL}', payload))
+          FROM json_array_elements_text(%(live)s::json) AS payload) AS live
 """
 
 # Why an append stored nothing (or, for an empty batch, the count it returns).
@@ -482,7 +490,9 @@ class PostgresStore:
             async with self._append_order.hold(session_id):
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
         params = _append_params(session_id, events, lease, durable)
-        params["live"], taken = await self._take_live()
+        live, taken = await self._take_live()
+        if live:
+            params["live"] = _json_text(live)
         try:
             async with self._append_order.hold(session_id):
                 conflict = False
@@ -634,8 +644,8 @@ class PostgresStore:
         async with self._connection() as conn:
             # One row per payload, in their order: NOTIFY delivers in the order it was called.
             await conn.execute(
-                "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
-                (channel, payloads),
+                "SELECT pg_notify(%s, payload) FROM json_array_elements_text(%s::json) AS payload",
+                (channel, _json_text(payloads)),
             )
 
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
@@ -916,17 +926,20 @@ def _append_params(
         "token": lease.token if lease else None,
         "owner": lease.owner if lease else None,
         "lease_session": lease.session_id if lease else None,
-        "ids": [event.id for event in events],
-        "types": [event.type for event in events],
-        "payloads": [event.model_dump_json() for event in events],
+        "events": _json_text(
+            [[e.id, e.type, e.model_dump_json(), claimed_input(e)] for e in events]
+        ),
         "first_id": events[0].id,
         "parent": events[0].parent_id,
         "sync": None if durable else "off",
-        "live_channel": LIVE_CHANNEL,
-        "live": [],
-        "message_ids": [claimed_input(event) for event in events],
-        "channel": CHANNEL,
+        "live": None,
     }
+
+
+_json_text = json.JSONEncoder(
+    ensure_ascii=False, check_circular=False, separators=(",", ":")
+).encode
+"""JSON text for a `::json` parameter (a list of strings, no cycles; non-ASCII kept as is)."""
 
 
 def _text(value: str | None) -> str | None:
