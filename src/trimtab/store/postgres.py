@@ -357,6 +357,7 @@ class PostgresStore:
         self._append_order = _KeyedLock()
         self._doorbell: _Doorbell | None = None
         self._abandoned: set[asyncio.Task[Any]] = set()
+        """Calls the caller stopped waiting for, until their cancellation is done."""
         self._live: list[str] = []
         """Ephemeral events' payloads published and not yet being sent."""
         self._live_queued: asyncio.Future[None] | None = None
@@ -364,28 +365,34 @@ class PostgresStore:
         self._live_sending: asyncio.Future[None] | None = None
         """Done once the batch on its way is sent (or given up on)."""
         self._live_sender: asyncio.Task[None] | None = None
-        """Calls the caller stopped waiting for, until their cancellation is done."""
 
     # --- connections ----------------------------------------------------------------------
 
     async def _within_timeout(self, what: str, work: Coroutine[Any, Any, _R]) -> _R:
         """The result of `work`, run in a task of its own so that the caller can stop waiting
         for it at `timeout` whatever it waits for; a server error that leaves the outcome
-        unknown becomes `StoreUnavailableError`."""
-        task = asyncio.ensure_future(work)
+        unknown becomes `StoreUnavailableError`.
+
+        The task hands its outcome over itself (`_deliver`), so that the caller resumes in the
+        event loop's next pass: waiting for the task with `asyncio.wait` takes two more (its
+        done callback, then the waiter's), at every statement.
+        """
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[_R] = loop.create_future()
+        task = loop.create_task(_deliver(work, outcome))
+        timer = loop.call_later(self.timeout, _give_up, outcome)
         try:
-            done, _ = await asyncio.wait((task,), timeout=self.timeout)
-        finally:
-            if not task.done():  # timed out, or the caller was cancelled
-                self._abandon(task)
-        if not done:
+            return await outcome
+        except _NoAnswer:
             raise StoreUnavailableError(
                 f"{what}: no answer from the PostgreSQL server within {self.timeout} s"
-            )
-        try:
-            return task.result()
+            ) from None
         except psycopg.OperationalError as error:
             raise StoreUnavailableError(f"{what}: {error}") from error
+        finally:
+            timer.cancel()
+            if not task.done():  # timed out, or the caller was cancelled
+                self._abandon(task)
 
     def _abandon(self, task: asyncio.Task[Any]) -> None:
         """Cancel a call nobody waits for any more, keeping it until it is done: psycopg may
@@ -862,6 +869,33 @@ class PostgresStore:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+class _NoAnswer(Exception):
+    """A store call's time ran out (see `PostgresStore._within_timeout`)."""
+
+
+async def _deliver(work: Coroutine[Any, Any, _R], outcome: asyncio.Future[_R]) -> None:
+    """Run `work`, handing its result or error to `outcome` unless nobody waits for it any
+    more (then an error is dropped here, having been seen)."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        outcome.cancel()
+        raise
+    except BaseException as error:
+        if not outcome.done():
+            outcome.set_exception(error)
+        if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: not ours to hold
+            raise
+    else:
+        if not outcome.done():
+            outcome.set_result(result)
+
+
+def _give_up(outcome: asyncio.Future[Any]) -> None:
+    if not outcome.done():
+        outcome.set_exception(_NoAnswer())
 
 
 def _connect_options(dsn: str, timeout: float) -> dict[str, Any]:
