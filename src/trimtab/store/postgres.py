@@ -409,13 +409,21 @@ class PostgresStore:
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[_Connection]:
-        """A pooled autocommit connection; raises `RuntimeError` once the store is closed."""
+        """A pooled autocommit connection; raises `RuntimeError` once the store is closed.
+
+        Taken and returned with `getconn` and `putconn`: `pool.connection()` also ends the
+        connection's transaction, of which an autocommit connection has none (`putconn`
+        resets one left open by an error, or closes one left in the middle of a statement).
+        """
         pool = self._pool or await self._open()
         try:
-            async with pool.connection() as conn:
-                yield conn
+            conn = await pool.getconn()
         except PoolClosed:
             raise RuntimeError("the store is closed") from None
+        try:
+            yield conn
+        finally:
+            await pool.putconn(conn)
 
     async def _open(self) -> _Pool:
         """Migrate the schema and open the pool, once; a failed attempt is retried next call."""
