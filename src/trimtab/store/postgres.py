@@ -688,6 +688,11 @@ class PostgresStore:
         with doorbell.listeners.listening_to(session_id) as listener:
             # Ephemeral events published before the listener is up would be missed.
             await doorbell.listening(self.timeout)
+            # The listener rang every subscriber as it connected (and before `listening`
+            # returned, so the ring is here already): the catch-up read `follow` starts with
+            # covers it. Read again later, once this runtime stored more, it could let a stored
+            # event overtake the ephemeral ones published before it and still on their way.
+            listener.notices = [notice for notice in listener.notices if notice[1] is not None]
             events = follow(listener, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
             async for event in events:
                 yield event
@@ -1041,8 +1046,9 @@ class _Doorbell:
                     async with asyncio.timeout(self._timeout):
                         await conn.execute(f"LISTEN {CHANNEL}; LISTEN {LIVE_CHANNEL}")
                     delay = 0.1
-                    self._ready.set()
+                    # Rung before it says it listens: see `subscribe`.
                     self.listeners.ring_all()
+                    self._ready.set()
                     await self._dispatch_until_silent(conn)
             except (psycopg.Error, TimeoutError) as error:
                 reason = str(error) or f"no answer within {self._timeout} s"
