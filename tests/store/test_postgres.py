@@ -7,6 +7,7 @@ Every test runs in a fresh schema (`pg_dsn`, see conftest.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
@@ -283,9 +284,9 @@ async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
 
     async def counted(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
         if str(query).startswith("SELECT pg_notify(%s, payload)"):
-            batches.append(len(params[1]))
+            batches.append(len(json.loads(params[1])))
         elif isinstance(params, dict) and params.get("live"):  # sent with an append
-            batches.append(len(params["live"]))
+            batches.append(len(json.loads(params["live"])))
         return await execute(cursor, query, params, **kwargs)
 
     monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)

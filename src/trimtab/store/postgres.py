@@ -103,7 +103,29 @@ _MIGRATION_LOCK = 0x7472696D746162
 """`pg_advisory_xact_lock` key ("trimtab" in ASCII): one migrating runtime at a time."""
 
 _Connection: TypeAlias = psycopg.AsyncConnection[tuple[Any, ...]]
-_Pool: TypeAlias = AsyncConnectionPool[_Connection]
+_Cursor: TypeAlias = psycopg.AsyncCursor[tuple[Any, ...]]
+
+
+class _PooledConnection(_Connection):
+    """A pooled connection, which keeps one cursor for the store's appends and notifications.
+
+    `execute` makes a cursor per statement, which looks up the dumpers of its parameters'
+    types again: ~10 µs of CPU per statement. These statements return one short row, so the
+    cursor holding on to its last result keeps nothing worth freeing.
+    """
+
+    _writes: _Cursor | None = None
+
+    @property
+    def writes(self) -> _Cursor:
+        """The cursor of the appends and notifications (one statement at a time, as the
+        connection itself)."""
+        if self._writes is None:
+            self._writes = self.cursor()
+        return self._writes
+
+
+_Pool: TypeAlias = AsyncConnectionPool[_PooledConnection]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -177,8 +199,18 @@ _MIGRATIONS: tuple[str, ...] = (
 # statement's own transaction). The ephemeral events published before the append and not sent
 # yet (`live`) go in the same statement, before its doorbell: the aggregate over them is done
 # before the join yields the row whose select list rings it.
-_APPEND = """
-    WITH session AS (
+#
+# The batch (`events`: `[id, type, payload, claimed message id]` per event) and `live` come as
+# one JSON text each, not as arrays: psycopg dumps a list element by element in Python, which
+# cost more of this process's CPU than the rest of the statement. Each payload travels as a
+# JSON string, so that `->>` gives back its exact text (a nested value would be re-read by the
+# server, which refuses `\u0000` in it).
+_APPEND = f"""
+    WITH new AS (
+        SELECT e->>0 AS id, e->>1 AS type, (e->>2)::json AS payload, e->>3 AS message_id, n
+        FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS batch (e, n)
+    ),
+    session AS (
         UPDATE sessions
         SET last_seq = last_seq + %(count)s,
             updated_at = now(),
@@ -200,7 +232,7 @@ _APPEND = """
     ),
     claimed AS (
         UPDATE session_inputs i SET claimed_seq = session.last_seq - %(count)s + new.n
-        FROM session, unnest(%(message_ids)b::text[]) WITH ORDINALITY AS new (message_id, n)
+        FROM session, new
         WHERE i.session_id = %(session_id)s AND i.message_id = new.message_id
           AND i.claimed_seq IS NULL
     ),
@@ -208,16 +240,14 @@ _APPEND = """
         INSERT INTO session_events (session_id, seq, id, type, payload, lease_token)
         SELECT %(session_id)s, session.last_seq - %(count)s + new.n,
                new.id, new.type, new.payload, %(token)s
-        FROM session,
-             unnest(%(ids)b::text[], %(types)b::text[], %(payloads)b::json[])
-                 WITH ORDINALITY AS new (id, type, payload, n)
+        FROM session, new
     )
-    SELECT last_seq, pg_notify(%(channel)s, %(session_id)s || ':' || last_seq),
+    SELECT last_seq, pg_notify('{CHANNEL}', %(session_id)s || ':' || last_seq),
            set_config('synchronous_commit',
                       COALESCE(%(sync)s, current_setting('synchronous_commit')), true)
     FROM session,
-         (SELECT count(pg_notify(%(live_channel)s, payload))
-          FROM unnest(%(live)b::text[]) AS payload) AS live
+         (SELECT count(pg_notify('{LIVE_CHANNEL}', payload))
+          FROM json_array_elements_text(%(live)s::json) AS payload) AS live
 """
 
 # Why an append stored nothing (or, for an empty batch, the count it returns).
@@ -349,6 +379,7 @@ class PostgresStore:
         self._append_order = _KeyedLock()
         self._doorbell: _Doorbell | None = None
         self._abandoned: set[asyncio.Task[Any]] = set()
+        """Calls the caller stopped waiting for, until their cancellation is done."""
         self._live: list[str] = []
         """Ephemeral events' payloads published and not yet being sent."""
         self._live_queued: asyncio.Future[None] | None = None
@@ -356,28 +387,34 @@ class PostgresStore:
         self._live_sending: asyncio.Future[None] | None = None
         """Done once the batch on its way is sent (or given up on)."""
         self._live_sender: asyncio.Task[None] | None = None
-        """Calls the caller stopped waiting for, until their cancellation is done."""
 
     # --- connections ----------------------------------------------------------------------
 
     async def _within_timeout(self, what: str, work: Coroutine[Any, Any, _R]) -> _R:
         """The result of `work`, run in a task of its own so that the caller can stop waiting
         for it at `timeout` whatever it waits for; a server error that leaves the outcome
-        unknown becomes `StoreUnavailableError`."""
-        task = asyncio.ensure_future(work)
+        unknown becomes `StoreUnavailableError`.
+
+        The task hands its outcome over itself (`_deliver`), so that the caller resumes in the
+        event loop's next pass: waiting for the task with `asyncio.wait` takes two more (its
+        done callback, then the waiter's), at every statement.
+        """
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[_R] = loop.create_future()
+        task = loop.create_task(_deliver(work, outcome))
+        timer = loop.call_later(self.timeout, _give_up, outcome)
         try:
-            done, _ = await asyncio.wait((task,), timeout=self.timeout)
-        finally:
-            if not task.done():  # timed out, or the caller was cancelled
-                self._abandon(task)
-        if not done:
+            return await outcome
+        except _NoAnswer:
             raise StoreUnavailableError(
                 f"{what}: no answer from the PostgreSQL server within {self.timeout} s"
-            )
-        try:
-            return task.result()
+            ) from None
         except psycopg.OperationalError as error:
             raise StoreUnavailableError(f"{what}: {error}") from error
+        finally:
+            timer.cancel()
+            if not task.done():  # timed out, or the caller was cancelled
+                self._abandon(task)
 
     def _abandon(self, task: asyncio.Task[Any]) -> None:
         """Cancel a call nobody waits for any more, keeping it until it is done: psycopg may
@@ -393,14 +430,22 @@ class PostgresStore:
         task.add_done_callback(done)
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[_Connection]:
-        """A pooled autocommit connection; raises `RuntimeError` once the store is closed."""
+    async def _connection(self) -> AsyncIterator[_PooledConnection]:
+        """A pooled autocommit connection; raises `RuntimeError` once the store is closed.
+
+        Taken and returned with `getconn` and `putconn`: `pool.connection()` also ends the
+        connection's transaction, of which an autocommit connection has none (`putconn`
+        resets one left open by an error, or closes one left in the middle of a statement).
+        """
         pool = self._pool or await self._open()
         try:
-            async with pool.connection() as conn:
-                yield conn
+            conn = await pool.getconn()
         except PoolClosed:
             raise RuntimeError("the store is closed") from None
+        try:
+            yield conn
+        finally:
+            await pool.putconn(conn)
 
     async def _open(self) -> _Pool:
         """Migrate the schema and open the pool, once; a failed attempt is retried next call."""
@@ -416,6 +461,7 @@ class PostgresStore:
                     await _migrate(conn)
                 pool: _Pool = AsyncConnectionPool(
                     self._dsn,
+                    connection_class=_PooledConnection,
                     min_size=1,
                     max_size=self._max_connections,
                     kwargs=options,
@@ -482,13 +528,15 @@ class PostgresStore:
             async with self._append_order.hold(session_id):
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
         params = _append_params(session_id, events, lease, durable)
-        params["live"], taken = await self._take_live()
+        live, taken = await self._take_live()
+        if live:
+            params["live"] = _json_text(live)
         try:
             async with self._append_order.hold(session_id):
                 conflict = False
                 try:
                     async with self._connection() as conn:
-                        row = await (await conn.execute(_APPEND, params)).fetchone()
+                        row = await (await conn.writes.execute(_APPEND, params)).fetchone()
                 except errors.UniqueViolation as error:
                     # Only a concurrent append of the same batch (from another store) gets here.
                     if error.diag.constraint_name != "session_events_by_id":
@@ -633,9 +681,9 @@ class PostgresStore:
     async def _notify_all(self, channel: str, payloads: list[str]) -> None:
         async with self._connection() as conn:
             # One row per payload, in their order: NOTIFY delivers in the order it was called.
-            await conn.execute(
-                "SELECT pg_notify(%s, payload) FROM unnest(%b::text[]) AS payload",
-                (channel, payloads),
+            await conn.writes.execute(
+                "SELECT pg_notify(%s, payload) FROM json_array_elements_text(%s::json) AS payload",
+                (channel, _json_text(payloads)),
             )
 
     async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
@@ -663,6 +711,11 @@ class PostgresStore:
         with doorbell.listeners.listening_to(session_id) as listener:
             # Ephemeral events published before the listener is up would be missed.
             await doorbell.listening(self.timeout)
+            # The listener rang every subscriber as it connected (and before `listening`
+            # returned, so the ring is here already): the catch-up read `follow` starts with
+            # covers it. Read again later, once this runtime stored more, it could let a stored
+            # event overtake the ephemeral ones published before it and still on their way.
+            listener.notices = [notice for notice in listener.notices if notice[1] is not None]
             events = follow(listener, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
             async for event in events:
                 yield event
@@ -854,6 +907,33 @@ class PostgresStore:
 # --- helpers ------------------------------------------------------------------------------
 
 
+class _NoAnswer(Exception):
+    """A store call's time ran out (see `PostgresStore._within_timeout`)."""
+
+
+async def _deliver(work: Coroutine[Any, Any, _R], outcome: asyncio.Future[_R]) -> None:
+    """Run `work`, handing its result or error to `outcome` unless nobody waits for it any
+    more (then an error is dropped here, having been seen)."""
+    try:
+        result = await work
+    except asyncio.CancelledError:
+        outcome.cancel()
+        raise
+    except BaseException as error:
+        if not outcome.done():
+            outcome.set_exception(error)
+        if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: not ours to hold
+            raise
+    else:
+        if not outcome.done():
+            outcome.set_result(result)
+
+
+def _give_up(outcome: asyncio.Future[Any]) -> None:
+    if not outcome.done():
+        outcome.set_exception(_NoAnswer())
+
+
 def _connect_options(dsn: str, timeout: float) -> dict[str, Any]:
     """The options of every connection: autocommit, and a connect timeout (libpq's whole
     seconds, at least 2) unless the DSN sets one."""
@@ -916,17 +996,20 @@ def _append_params(
         "token": lease.token if lease else None,
         "owner": lease.owner if lease else None,
         "lease_session": lease.session_id if lease else None,
-        "ids": [event.id for event in events],
-        "types": [event.type for event in events],
-        "payloads": [event.model_dump_json() for event in events],
+        "events": _json_text(
+            [[e.id, e.type, e.model_dump_json(), claimed_input(e)] for e in events]
+        ),
         "first_id": events[0].id,
         "parent": events[0].parent_id,
         "sync": None if durable else "off",
-        "live_channel": LIVE_CHANNEL,
-        "live": [],
-        "message_ids": [claimed_input(event) for event in events],
-        "channel": CHANNEL,
+        "live": None,
     }
+
+
+_json_text = json.JSONEncoder(
+    ensure_ascii=False, check_circular=False, separators=(",", ":")
+).encode
+"""JSON text for a `::json` parameter (a list of strings, no cycles; non-ASCII kept as is)."""
 
 
 def _text(value: str | None) -> str | None:
@@ -986,8 +1069,9 @@ class _Doorbell:
                     async with asyncio.timeout(self._timeout):
                         await conn.execute(f"LISTEN {CHANNEL}; LISTEN {LIVE_CHANNEL}")
                     delay = 0.1
-                    self._ready.set()
+                    # Rung before it says it listens: see `subscribe`.
                     self.listeners.ring_all()
+                    self._ready.set()
                     await self._dispatch_until_silent(conn)
             except (psycopg.Error, TimeoutError) as error:
                 reason = str(error) or f"no answer within {self._timeout} s"
