@@ -1,6 +1,6 @@
 """PostgreSQL per turn: database round trips, commits and NOTIFYs of a turn, in process.
 
-    python bench/pg_round_trips.py [--turns 20] [--chunks 20] [--dsn postgresql://...]
+    python bench/pg_round_trips.py [--turns 100] [--chunks 20] [--dsn postgresql://...]
 
 Needs a PostgreSQL server ($TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, or --dsn): the bench
 works in a fresh database of its own, dropped at the end. A `trimtab.Client` on that database
@@ -40,6 +40,9 @@ from scaleout import DB_PREFIX, admin_dsn, backend_pids, fresh_database, server_
 from trimtab_inproc import session_options
 
 from trimtab import Client
+
+WARMUP = 5
+"""Untimed turns of each kind before the timed ones."""
 
 WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
 NOTIFY_ONLY = re.compile(r"^\s*SELECT\s+pg_notify\(", re.IGNORECASE)
@@ -120,7 +123,10 @@ async def measure(args: argparse.Namespace, base_url: str, url: str, name: str) 
         )
         for kind, prompt, streaming, steps in kinds:
             session = await client.create_session(**session_options(provider), streaming=streaming)
-            await session.send_and_wait(prompt)  # warm-up: connections, first-use costs
+            # Warm-up: connections, first-use costs, and psycopg's prepared statements (it
+            # prepares a statement at its fifth execution on a connection).
+            for _ in range(WARMUP):
+                await session.send_and_wait(prompt)
             backends = backend_pids(admin, name)
             before = counts.snapshot()
             cpu = time.process_time()
@@ -158,7 +164,8 @@ async def memory_cpu(args: argparse.Namespace, provider: dict[str, Any]) -> dict
     async with Client(store="memory") as client:
         for kind, prompt in (("plain", common.PLAIN_PROMPT), ("tool", common.TOOL_PROMPT)):
             session = await client.create_session(**session_options(provider))
-            await session.send_and_wait(prompt)
+            for _ in range(WARMUP):
+                await session.send_and_wait(prompt)
             cpu = time.process_time()
             for _ in range(args.turns):
                 await session.send_and_wait(prompt)
@@ -169,7 +176,7 @@ async def memory_cpu(args: argparse.Namespace, provider: dict[str, Any]) -> dict
 
 async def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--turns", type=int, default=100)
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--dsn", help="an administrative DSN (default: the variables above)")
     parser.add_argument("--smoke", action="store_true", help="3 turns of each kind")

@@ -498,8 +498,8 @@ def _postgres(results: dict[str, Any]) -> list[str]:
     settings = data.get("postgres", {})
     notes = [
         "",
-        f"Per turn, mean of {data['plain']['turns']} turns of a `trimtab.Client` session in"
-        " process on a fresh PostgreSQL"
+        f"Per turn, mean of {data['plain']['turns']} turns (after 5 untimed ones) of a"
+        " `trimtab.Client` session in process on a fresh PostgreSQL"
         f" {settings.get('server_version', '?').split()[0]} database"
         f" (fsync={settings.get('fsync', '?')},"
         f" synchronous_commit={settings.get('synchronous_commit', '?')}), counted by wrapping"
