@@ -32,7 +32,9 @@ or whose correctness check fails, does.
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -274,6 +276,15 @@ def postgres(results: dict[str, Any], name: str, script: str) -> None:
         results["errors"][name] = str(exc)
 
 
+def compile_trimtab() -> None:
+    """Compile trimtab's modules, so that imports and start-up are timed as an installed
+    package has them: an editable install run with PYTHONDONTWRITEBYTECODE would compile
+    every module changed since its last bytecode at every start (~30 ms for `import trimtab`)."""
+    spec = importlib.util.find_spec("trimtab")
+    assert spec is not None and spec.submodule_search_locations
+    compileall.compile_dir(spec.submodule_search_locations[0], quiet=1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -301,6 +312,7 @@ def main() -> int:
         if args.smoke:
             smoke(results)
         else:
+            compile_trimtab()
             full(results, names, str(args.runs), str(args.warmup))
     except WorkerError as exc:
         print(exc, file=sys.stderr)
