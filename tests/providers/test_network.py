@@ -202,3 +202,24 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
         port = int(closed.root_url.rsplit(":", 1)[1])
     with pytest.raises(httpcore2.ConnectError):
         await network.AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
+
+
+class _Deaf(LocalServer):
+    """Accepts connections and never reads them."""
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await asyncio.sleep(60)
+
+
+async def test_a_write_the_peer_does_not_take_times_out() -> None:
+    async with _Deaf() as deaf:
+        port = int(deaf.root_url.rsplit(":", 1)[1])
+        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        try:
+            with pytest.raises(httpcore2.WriteTimeout):
+                # More than the kernel's buffers on both ends take: the rest waits here.
+                await stream.write(bytes(64 * 1024 * 1024), timeout=0.2)
+        finally:
+            await stream.aclose()
