@@ -400,6 +400,9 @@ async def follow(
         cursor += count
         return taken
 
+    # Wake-ups told before the first read are covered by it. Read again later, once more is
+    # stored, they would let a stored event overtake ephemeral ones published before it.
+    listener.notices = [notice for notice in listener.notices if notice[1] is not None]
     notices: list[Notice] = [(None, None)]  # catch up first
     while not closed():
         for seq, ephemeral in notices:

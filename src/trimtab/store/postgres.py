@@ -711,11 +711,8 @@ class PostgresStore:
         with doorbell.listeners.listening_to(session_id) as listener:
             # Ephemeral events published before the listener is up would be missed.
             await doorbell.listening(self.timeout)
-            # The listener rang every subscriber as it connected (and before `listening`
-            # returned, so the ring is here already): the catch-up read `follow` starts with
-            # covers it. Read again later, once this runtime stored more, it could let a stored
-            # event overtake the ephemeral ones published before it and still on their way.
-            listener.notices = [notice for notice in listener.notices if notice[1] is not None]
+            # The listener rang every subscriber as it connected, before `listening` returned:
+            # `follow` drops that ring, which its first read covers.
             events = follow(listener, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
             async for event in events:
                 yield event
