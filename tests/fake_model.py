@@ -42,11 +42,15 @@ class LocalServer:
         await asyncio.gather(*self._handlers, return_exceptions=True)
 
     @property
+    def port(self) -> int:
+        assert self._server is not None, "use the server as an async context manager"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
     def root_url(self) -> str:
         """`http://127.0.0.1:PORT`, or `https://` with TLS."""
-        assert self._server is not None, "use the server as an async context manager"
-        scheme = "https" if self._tls else "http"
-        return f"{scheme}://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return f"{'https' if self._tls else 'http'}://127.0.0.1:{self.port}"
 
     async def serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

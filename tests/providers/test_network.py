@@ -160,8 +160,7 @@ async def flood() -> AsyncIterator[_Flood]:
 
 
 async def test_a_connection_buffers_a_bounded_amount_unread(flood: _Flood) -> None:
-    port = int(flood.root_url.rsplit(":", 1)[1])
-    stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
+    stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", flood.port, timeout=5)
     assert isinstance(stream, network.AsyncioStream)
     try:
         async with asyncio.timeout(10):
@@ -182,19 +181,18 @@ async def test_a_connection_buffers_a_bounded_amount_unread(flood: _Flood) -> No
         await stream.aclose()
 
 
-class _Silent(LocalServer):
-    """Accepts connections and never writes."""
+class _Deaf(LocalServer):
+    """Accepts connections, and neither reads nor writes."""
 
     async def serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        await reader.read()
+        await asyncio.sleep(60)
 
 
 async def test_a_read_that_gets_nothing_times_out() -> None:
-    async with _Silent() as silent:
-        port = int(silent.root_url.rsplit(":", 1)[1])
-        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
+    async with _Deaf() as silent:
+        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", silent.port, timeout=5)
         try:
             with pytest.raises(httpcore2.ReadTimeout):
                 await stream.read(1024, timeout=0.1)
@@ -203,25 +201,15 @@ async def test_a_read_that_gets_nothing_times_out() -> None:
 
 
 async def test_a_refused_connection_is_a_connect_error() -> None:
-    async with _Silent() as closed:
-        port = int(closed.root_url.rsplit(":", 1)[1])
+    async with _Deaf() as closed:
+        port = closed.port
     with pytest.raises(httpcore2.ConnectError):
         await network.AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
 
 
-class _Deaf(LocalServer):
-    """Accepts connections and never reads them."""
-
-    async def serve_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await asyncio.sleep(60)
-
-
 async def test_a_write_the_peer_does_not_take_times_out() -> None:
     async with _Deaf() as deaf:
-        port = int(deaf.root_url.rsplit(":", 1)[1])
-        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
+        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", deaf.port, timeout=5)
         try:
             with pytest.raises(httpcore2.WriteTimeout):
                 # More than the kernel's buffers on both ends take: the rest waits here.
