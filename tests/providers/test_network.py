@@ -216,3 +216,12 @@ async def test_a_write_the_peer_does_not_take_times_out() -> None:
                 await stream.write(bytes(64 * 1024 * 1024), timeout=0.2)
         finally:
             await stream.aclose()
+
+
+async def test_a_tls_handshake_nobody_answers_times_out() -> None:
+    async with _Deaf() as deaf:
+        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", deaf.port, timeout=5)
+        with pytest.raises(httpcore2.ConnectTimeout):
+            await stream.start_tls(
+                ssl.create_default_context(), server_hostname="127.0.0.1", timeout=0.2
+            )

@@ -20,7 +20,7 @@ def _stored(text: str) -> Event:
     return UserMessageEvent(data=UserMessageData(content=text))
 
 
-async def test_a_wake_up_told_before_the_first_read_lets_no_stored_event_overtake() -> None:
+async def test_e3_a_wake_up_told_before_the_first_read_lets_no_stored_event_overtake() -> None:
     # A ring told before the subscription's first read (PostgreSQL's listener rings everyone
     # as it connects), then, while that read runs, an ephemeral event is published after the
     # first stored event and a second one is stored. Read again for the early ring, the log
