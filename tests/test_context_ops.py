@@ -210,6 +210,40 @@ async def test_get_context_usage_info_and_usage_totals(client: Client) -> None:
     assert session.usage.input_tokens == sum(u.input_tokens or 0 for u in usage) > 0
 
 
+async def test_usage_info_sizes_the_window_each_call_sends(client: Client) -> None:
+    """`current_tokens` is the estimate of the very request the model gets, across tool turns,
+    a compaction (a new base), a truncation and a resume (the window is kept as a running
+    total, not summed over the conversation at every call)."""
+    model = ScriptedModel(
+        [tool_call("echo", {"text": "x" * 50}), "after the tool", "b", "SUMMARY", "c", "d", "e"]
+    )
+    session = await open_session(client, model, echo_tool(), developer_messages=["DEV"])
+    rec = Recorder(session)
+    await chat(session, "first " * 30, "second")
+    await session.history.compact()
+    await chat(session, "third")
+    third = [e for e in await session.get_events() if e.type == "user.message"][-1]
+    await session.history.truncate(third.id)
+    await chat(session, "fourth")
+    await session.disconnect()
+    resumed = await client.resume_session(
+        session.session_id,
+        provider=model,
+        tools=[echo_tool()],
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    rec_resumed = Recorder(resumed)
+    await chat(resumed, "fifth")
+
+    sent = [
+        estimate_tokens(r.messages) + sum(len(t.model_dump_json()) for t in r.tools) // 4
+        for r in model.requests
+    ]
+    infos = [*rec.of("session.usage_info"), *rec_resumed.of("session.usage_info")]
+    assert len(model.requests) == 7
+    assert [e.data.current_tokens for e in infos] == sent
+
+
 def test_model_limits_table_and_override() -> None:
     assert limits_for("gpt-4.1-mini").context_window == 1_047_576
     assert limits_for("openai/gpt-4o-2024-08-06").max_output_tokens == 16_384

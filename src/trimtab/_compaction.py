@@ -93,6 +93,7 @@ class CompactionHost(Protocol):
 
     async def emit(self, event: Event) -> Event: ...
     def window(self) -> list[Message]: ...
+    def window_tokens(self) -> int: ...
     def conversation(self) -> list[Message]: ...
     def model_tools(self) -> list[ToolDefinition]: ...
 
@@ -114,7 +115,7 @@ class CompactResult(BaseModel):
 def request_tokens(host: CompactionHost) -> int:
     """The estimated size of the next model request: the window and the tool schemas."""
     tools = sum(len(d.model_dump_json()) for d in host.model_tools()) // 4
-    return estimate_tokens(host.window()) + tools
+    return host.window_tokens() + tools
 
 
 async def fit_window(host: CompactionHost) -> None:

@@ -257,6 +257,9 @@ class Runner:
     def window(self) -> list[Message]:
         return self.log.state.window()
 
+    def window_tokens(self) -> int:
+        return self.log.state.window_tokens()
+
     def conversation(self) -> list[Message]:
         return self.log.state.conversation()
 

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict
 
 from trimtab._permissions import APPROVED_FOR_SESSION
-from trimtab._window import Projection, head
+from trimtab._window import Projection, estimate_tokens, head
 from trimtab.events import (
     AbortEvent,
     AssistantMessageEvent,
@@ -117,6 +117,8 @@ class SessionState:
     turns: int = 0
     base: tuple[Message, ...] = ()
     """The conversation the window starts from (set by compaction and truncation)."""
+    base_tokens: int = field(default=0, repr=False, compare=False)
+    """`estimate_tokens(base)` (see `window_tokens`)."""
     projection: Projection = field(default_factory=Projection, repr=False, compare=False)
     """The conversation since the base."""
     tokens: tuple[int, int] | None = field(default=None, repr=False)
@@ -243,6 +245,7 @@ class SessionState:
 
     def _rebase(self, base: tuple[Message, ...]) -> None:
         self.base, self.projection = base, Projection()
+        self.base_tokens = estimate_tokens(base)
 
     @property
     def usage(self) -> Usage:
@@ -254,13 +257,20 @@ class SessionState:
     def window(self) -> list[Message]:
         """The messages of the next model call: system, developer, the start context (D13),
         then the conversation."""
+        return [*self._fixed(), *self.base, *self.projection.messages()]
+
+    def window_tokens(self) -> int:
+        """`estimate_tokens(self.window())`, without a pass over the conversation: every
+        model call asks for it (compaction's threshold, `session.usage_info`)."""
+        return estimate_tokens(self._fixed()) + self.base_tokens + self.projection.tokens()
+
+    def _fixed(self) -> tuple[Message, ...]:
+        """The window's messages that come from the configuration, not the conversation."""
         config = self.config
-        return [
+        return (
             *head(config.system_message, tuple(config.developer_messages)),
             *_start(config.start_context),
-            *self.base,
-            *self.projection.messages(),
-        ]
+        )
 
     def conversation(self) -> list[Message]:
         """The window without its system and developer messages."""
@@ -295,13 +305,15 @@ class SessionState:
     @classmethod
     def restore(cls, snapshot: StateSnapshot) -> SessionState:
         """The state a snapshot describes; apply the events after it to bring it up to date."""
+        base = tuple(snapshot.conversation)
         return cls(
             config=_shared(snapshot.config),
             event_count=snapshot.event_count,
             last_id=snapshot.last_id,
             epoch=snapshot.epoch,
             turns=snapshot.turns,
-            base=tuple(snapshot.conversation),
+            base=base,
+            base_tokens=estimate_tokens(base),
             tokens=snapshot.tokens,
             unfinished_calls={c.tool_call_id: c for c in snapshot.unfinished_calls} or _NO_CALLS,
             open_turn=snapshot.open_turn,

@@ -51,11 +51,14 @@ class Projection:
     precedes it is final and kept as the `Message`s the window sends.
     """
 
-    __slots__ = ("_after", "_final", "_rendered", "_turn")
+    __slots__ = ("_after", "_final", "_final_tokens", "_rendered", "_turn")
 
     def __init__(self) -> None:
         self._final: list[Message] = []
         """The messages before the open turn, which no later event can change."""
+        self._final_tokens = 0
+        """`estimate_tokens(self._final)`, kept as it grows: every model call asks for the
+        window's size, which must not cost a pass over a long conversation."""
         self._turn: tuple[str, tuple[ToolRequest, ...], dict[str, str]] | None = None
         """The latest assistant message (content, requests) and the results it has so far."""
         self._rendered: list[Message] | None = None
@@ -73,10 +76,9 @@ class Projection:
                 if self._turn is not None:
                     self._after += (message,)
                 else:
-                    self._final.append(message)
+                    self._finalize((message,))
             case AssistantMessageEvent():
-                self._final += self._turn_messages()
-                self._final += self._after
+                self._finalize((*self._turn_messages(), *self._after))
                 requests = tuple(event.data.tool_requests or ())
                 # Results are only ever added for a request: a turn without any shares one
                 # empty dict (most turns of an idle session's window end that way).
@@ -94,6 +96,10 @@ class Projection:
             case _:
                 pass
 
+    def _finalize(self, messages: Sequence[Message]) -> None:
+        self._final += messages
+        self._final_tokens += estimate_tokens(messages)
+
     def _turn_messages(self) -> list[Message]:
         if self._turn is None:
             return []
@@ -104,6 +110,14 @@ class Projection:
     def messages(self) -> list[Message]:
         """The conversation's messages, as the next model call sends them."""
         return [*self._final, *self._turn_messages(), *self._after]
+
+    def tokens(self) -> int:
+        """`estimate_tokens(self.messages())`, from a running total of the final ones."""
+        return (
+            self._final_tokens
+            + estimate_tokens(self._turn_messages())
+            + estimate_tokens(self._after)
+        )
 
     def count(self) -> int:
         """How many messages the conversation holds, counting the latest assistant message

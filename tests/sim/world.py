@@ -29,6 +29,7 @@ from trimtab import (
     define_tool,
 )
 from trimtab._state import state_of
+from trimtab._window import estimate_tokens
 from trimtab.events import Event, PermissionRequestData
 from trimtab.providers import ModelRequest, ModelResponse, ProviderEvent, ToolCall, Usage
 from trimtab.store import MemoryStore, SqliteStore, Store
@@ -363,7 +364,11 @@ class World:
             )
         session = self.owner.session
         assert session is not None
-        assert session.window() == state_of(log).window(), "the live window is not the log's"
+        replayed = state_of(log)
+        assert session.window() == replayed.window(), "the live window is not the log's"
+        assert replayed.window_tokens() == estimate_tokens(replayed.window()), (
+            "the window's running size is not its size"
+        )
         for runtime in [*self.runtimes, *([self.follower] if self.follower else [])]:
             if not runtime.dead:
                 assert_one_idle_per_run(runtime, log)
