@@ -276,6 +276,29 @@ async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_pla
         assert len(await reader.read("s")) == 2
 
 
+async def test_an_ephemeral_event_published_before_a_subscription_never_reaches_it(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishing is not waited for: a subscription started while an earlier event's NOTIFY is
+    still on its way must not hear it (its listener would, once it listens)."""
+    execute = psycopg.AsyncCursor.execute
+
+    async def slow_notify(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if str(query).startswith("SELECT pg_notify(%s, payload)"):
+            await asyncio.sleep(0.3)  # a slow round trip: the listener connects meanwhile
+        return await execute(cursor, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", slow_notify)
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        await store.publish("s", SessionIdleEvent(), after=0)
+        async with aclosing(store.subscribe("s")) as events:
+            reader = asyncio.create_task(take(events, 1, within=5))
+            await asyncio.sleep(0.5)  # the NOTIFY has gone out, the listener is up
+            await store.append("s", [user("a")], lease=None)
+            assert [e.type for e in await reader] == ["user.message"]
+
+
 async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -697,6 +697,9 @@ class PostgresStore:
         """
         if self._closed:
             raise RuntimeError("the store is closed")
+        # Publishing is not waited for: an event published here before this subscription is
+        # sent first, or the listener, once it listens, would hear it as if published after.
+        await self._live_sent()
         doorbell = self._doorbell or self._start_doorbell()
 
         async def read(after: int) -> list[Event]:
