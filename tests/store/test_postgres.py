@@ -276,11 +276,11 @@ async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_pla
         assert len(await reader.read("s")) == 2
 
 
-async def test_an_ephemeral_event_published_before_a_subscription_never_reaches_it(
+async def test_e6_an_ephemeral_event_published_before_a_subscription_never_reaches_it(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Publishing is not waited for: a subscription started while an earlier event's NOTIFY is
-    still on its way must not hear it (its listener would, once it listens)."""
+    """E6: publishing is not waited for, yet a subscription started while an earlier event's
+    NOTIFY is still on its way must not hear it (its listener would, once it listens)."""
     execute = psycopg.AsyncCursor.execute
 
     async def slow_notify(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
