@@ -299,6 +299,33 @@ async def test_e6_an_ephemeral_event_published_before_a_subscription_never_reach
             assert [e.type for e in await reader] == ["user.message"]
 
 
+async def test_e6_a_listener_already_up_hears_an_earlier_event_before_a_new_subscription(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E6 with this runtime's listener already up (another subscription): the earlier event's
+    notification may reach it after the new subscription began; it is not the new one's."""
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        async with aclosing(store.subscribe("s")) as first:
+            first_events = asyncio.create_task(take(first, 2, within=5))
+            await asyncio.sleep(0.2)  # the listener is up
+            dispatch = postgres._Doorbell._dispatch
+            loop = asyncio.get_running_loop()
+
+            def late(doorbell: Any, channel: str, payload: str) -> None:
+                # The listener handles what it hears 0.2 s late, in order.
+                loop.call_later(0.2, dispatch, doorbell, channel, payload)
+
+            monkeypatch.setattr(postgres._Doorbell, "_dispatch", late)
+            await store.publish("s", SessionIdleEvent(), after=0)
+            async with aclosing(store.subscribe("s")) as second:
+                second_events = asyncio.create_task(take(second, 1, within=5))
+                await asyncio.sleep(0.5)
+                await store.append("s", [user("a")], lease=None)
+                assert [e.type for e in await second_events] == ["user.message"]
+            assert [e.type for e in await first_events] == ["session.idle", "user.message"]
+
+
 async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

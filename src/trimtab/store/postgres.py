@@ -62,7 +62,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
-from trimtab.events import Event, event_from_json
+from trimtab.events import Event, event_from_json, new_id
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
     Lease,
@@ -698,9 +698,12 @@ class PostgresStore:
         if self._closed:
             raise RuntimeError("the store is closed")
         # Publishing is not waited for: an event published here before this subscription is
-        # sent first, or the listener, once it listens, would hear it as if published after.
+        # sent first, and heard by a listener already up, before the subscription listens
+        # (spec E6). A listener that is not up yet listens after it was sent: it never hears it.
         await self._live_sent()
         doorbell = self._doorbell or self._start_doorbell()
+        if doorbell.up:
+            await self._heard_so_far(doorbell)
 
         async def read(after: int) -> list[Event]:
             try:
@@ -719,6 +722,21 @@ class PostgresStore:
             events = follow(listener, read, after, closed=lambda: self._closed, poll=SUBSCRIBE_POLL)
             async for event in events:
                 yield event
+
+    async def _heard_so_far(self, doorbell: _Doorbell) -> None:
+        """Wait until the listener has handled every notification sent before: it hears
+        them in the order they were sent, so once one more of its own (a marker that no
+        subscriber follows) arrives. Bounded by the store's timeout, then gone on."""
+        marker = f"sync:{new_id()}"
+        heard = doorbell.expect(marker)
+        try:
+            await self._notify_all(LIVE_CHANNEL, [f"{json.dumps([marker, 0, 'sync'])}\n"])
+            async with asyncio.timeout(self.timeout):
+                await heard
+        except (StoreUnavailableError, TimeoutError) as error:
+            log.warning("trimtab subscription: the listener did not answer: %s", error)
+        finally:
+            doorbell.forget(marker)
 
     def _start_doorbell(self) -> _Doorbell:
         self._doorbell = _Doorbell(self._dsn, self.timeout)
@@ -1054,6 +1072,8 @@ class _Doorbell:
         self._timeout = timeout
         self.listeners = Listeners()
         self._ready = asyncio.Event()
+        self._markers: dict[str, asyncio.Future[None]] = {}
+        """Markers the store sent to this channel and waits to hear (`_heard_so_far`)."""
         self._task = asyncio.get_running_loop().create_task(
             self._listen(), name="trimtab-postgres-listener"
         )
@@ -1091,6 +1111,19 @@ class _Doorbell:
                 async with asyncio.timeout(self._timeout):
                     await conn.execute("SELECT 1")
 
+    @property
+    def up(self) -> bool:
+        """Whether the connection listens now."""
+        return self._ready.is_set()
+
+    def expect(self, marker: str) -> asyncio.Future[None]:
+        """A future resolved once `marker` is heard on the live channel."""
+        self._markers[marker] = asyncio.get_running_loop().create_future()
+        return self._markers[marker]
+
+    def forget(self, marker: str) -> None:
+        self._markers.pop(marker, None)
+
     async def listening(self, timeout: float) -> None:
         """Wait until the connection listens, at most `timeout` seconds (then go on: the
         subscribers poll meanwhile)."""
@@ -1108,6 +1141,10 @@ class _Doorbell:
             return
         head, _, body = payload.partition("\n")
         session_id, after, event_type = json.loads(head)
+        if (heard := self._markers.get(session_id)) is not None:
+            if not heard.done():
+                heard.set_result(None)
+            return
         if self.listeners.listening(session_id):  # parsed only when someone here wants it
             self.listeners.post(session_id, after, event_from_json(body, event_type))
 
