@@ -730,8 +730,8 @@ class PostgresStore:
         marker = f"sync:{new_id()}"
         heard = doorbell.expect(marker)
         try:
-            await self._notify_all(LIVE_CHANNEL, [f"{json.dumps([marker, 0, 'sync'])}\n"])
             async with asyncio.timeout(self.timeout):
+                await self._notify_all(LIVE_CHANNEL, [f"{json.dumps([marker, 0, 'sync'])}\n"])
                 await heard
         except (StoreUnavailableError, TimeoutError) as error:
             log.warning("trimtab subscription: the listener did not answer: %s", error)
@@ -1097,6 +1097,10 @@ class _Doorbell:
                 reason = str(error) or f"no answer within {self._timeout} s"
                 log.warning("trimtab listener: %s; reconnecting in %.1f s", reason, delay)
             self._ready.clear()
+            # What was sent meanwhile is lost to this connection: no marker is coming.
+            for heard in self._markers.values():
+                if not heard.done():
+                    heard.set_result(None)
             await asyncio.sleep(delay)
             delay = min(delay * 2, SUBSCRIBE_POLL)
 
