@@ -326,6 +326,35 @@ async def test_e6_a_listener_already_up_hears_an_earlier_event_before_a_new_subs
             assert [e.type for e in await first_events] == ["session.idle", "user.message"]
 
 
+async def test_e6_closing_the_store_ends_a_subscription_waiting_for_its_marker(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = PostgresStore(pg_dsn)
+    try:
+        await store.create("s")
+        async with aclosing(store.subscribe("s")) as first:
+            first_events = asyncio.create_task(anext(first))
+            await asyncio.sleep(0.2)  # the listener is up
+            dispatch = postgres._Doorbell._dispatch
+
+            def deaf(doorbell: Any, channel: str, payload: str) -> None:
+                if "sync:" not in payload:  # the marker is never heard
+                    dispatch(doorbell, channel, payload)
+
+            monkeypatch.setattr(postgres._Doorbell, "_dispatch", deaf)
+            second = store.subscribe("s")
+            waiting = asyncio.create_task(anext(second, None))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            await store.close()
+            # Ended at once, not at the store's timeout.
+            assert await asyncio.wait_for(waiting, 2) is None
+            with pytest.raises(StopAsyncIteration):
+                await first_events
+    finally:
+        await store.close()
+
+
 async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1097,10 +1097,7 @@ class _Doorbell:
                 reason = str(error) or f"no answer within {self._timeout} s"
                 log.warning("trimtab listener: %s; reconnecting in %.1f s", reason, delay)
             self._ready.clear()
-            # What was sent meanwhile is lost to this connection: no marker is coming.
-            for heard in self._markers.values():
-                if not heard.done():
-                    heard.set_result(None)
+            self._give_up_markers()  # what was sent meanwhile is lost to this connection
             await asyncio.sleep(delay)
             delay = min(delay * 2, SUBSCRIBE_POLL)
 
@@ -1127,6 +1124,12 @@ class _Doorbell:
 
     def forget(self, marker: str) -> None:
         self._markers.pop(marker, None)
+
+    def _give_up_markers(self) -> None:
+        """End every wait for a marker: none will be heard on this connection any more."""
+        for heard in self._markers.values():
+            if not heard.done():
+                heard.set_result(None)
 
     async def listening(self, timeout: float) -> None:
         """Wait until the connection listens, at most `timeout` seconds (then go on: the
@@ -1157,4 +1160,5 @@ class _Doorbell:
         self._task.cancel()
         # Cancelling its query in a server that does not answer takes psycopg a while.
         await asyncio.wait((self._task,), timeout=timeout)
+        self._give_up_markers()
         self.listeners.ring_all()
