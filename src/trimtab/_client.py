@@ -4,6 +4,7 @@ resumes, lists and deletes sessions."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -91,7 +92,10 @@ class SessionOptions(TypedDict, total=False):
     (their env and headers may hold secrets): pass them again on resume, as tools."""
 
 
-_validate_options = TypeAdapter(SessionOptions)
+@functools.cache
+def _options_adapter() -> TypeAdapter[SessionOptions]:
+    # Built on first use: a server is ready to accept connections without it.
+    return TypeAdapter(SessionOptions)
 
 
 class Client:
@@ -549,7 +553,7 @@ async def _open_state(store: Store, session_id: str) -> SessionState:
 
 def _checked(options: Mapping[str, Any]) -> SessionOptions:
     try:
-        checked = _validate_options.validate_python(options)
+        checked = _options_adapter().validate_python(options)
     except ValidationError as exc:
         raise ValueError(f"invalid session options: {exc}") from None
     if checked.get("mcp_servers"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, overload
 
 import pydantic_core
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trimtab._errors import ToolError
 from trimtab.events import PermissionRequestData, ToolDefinition, ToolOutcome
@@ -59,6 +59,8 @@ class ToolInvocation:
 
 class ToolResult(BaseModel):
     """A handler's explicit result, when plain text is not enough (Copilot's result shape)."""
+
+    model_config = ConfigDict(defer_build=True)
 
     text_result_for_llm: str
     result_type: Literal["success", "failure", "rejected", "denied"] = "success"

@@ -72,6 +72,23 @@ def test_start_up_time_and_memory(start_server: StartServer, record_property: An
     assert rss_kb < 300 * 1024
 
 
+def test_starting_builds_no_validator_of_trimtab_s_own() -> None:
+    """Every trimtab model is built on first use: building them, and the first build's import
+    of pydantic's plugin lookup, would be paid before the server accepts a connection."""
+    code = (
+        "import pydantic, trimtab.server.__main__\n"
+        "def models(cls):\n"
+        "    for sub in cls.__subclasses__():\n"
+        "        yield sub\n"
+        "        yield from models(sub)\n"
+        "built = {m.__qualname__ for m in models(pydantic.BaseModel)\n"
+        "         if m.__module__.startswith('trimtab') and m.__pydantic_complete__}\n"
+        "assert not built, built\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
 def read_frames_strictly(data: bytes) -> list[Any]:
     """Frames as the official Python client reads them: one `Content-Length` line, one line
     it throws away, the body; anything else on stdout ends the connection for it."""

@@ -55,7 +55,7 @@ class Lease:
 class SessionRecord(BaseModel):
     """What `list_sessions` tells about a session without reading its log."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     session_id: str
     created_at: datetime
