@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import Recorder, clear_tool, echo_tool, open_session, roles
-from trimtab import Client, PermissionHandler, ToolInvocation, TrimtabError, define_tool
+from trimtab import (
+    Client,
+    PermissionHandler,
+    Session,
+    Tool,
+    ToolInvocation,
+    TrimtabError,
+    define_tool,
+)
 from trimtab._compaction import COMPACTION_PROMPT, HANDOFF_PROMPT, SUMMARY_PREFIX
 from trimtab._window import estimate_tokens
 from trimtab.events import ModelLimits
@@ -26,6 +34,17 @@ def is_compaction(request: ModelRequest) -> bool:
 async def chat(session: Any, *prompts: str) -> None:
     for prompt in prompts:
         await session.send_and_wait(prompt)
+
+
+async def reopen(client: Client, session: Session, model: ScriptedModel, *tools: Tool) -> Session:
+    """Disconnect `session` and resume it, with the same model and tools, approving all."""
+    await session.disconnect()
+    return await client.resume_session(
+        session.session_id,
+        provider=model,
+        tools=list(tools),
+        on_permission_request=PermissionHandler.approve_all,
+    )
 
 
 async def test_compact_summarises_older_messages_and_keeps_the_newest(client: Client) -> None:
@@ -71,13 +90,7 @@ async def test_compaction_survives_resume_and_a_later_clear(client: Client) -> N
     await chat(session, "first", "second")
     await session.history.compact()
     compacted = session.window()
-    await session.disconnect()
-    resumed = await client.resume_session(
-        session.session_id,
-        provider=model,
-        tools=[clear_tool()],
-        on_permission_request=PermissionHandler.approve_all,
-    )
+    resumed = await reopen(client, session, model, clear_tool())
     assert resumed.window() == compacted
     reply = await resumed.send_and_wait("clear now")
     assert reply is not None and reply.data.content == "FRESH"
@@ -211,9 +224,9 @@ async def test_get_context_usage_info_and_usage_totals(client: Client) -> None:
 
 
 async def test_usage_info_sizes_the_window_each_call_sends(client: Client) -> None:
-    """`current_tokens` is the estimate of the very request the model gets, across tool turns,
-    a compaction (a new base), a truncation and a resume (the window is kept as a running
-    total, not summed over the conversation at every call)."""
+    """`current_tokens` is the estimate of the very request the model gets (spec §6, token
+    accounting), across tool turns, a compaction (a new base), a truncation and a resume (the
+    window is kept as a running total, not summed over the conversation at every call)."""
     model = ScriptedModel(
         [tool_call("echo", {"text": "x" * 50}), "after the tool", "b", "SUMMARY", "c", "d", "e"]
     )
@@ -225,13 +238,7 @@ async def test_usage_info_sizes_the_window_each_call_sends(client: Client) -> No
     third = [e for e in await session.get_events() if e.type == "user.message"][-1]
     await session.history.truncate(third.id)
     await chat(session, "fourth")
-    await session.disconnect()
-    resumed = await client.resume_session(
-        session.session_id,
-        provider=model,
-        tools=[echo_tool()],
-        on_permission_request=PermissionHandler.approve_all,
-    )
+    resumed = await reopen(client, session, model, echo_tool())
     rec_resumed = Recorder(resumed)
     await chat(resumed, "fifth")
 
