@@ -276,6 +276,17 @@ async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_pla
         assert len(await reader.read("s")) == 2
 
 
+def deafen_to_markers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener never hears a subscription's marker (a slow or lossy peer)."""
+    dispatch = postgres._Doorbell._dispatch
+
+    def deaf(doorbell: Any, channel: str, payload: str) -> None:
+        if "sync:" not in payload:
+            dispatch(doorbell, channel, payload)
+
+    monkeypatch.setattr(postgres._Doorbell, "_dispatch", deaf)
+
+
 async def test_e6_an_ephemeral_event_published_before_a_subscription_never_reaches_it(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -335,13 +346,7 @@ async def test_e6_closing_the_store_ends_a_subscription_waiting_for_its_marker(
         async with aclosing(store.subscribe("s")) as first:
             first_events = asyncio.create_task(anext(first))
             await asyncio.sleep(0.2)  # the listener is up
-            dispatch = postgres._Doorbell._dispatch
-
-            def deaf(doorbell: Any, channel: str, payload: str) -> None:
-                if "sync:" not in payload:  # the marker is never heard
-                    dispatch(doorbell, channel, payload)
-
-            monkeypatch.setattr(postgres._Doorbell, "_dispatch", deaf)
+            deafen_to_markers(monkeypatch)
             second = store.subscribe("s")
             waiting = asyncio.create_task(anext(second, None))
             await asyncio.sleep(0.3)
@@ -353,6 +358,51 @@ async def test_e6_closing_the_store_ends_a_subscription_waiting_for_its_marker(
                 await first_events
     finally:
         await store.close()
+
+
+async def test_e6_a_marker_never_heard_holds_a_subscription_only_for_the_timeout(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = PostgresStore(pg_dsn, timeout=1)
+    try:
+        await store.create("s")
+        async with aclosing(store.subscribe("s")) as first:
+            first_events = asyncio.create_task(take(first, 1, within=5))
+            await asyncio.sleep(0.2)  # the listener is up
+            deafen_to_markers(monkeypatch)
+            async with aclosing(store.subscribe("s")) as second:
+                second_events = asyncio.create_task(take(second, 1, within=5))
+                await asyncio.sleep(1.5)  # past the store's timeout: it listens anyway
+                await store.append("s", [user("a")], lease=None)
+                assert contents(await second_events) == ["a"]
+            assert contents(await first_events) == ["a"]
+    finally:
+        await store.close()
+
+
+async def test_e6_a_dropped_listener_ends_a_subscription_s_wait_for_its_marker(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with stores(pg_dsn, 1) as (store,):  # the default timeout: 30 s
+        await store.create("s")
+        async with aclosing(store.subscribe("s")) as first:
+            first_events = asyncio.create_task(take(first, 1, within=10))
+            await asyncio.sleep(0.2)  # the listener is up
+            deafen_to_markers(monkeypatch)
+            async with aclosing(store.subscribe("s")) as second:
+                second_events = asyncio.create_task(take(second, 1, within=5))
+                await asyncio.sleep(0.3)
+                await column(
+                    pg_dsn,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+                )
+                await asyncio.sleep(0.5)  # the listener reconnects
+                await store.append("s", [user("a")], lease=None)
+                # Long before the store's timeout: what was sent before the drop is lost to
+                # the listener, so no marker is waited for any more.
+                assert contents(await second_events) == ["a"]
+            assert contents(await first_events) == ["a"]
 
 
 async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
