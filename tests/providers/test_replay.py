@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.server.raw import unestablished
 from trimtab import Client, PermissionHandler, SessionError
 from trimtab.testing import (
     Conversation,
@@ -113,3 +114,10 @@ async def test_an_unknown_path_is_a_404() -> None:
 def test_conversation_messages_reject_unknown_fields() -> None:
     with pytest.raises(ValidationError, match="tool_call"):
         ConversationMessage.model_validate({"role": "tool", "tool_call": "x"})
+
+
+async def test_clients_connecting_together_wait_in_the_accept_queue() -> None:
+    async with ReplayServer([WEATHER]) as server:
+        port = int(server.root_url.rsplit(":", 1)[1])
+        # This test holds the event loop: the server accepts nothing meanwhile.
+        assert unestablished(port, 400) == 0

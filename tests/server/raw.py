@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import select
 import socket
 import time
 from typing import Any
+
+import pytest
 
 from trimtab.protocol.framing import encode_frame
 
@@ -101,3 +104,28 @@ def rss_kb(pid: int, field: str = "VmRSS") -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     raise LookupError(field)
+
+
+def unestablished(port: int, count: int, *, within: float = 5.0) -> int:
+    """Open `count` connections to 127.0.0.1:`port` at once, without the server accepting any
+    (the caller keeps it busy); how many of them have no completed handshake after `within`
+    seconds. The kernel completes them while they fit the listening socket's accept queue."""
+    with open("/proc/sys/net/core/somaxconn") as limit:
+        if int(limit.read()) < count:
+            pytest.skip("the kernel caps every accept queue below the burst")
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", port))
+        deadline = time.monotonic() + within
+        waiting = set(sockets)
+        while waiting and time.monotonic() < deadline:
+            _, writable, _ = select.select([], list(waiting)[:500], [], 0.2)
+            waiting -= {
+                s for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            }
+        return len(waiting)
+    finally:
+        for sock in sockets:
+            sock.close()

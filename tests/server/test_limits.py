@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.server.conftest import ServerProcess, StartServer
-from tests.server.raw import RawClient, rss_kb
+from tests.server.raw import RawClient, rss_kb, unestablished
 from trimtab.protocol.errors import AUTHENTICATION_FAILED, SERVER_BUSY
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, PARSE_ERROR
 from trimtab.server import serve
@@ -174,6 +175,22 @@ def test_issue15_4_stalled_sockets_neither_lock_out_a_client_nor_stay(
     finally:
         for sock in stalled:
             sock.close()
+
+
+def test_a_burst_of_connections_waits_in_the_accept_queue_while_the_server_is_busy(
+    start_server: StartServer,
+) -> None:
+    """Clients connecting together while the server's one thread is busy complete their
+    handshakes at once: the listening socket's queue holds them, where asyncio's default of
+    100 would drop the rest, each retrying its connection a second (then 3, 7...) later."""
+    server = start_server(None, "--token", TOKEN)
+    server.process.send_signal(signal.SIGSTOP)  # busy: accepts nothing
+    try:
+        assert unestablished(server.port, 400) == 0
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    client = RawClient(server.port)
+    assert client.result("connect", {"token": TOKEN})["ok"] is True
 
 
 def _closed(sock: socket.socket) -> bool:

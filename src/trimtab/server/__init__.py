@@ -240,7 +240,12 @@ class _Listener:
 
     async def __call__(self, host: str, port: int, on_ready: Callable[[int], None]) -> None:
         _raise_file_limit(self._max + _FILE_MARGIN)
-        server = await asyncio.start_server(self._on_client, host, port, limit=_STREAM_LIMIT)
+        # The accept queue holds as many clients as the server serves (the kernel caps it at
+        # `net.core.somaxconn`): connecting together while the loop is busy, they wait there,
+        # where asyncio's default of 100 drops the rest, to retry a second or more later.
+        server = await asyncio.start_server(
+            self._on_client, host, port, limit=_STREAM_LIMIT, backlog=self._max
+        )
         on_ready(server.sockets[0].getsockname()[1])
         log.debug("listening on %s port %d", host, server.sockets[0].getsockname()[1])
         try:

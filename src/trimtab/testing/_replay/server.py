@@ -68,6 +68,10 @@ class _Injection:
     malformed: bool = False
 
 
+ACCEPT_QUEUE = 1024
+"""Connections the listening socket holds until they are accepted (the kernel may cap it)."""
+
+
 class ReplayServer:
     """Serves recorded conversations over HTTP on 127.0.0.1, in three wire formats.
 
@@ -208,7 +212,11 @@ class ReplayServer:
     # --- serving --------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._serve_connection, "127.0.0.1", 0)
+        # A load test's clients connect together: the accept queue holds them while the loop
+        # is busy (asyncio's default of 100 drops the rest, to retry a second or more later).
+        self._server = await asyncio.start_server(
+            self._serve_connection, "127.0.0.1", 0, backlog=ACCEPT_QUEUE
+        )
         return self
 
     async def __aexit__(
