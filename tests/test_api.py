@@ -82,6 +82,7 @@ def test_tool_wire_definition_omits_false_flags() -> None:
         ({"handler": lambda p: ""}, ValueError),  # a lambda has no name
         ({"handler": 3}, TypeError),
         ({"handler": lambda p: "", "timeout": 0}, ValueError),
+        ({"handler": lambda p: "", "timeout": float("nan")}, ValueError),
         ({"handler": lambda p: "", "params_type": dict}, TypeError),
     ],
 )
@@ -89,6 +90,47 @@ def test_define_tool_rejects_bad_input(kwargs: dict[str, Any], error: type[Excep
     name = None if "timeout" not in kwargs and "params_type" not in kwargs else "t"
     with pytest.raises(error):
         define_tool(name, **kwargs)
+
+
+NOT_DURATIONS = [0, -1.0, float("nan"), True, "5"]
+"""What no timeout, interval or lease length may be (NaN compares false with everything, so
+`<= 0` alone lets it through, and a wait bounded by it never ends)."""
+
+
+@pytest.mark.parametrize("value", [*NOT_DURATIONS, float("inf")])
+@pytest.mark.parametrize("name", ["lease_ttl", "poll_interval", "store_timeout"])
+def test_w3_client_durations_must_be_positive_and_finite(name: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be a positive, finite number"):
+        Client(store="memory", **{name: value})
+
+
+@pytest.mark.parametrize("value", [*NOT_DURATIONS, float("inf")])
+def test_w3_store_timeouts_must_be_positive_and_finite(tmp_path: Path, value: Any) -> None:
+    from trimtab.store.postgres import PostgresStore
+    from trimtab.store.sqlite import SqliteStore
+
+    with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
+        SqliteStore(tmp_path / "t.db", timeout=value)
+    with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
+        PostgresStore("postgresql://127.0.0.1/none", timeout=value)
+
+
+@pytest.mark.parametrize("value", NOT_DURATIONS)
+async def test_w3_a_bad_send_and_wait_timeout_is_refused_before_anything_is_sent(
+    client: Client, value: Any
+) -> None:
+    model = ScriptedModel(then=lambda request: "unused")
+    session = await client.create_session(provider=model)
+    before = len(await session.get_events())
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        await session.send_and_wait("hi", timeout=value)
+    assert len(await session.get_events()) == before and model.requests == []
+
+
+async def test_w3_an_infinite_send_and_wait_timeout_waits_as_none_does(client: Client) -> None:
+    session = await client.create_session(provider=ScriptedModel(["ok"]))
+    reply = await session.send_and_wait("hi", timeout=float("inf"))
+    assert reply is not None and reply.data.content == "ok"
 
 
 async def test_tool_without_a_model_gets_a_dict(client: Client) -> None:

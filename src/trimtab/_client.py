@@ -18,6 +18,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from trimtab import _loop
+from trimtab._durations import check_seconds
 from trimtab._errors import SessionNotFoundError, TrimtabError
 from trimtab._hooks import Hooks, SessionHooks
 from trimtab._log import SessionLog, chained
@@ -135,8 +136,9 @@ class Client:
         trace_content: bool | None = None,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
-        if lease_ttl <= 0 or poll_interval <= 0 or store_timeout <= 0:
-            raise ValueError("lease_ttl, poll_interval and store_timeout must be positive")
+        check_seconds("lease_ttl", lease_ttl)
+        check_seconds("poll_interval", poll_interval)
+        check_seconds("store_timeout", store_timeout)
         self._store_spec = store
         self._store_timeout = store_timeout
         self._store: Store | None = None

@@ -18,6 +18,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trimtab import _loop
+from trimtab._durations import check_seconds
 from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
 from trimtab._history import History
 from trimtab._hooks import Hooks
@@ -406,6 +407,7 @@ class Session:
                 "send_and_wait from a tool handler of the same session would wait for its own "
                 "run to end: use send(), which queues the message behind the run"
             )
+        check_seconds("timeout", timeout, bounded=False)  # before anything is sent
         runner = self._runner
         ledger = runner.ledger()  # following events before the send: none slips by
         try:

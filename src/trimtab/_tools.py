@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, overload
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trimtab._durations import check_seconds
 from trimtab._errors import ToolError
 from trimtab.events import PermissionRequestData, ToolDefinition, ToolOutcome
 
@@ -396,8 +397,7 @@ def define_tool(
     """
     if callable(name):
         return define_tool(handler=name)
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout}")
+    check_seconds("timeout", timeout, bounded=False)
 
     def build(fn: ToolHandler) -> Tool:
         if not callable(fn):

@@ -127,8 +127,13 @@ def test_m1_the_default_bounds_are_the_documented_ones() -> None:
         assert re.search(documented, providers), documented
 
 
-def test_m1_a_bound_must_be_positive() -> None:
-    for options in ({"timeout": 0}, {"stall_timeout": -1}):
+def test_m1_w3_a_bound_must_be_positive_and_finite() -> None:
+    for options in (
+        {"timeout": 0},
+        {"stall_timeout": -1},
+        {"timeout": float("nan")},
+        {"stall_timeout": float("inf")},
+    ):
         with pytest.raises(ValidationError):
             ProviderConfig(type="openai", **options)
 

@@ -267,3 +267,15 @@ async def test_a_tool_whose_client_left_fails_instead_of_hanging(
         assert reply is not None and reply.data.content == "The tool is gone."  # type: ignore[union-attr]
         await owner.force_stop()
         await guest.force_stop()
+
+
+async def test_w3_a_remote_send_and_wait_refuses_a_bad_timeout_before_sending(
+    shared_server: ServerProcess,
+) -> None:
+    async with ReplayServer() as model, trimtab.Client.connect(shared_server.url) as remote:
+        session = await remote.create_session(provider=provider(model), model="m")
+        before = len(await session.get_events())
+        for value in (-1.0, 0, float("nan")):
+            with pytest.raises(ValueError, match="timeout must be a positive number"):
+                await session.send_and_wait("hi", timeout=value)
+        assert len(await session.get_events()) == before and model.requests == []

@@ -141,6 +141,17 @@ async def test_serve_refuses_before_binding(host: str) -> None:
         await serve(host=host, store="memory")
 
 
+@pytest.mark.parametrize(
+    "duration",
+    ["lease_ttl", "store_timeout", "pending_timeout", "frame_timeout", "connect_timeout"],
+)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0, -5.0])
+async def test_w3_serve_refuses_a_duration_that_bounds_nothing(duration: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"{duration} must be a positive, finite number"):
+        options: dict[str, Any] = {duration: value}
+        await serve(store="memory", **options)
+
+
 async def test_loopback_addresses_need_no_token() -> None:
     for host in ("127.0.0.1", "127.0.0.2"):
         ready: asyncio.Queue[int] = asyncio.Queue()
@@ -203,6 +214,8 @@ def test_issue15_7_a_missing_database_driver_is_one_line_and_exit_1(tmp_path: Pa
         (["--some-future-flag"], "error: No such option '--some-future-flag'"),
         (["serve"], "error: Got unexpected extra argument (serve)"),
         (["--lease-ttl", "0"], "error: Invalid value for '--lease-ttl'"),
+        (["--lease-ttl", "inf"], "error: lease_ttl must be a positive, finite number"),
+        (["--idle-timeout", "nan"], "error: Invalid value for '--idle-timeout'"),
         (["--store", "mysql://x"], "error: cannot open a store from 'mysql://x'"),
     ],
 )

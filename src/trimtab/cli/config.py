@@ -66,7 +66,7 @@ class CliConfig(BaseModel):
     mcp_servers: dict[str, dict[str, Any]] = {}
     """MCP servers whose tools sessions get (`--mcp NAME=COMMAND`, the `[mcp_servers]` table),
     in the shapes of `create_session(mcp_servers=...)`."""
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Seconds a model call may wait for data: the provider's `timeout` and `stall_timeout`
     both (None: their defaults, 300 s and 120 s)."""
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)

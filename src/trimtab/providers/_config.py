@@ -83,10 +83,10 @@ class ProviderConfig(BaseModel):
     api_key: str | None = Field(default=None, repr=False)
     """The secret key; never shown by `repr` nor by `public_dict()`."""
     wire_api: Literal["completions", "responses"] = "completions"
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Seconds an unstreamed call may take in all, retries included (its answer arrives all
     at once); `None`: `DEFAULT_TIMEOUT` (300 s)."""
-    stall_timeout: float | None = Field(default=None, gt=0)
+    stall_timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Seconds a streamed call may go without data, before it fails with `timeout`: until the
     answer starts (retries included), then before each event; `None`: `DEFAULT_STALL_TIMEOUT`
     (120 s)."""

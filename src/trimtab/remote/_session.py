@@ -24,6 +24,7 @@ from trimtab import (
     TrimtabError,
     TruncateResult,
 )
+from trimtab._durations import check_seconds
 from trimtab._permissions import PermissionHandlerFn, decide
 from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import CallOutcome
@@ -191,6 +192,7 @@ class RemoteSession:
         Raises `SessionError` if the run ended in `session.error`, and `TimeoutError` after
         `timeout` seconds (the run goes on).
         """
+        check_seconds("timeout", timeout, bounded=False)  # before anything is sent
         params = self._send_params(prompt, request_headers, images)
         result = await self._call("session.sendAndWait", params, SendAndWaitResult, timeout=timeout)
         if result.response is None:

@@ -16,13 +16,14 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
 
 from trimtab import Client
+from trimtab._durations import check_seconds
 from trimtab.protocol.errors import SERVER_BUSY
 from trimtab.protocol.framing import encode_frame
 from trimtab.protocol.jsonrpc import Connection
@@ -116,9 +117,19 @@ async def serve(
             f"refusing to listen on {host!r} without a connection token: "
             "anyone who can reach it could drive your sessions (pass a token, or use 127.0.0.1)"
         )
+    if min(max_connections, max_output, max_requests) <= 0:
+        raise ValueError("the server's limits must be positive")
+    durations = {
+        "lease_ttl": lease_ttl,
+        "store_timeout": store_timeout,
+        "pending_timeout": pending_timeout,
+        "frame_timeout": frame_timeout,
+        "connect_timeout": connect_timeout,
+        "idle_timeout": idle_timeout,
+    }
+    for name, seconds in durations.items():
+        check_seconds(name, seconds)
     limits = _Limits(max_output, max_requests, frame_timeout, connect_timeout, idle_timeout)
-    if min(max_connections, lease_ttl, store_timeout, pending_timeout, *astuple(limits)) <= 0:
-        raise ValueError("the server's limits and timeouts must be positive")
     await _check_provider(provider)
     # Checks for queued input and expired leases at least every second, faster for short
     # leases, so that a takeover follows soon after the lease expires.

@@ -61,6 +61,7 @@ from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
+from trimtab._durations import check_seconds
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
 from trimtab.events import Event, event_from_json, new_id
 from trimtab.store._base import (
@@ -367,8 +368,7 @@ class PostgresStore:
     def __init__(
         self, dsn: str, *, max_connections: int = 10, timeout: float = DEFAULT_TIMEOUT
     ) -> None:
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
+        check_seconds("timeout", timeout)
         self._dsn = dsn
         self._max_connections = max_connections
         self.timeout = timeout

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from trimtab._durations import check_seconds
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
 from trimtab.events import Event, event_from_json
 from trimtab.store._base import (
@@ -147,8 +148,7 @@ class SqliteStore:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        if timeout <= 0:
-            raise ValueError("timeout must be positive")
+        check_seconds("timeout", timeout)
         self.path = Path(path).expanduser()
         """Where the database lives."""
         self.timeout = timeout
