@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import Recorder, echo_tool, open_session, roles
 from trimtab import Client, ProviderError, SessionError, ToolInvocation, define_tool
 from trimtab._window import IMAGE_TOKENS
-from trimtab.events import Image, new_id
+from trimtab.events import Image, UserMessageEvent, new_id
 from trimtab.testing import ScriptedModel, tool_call
 
 
@@ -509,11 +509,21 @@ async def test_D9_request_headers_reach_the_provider_over_http(client: Client) -
     async with ReplayServer([hello]) as model:
         byok = {"type": "openai", "base_url": model.base_url, "api_key": "k"}
         session = await client.create_session(provider=byok)
-        with pytest.raises(ValueError, match="cannot carry"):
-            await session.send("Say hello", request_headers={"X-Bad": "a\r\nb"})
-        await session.send("Say hello", request_headers={"X-Trace": "abc"})
-        await session.wait_idle()
-    assert model.received[0].headers["x-trace"] == "abc"
+        refused = [
+            ({"X-Bad": "a\r\nb"}, "cannot carry"),
+            ({"X Bad": "1"}, "cannot carry"),  # not a token: h11 would refuse it mid-run
+            ({"X-Bad": "caf\u00e9"}, "cannot carry"),  # not ASCII: the client cannot encode it
+            ({"Host": "other.example"}, "the HTTP client's to set"),  # the key to another host
+            ({"content-length": "5"}, "the HTTP client's to set"),
+            ({"Transfer-Encoding": "chunked"}, "the HTTP client's to set"),
+        ]
+        for headers, message in refused:
+            with pytest.raises(ValueError, match=message):
+                await session.send_and_wait("Say hello", request_headers=headers)
+        assert model.received == []  # nothing was sent
+        await session.send_and_wait("Say hello", request_headers={"X-Trace": "a\tbc"})
+    assert model.received[0].headers["x-trace"] == "a\tbc"
+    assert model.received[0].headers["host"].startswith("127.0.0.1:")
 
 
 def test_event_ids_are_distinct_uuid4s() -> None:
@@ -525,3 +535,16 @@ def test_event_ids_are_distinct_uuid4s() -> None:
         assert str(parsed) == text
         assert parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
+
+
+async def test_D14_send_and_wait_takes_what_send_takes(client: Client) -> None:
+    model = ScriptedModel(["Seen."])
+    session = await open_session(client, model)
+    image = Image(mime_type="image/png", data=PNG)
+    reply = await session.send_and_wait(
+        "Look", images=[image], attachments=[{"type": "note", "text": "from the editor"}]
+    )
+    assert reply is not None and reply.data.content == "Seen."
+    [message] = [e for e in await session.get_events() if isinstance(e, UserMessageEvent)]
+    assert message.data.attachments == [{"type": "note", "text": "from the editor"}]
+    assert model.requests[0].messages[-1].images == (image,)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
@@ -380,9 +381,16 @@ class Session:
             raise
 
     async def send_and_wait(
-        self, prompt: str, *, timeout: float | None = None
+        self,
+        prompt: str,
+        *,
+        timeout: float | None = None,
+        request_headers: Mapping[str, str] | None = None,
+        images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
     ) -> AssistantMessageEvent | None:
-        """Send `prompt` and wait for its run to end.
+        """Send `prompt` (with `request_headers`, `images` and `attachments`, as `send`) and
+        wait for its run to end.
 
         Returns the run's last `assistant.message` as stored (after a clear, the seeded
         run's), or None if there was none (an abort before the model answered). Raises
@@ -392,13 +400,27 @@ class Session:
         would wait for itself). On a remote session the run executes in its owner, and its
         end is read from the events this runtime follows.
         """
-        end = await self.run(prompt, timeout=timeout)
+        end = await self.run(
+            prompt,
+            timeout=timeout,
+            request_headers=request_headers,
+            images=images,
+            attachments=attachments,
+        )
         if end.error is not None:
             data = end.error.data
             raise SessionError(data.error_type, data.message, status_code=data.status_code)
         return end.last_message
 
-    async def run(self, prompt: str, *, timeout: float | None = None) -> RunEnd:
+    async def run(
+        self,
+        prompt: str,
+        *,
+        timeout: float | None = None,
+        request_headers: Mapping[str, str] | None = None,
+        images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
+    ) -> RunEnd:
         """`send_and_wait`, returning how the run ended: its last message, its error (not
         raised), whether it was aborted, and its one `session.idle`."""
         current = _loop.current_tool_call.get()
@@ -411,7 +433,9 @@ class Session:
         runner = self._runner
         ledger = runner.ledger()  # following events before the send: none slips by
         try:
-            message_id = await self.send(prompt)
+            message_id = await self.send(
+                prompt, request_headers=request_headers, images=images, attachments=attachments
+            )
         except BaseException:
             runner.release_ledger()
             raise
@@ -511,16 +535,34 @@ class Session:
         return self._closing is not None
 
 
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""A header name (RFC 9110's token)."""
+
+_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
+"""A header value the HTTP client sends as it is: printable ASCII and tabs."""
+
+_FRAMING = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+     "trailer", "upgrade", "expect"}
+)  # fmt: skip
+"""Headers the HTTP client derives from the request itself. Sent by a caller they would break
+the request's framing, or (`host`) route the provider's credentials to another virtual host
+of the provider's address."""
+
+
 def _headers(given: Mapping[str, str] | None) -> dict[str, str] | None:
-    """Per-send headers, checked: names and values text that HTTP can carry."""
+    """Per-send headers, checked (spec D9): names and values HTTP carries as they are, and
+    none of the headers the HTTP client sets."""
     if not given:
         return None
     headers = dict(given)
     for name, value in headers.items():
         if not (isinstance(name, str) and isinstance(value, str)) or not name.strip():
             raise ValueError("request_headers must map header names to text values")
-        if any(c in name + value for c in "\r\n\x00") or not name.isascii():
+        if not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
             raise ValueError(f"request header {name!r} holds a character HTTP cannot carry")
+        if name.lower() in _FRAMING:
+            raise ValueError(f"request header {name!r} is the HTTP client's to set")
     return headers
 
 
