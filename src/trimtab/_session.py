@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
@@ -58,6 +57,7 @@ from trimtab.events import (
     new_id,
 )
 from trimtab.providers import Message, Provider, Usage
+from trimtab.providers._headers import FRAMING, checked_headers
 
 if TYPE_CHECKING:
     from trimtab._history import SessionOwner
@@ -535,35 +535,14 @@ class Session:
         return self._closing is not None
 
 
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-"""A header name (RFC 9110's token)."""
-
-_FIELD_VALUE = re.compile(r"[\t\x20-\x7e]*")
-"""A header value the HTTP client sends as it is: printable ASCII and tabs."""
-
-_FRAMING = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
-     "trailer", "upgrade", "expect"}
-)  # fmt: skip
-"""Headers the HTTP client derives from the request itself. Sent by a caller they would break
-the request's framing, or (`host`) route the provider's credentials to another virtual host
-of the provider's address."""
+_SEND_REFUSED = FRAMING | {"host"}
+"""Per-send headers the HTTP client sets, and `host`: sent with a send, it would route the
+provider's credentials to another virtual host of the provider's address."""
 
 
 def _headers(given: Mapping[str, str] | None) -> dict[str, str] | None:
-    """Per-send headers, checked (spec D9): names and values HTTP carries as they are, and
-    none of the headers the HTTP client sets."""
-    if not given:
-        return None
-    headers = dict(given)
-    for name, value in headers.items():
-        if not (isinstance(name, str) and isinstance(value, str)) or not name.strip():
-            raise ValueError("request_headers must map header names to text values")
-        if not _TOKEN.fullmatch(name) or not _FIELD_VALUE.fullmatch(value):
-            raise ValueError(f"request header {name!r} holds a character HTTP cannot carry")
-        if name.lower() in _FRAMING:
-            raise ValueError(f"request header {name!r} is the HTTP client's to set")
-    return headers
+    """Per-send headers, checked (spec D9)."""
+    return checked_headers(given, "request_headers", refused=_SEND_REFUSED) if given else None
 
 
 MAX_IMAGES = 20

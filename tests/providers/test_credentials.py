@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from trimtab import Client, SessionError
 from trimtab._errors import ProviderError
@@ -155,3 +156,29 @@ async def test_s1_the_clients_default_provider_is_the_operators_and_sessions_are
     auth = [request.headers["authorization"] for request in server.received]
     key = f"Bearer {SECRETS['OPENAI_API_KEY']}"
     assert auth == [key, "Bearer unused", key, "Bearer unused", "Bearer unused"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({"X Tenant": "tenant-secret"}, "header 'X Tenant' holds a character HTTP cannot carry"),
+        ({"Authorization": "Bearer sk-h\u00e9re"}, "'Authorization' holds a character HTTP"),
+        (
+            {"Transfer-Encoding": "chunked-secret"},
+            "header 'Transfer-Encoding' is the HTTP client's",
+        ),
+    ],
+)
+def test_s1_d9_provider_headers_http_cannot_send_are_refused_without_their_values(
+    headers: dict[str, str], message: str
+) -> None:
+    """Refused when the config is read, not by every model call; the error never repeats a
+    value given (a header often holds a key), nor does any other error of the config."""
+    with pytest.raises(ValidationError, match=message) as caught:
+        ProviderConfig(type="openai", api_key="sk-config-key", headers=headers)
+    assert all(value not in str(caught.value) for value in headers.values())
+    with pytest.raises(ValidationError) as caught:
+        ProviderConfig(type="openai", api_key=["sk-config-key"])
+    assert "sk-config-key" not in str(caught.value)
+    # A proxy reached by address may need its host named: the config's own choice.
+    assert ProviderConfig(type="openai", headers={"Host": "llm.internal"}).headers

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from trimtab.providers._base import Provider
+from trimtab.providers._headers import checked_headers
 
 if TYPE_CHECKING:
     import httpx2
@@ -68,13 +69,15 @@ class ProviderConfig(BaseModel):
     the provider would talk to the default endpoint).
     """
 
-    # Schemas built on first use, as for the event models: a faster start-up.
+    # Schemas built on first use, as for the event models: a faster start-up. An error names
+    # the field and what is wrong, never the value given: it may be the key, or hold it.
     model_config = ConfigDict(
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
         frozen=True,
         defer_build=True,
+        hide_input_in_errors=True,
     )
 
     type: Literal["openai", "azure", "anthropic", "local"]
@@ -116,6 +119,11 @@ class ProviderConfig(BaseModel):
     def stall_seconds(self) -> float:
         """`stall_timeout`, or its default."""
         return self.stall_timeout or DEFAULT_STALL_TIMEOUT
+
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        return None if value is None else checked_headers(value, "headers")
 
     @field_validator("base_url")
     @classmethod
