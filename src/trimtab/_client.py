@@ -226,7 +226,6 @@ class Client:
         create that fails later (a store error) removes what it stored, so the id stays free.
         """
         opts = _checked(options)
-        _check_headers(opts.get("provider"))
         session_id = _checked_id(new_id() if session_id is None else session_id)
         provider, public = self._provider(opts.get("provider"))
         config = _storable(_config(SessionConfigData(provider=public), opts))
@@ -278,7 +277,6 @@ class Client:
                 return open_session
             await open_session.disconnect()  # let it finish closing, then open it anew
         opts = _checked(options)
-        _check_headers(opts.get("provider"))
         store = await self._open_store()
         replayed = await _open_state(store, session_id)
         provider, public = self._provider(opts.get("provider"), replayed.config.provider)
@@ -502,20 +500,6 @@ def _checked_id(session_id: str) -> str:
     if valid_text(session_id) != session_id or not session_id.isprintable():
         raise ValueError("session_id holds a control character or a lone surrogate")
     return session_id
-
-
-def _check_headers(provider: dict[str, Any] | Provider | None) -> None:
-    """Refuse provider headers that HTTP cannot carry (a line break would inject a header;
-    a lone surrogate cannot even be encoded) before anything is stored."""
-    headers = provider.get("headers") if isinstance(provider, dict) else None
-    for name, value in (headers or {}).items():
-        for text in (name, value):
-            if not isinstance(text, str) or any(c in text for c in "\r\n\0"):
-                raise ValueError(f"provider header {name!r} holds a line break or is not text")
-            try:
-                text.encode("latin-1")
-            except UnicodeEncodeError:
-                raise ValueError(f"provider header {name!r} is not Latin-1 text") from None
 
 
 def _storable(config: SessionConfigData) -> SessionConfigData:

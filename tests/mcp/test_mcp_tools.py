@@ -296,6 +296,10 @@ async def test_mcp7_invalid_configs_are_refused_before_anything_is_stored(tmp_pa
         ({"x": {"command": "y", "timeout": 0}}, "MCP server 'x': timeout"),
         ({"x": {"command": "y", "colour": "red"}}, "MCP server 'x': colour"),
         ({"": {"command": "y"}}, "MCP server name ''"),
+        (
+            {"x": {"type": "http", "url": "http://h", "headers": {"X Key": "1"}}},
+            "MCP server 'x': headers.*'X Key' holds a character HTTP cannot carry",
+        ),
     ]
     async with Client(store="memory") as client:
         for servers, message in cases:

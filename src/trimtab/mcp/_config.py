@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
+from trimtab.providers._headers import checked_headers
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "RemoteServerConfig",
@@ -96,10 +98,7 @@ class RemoteServerConfig(_Common):
     @field_validator("headers")
     @classmethod
     def _sendable(cls, headers: dict[str, str]) -> dict[str, str]:
-        for name, value in headers.items():
-            if any(c in name + value for c in "\r\n\0"):
-                raise ValueError(f"header {name!r} holds a line break")
-        return headers
+        return checked_headers(headers, "headers")
 
     def process_key(self) -> tuple[Any, ...]:
         """What makes two configs the same connection (shared by their sessions)."""
