@@ -51,7 +51,14 @@ async def test_k1_switch_model_keeps_the_effort_unless_given(client: Client) -> 
     assert session.config.reasoning_effort == "high"
     with pytest.raises(ValueError, match="non-empty"):
         await session.switch_model("  ")
-    assert session.config.model == "m3"
+    # A lone surrogate is refused, as in a prompt, not logged as a "?" no provider knows.
+    with pytest.raises(ValueError, match="model is not valid Unicode"):
+        await session.switch_model("m\ud8004")
+    with pytest.raises(ValueError, match="reasoning_effort is not valid Unicode"):
+        await session.switch_model("m4", reasoning_effort="hi\udfffgh")
+    with pytest.raises(ValueError, match="reasoning_effort is not valid Unicode"):
+        await session.set_reasoning_effort("\udfff")
+    assert (session.config.model, session.config.reasoning_effort) == ("m3", "high")
 
 
 async def test_k2_set_name_trims_logs_each_time_and_refuses_blank(client: Client) -> None:

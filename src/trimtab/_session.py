@@ -218,22 +218,22 @@ class Session:
         """Use `model` for the session's next model calls (spec K1), with `reasoning_effort`
         if given (else the effort set before is kept). Logged as `session.model_change`, so
         a resumed session keeps the model; a run in progress switches at its next turn."""
-        if not isinstance(model, str) or not model.strip():
-            raise ValueError("model must be a non-empty string")
-        await self._change_model(model.strip(), reasoning_effort or self.config.reasoning_effort)
+        model = _text("model", model).strip()
+        if reasoning_effort:  # (None or "": the effort set before is kept)
+            reasoning_effort = _text("reasoning_effort", reasoning_effort).strip()
+        await self._change_model(model, reasoning_effort or self.config.reasoning_effort)
 
     async def set_reasoning_effort(self, reasoning_effort: str) -> None:
         """Ask the current model for `reasoning_effort` from its next call on (spec K1)."""
-        if not isinstance(reasoning_effort, str) or not reasoning_effort.strip():
-            raise ValueError("reasoning_effort must be a non-empty string")
-        await self._change_model(self.config.model or "default", reasoning_effort.strip())
+        effort = _text("reasoning_effort", reasoning_effort).strip()
+        await self._change_model(self.config.model or "default", effort)
 
     async def _change_model(self, model: str, effort: str | None) -> None:
         config = self.config
         data = ModelChangeData(
-            new_model=valid_text(model),
+            new_model=model,
             previous_model=config.model,
-            reasoning_effort=None if effort is None else valid_text(effort),
+            reasoning_effort=effort,
             previous_reasoning_effort=config.reasoning_effort,
         )
         await self._writable().emit(SessionModelChangeEvent(data=data))
@@ -354,10 +354,7 @@ class Session:
         input that waits in the inbox holds them in memory until then, and one that another
         runtime runs goes without them (its prompt should describe them).
         """
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        if valid_text(prompt) != prompt:
-            raise ValueError("prompt is not valid Unicode text (it holds a lone surrogate)")
+        _text("prompt", prompt)
         if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         if self._hooks:
@@ -533,6 +530,16 @@ class Session:
     def closed(self) -> bool:
         """`disconnect()` was called: the session can no longer be used."""
         return self._closing is not None
+
+
+def _text(what: str, value: object) -> str:
+    """`value`, if it is text with something in it that the log can store (no lone
+    surrogate: the stores encode UTF-8); else `ValueError` naming `what`."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-empty string")
+    if valid_text(value) != value:
+        raise ValueError(f"{what} is not valid Unicode text (it holds a lone surrogate)")
+    return value
 
 
 _SEND_REFUSED = FRAMING | {"host"}
