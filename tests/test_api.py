@@ -127,6 +127,18 @@ async def test_w3_a_bad_send_and_wait_timeout_is_refused_before_anything_is_sent
     assert len(await session.get_events()) == before and model.requests == []
 
 
+async def test_get_events_reads_past_a_count_and_refuses_anything_else(client: Client) -> None:
+    session = await client.create_session(provider=ScriptedModel(["ok"]))
+    await session.send_and_wait("hi")
+    events = await session.get_events()
+    assert await session.get_events(after=2) == events[2:]
+    assert await session.get_events(after=len(events) + 5) == []
+    not_counts: list[Any] = [-1, 1.5, float("nan"), "2", True]
+    for after in not_counts:
+        with pytest.raises(ValueError, match="after must be a count of events"):
+            await session.get_events(after=after)
+
+
 async def test_w3_an_infinite_send_and_wait_timeout_waits_as_none_does(client: Client) -> None:
     session = await client.create_session(provider=ScriptedModel(["ok"]))
     reply = await session.send_and_wait("hi", timeout=float("inf"))

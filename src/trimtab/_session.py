@@ -206,6 +206,8 @@ class Session:
 
     async def get_events(self, *, after: int = 0) -> list[Event]:
         """The persisted log, oldest first; with `after`, the events past its first `after`."""
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ValueError(f"after must be a count of events (an int >= 0), got {after!r}")
         return await self._log.store.read(self.session_id, after=after)
 
     async def metrics(self) -> SessionMetrics:
