@@ -12,10 +12,11 @@ import asyncio
 import base64
 import binascii
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, get_args, overload
+from typing import TYPE_CHECKING, Any, Literal, Unpack, get_args, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
+from typing_extensions import TypedDict
 
 from trimtab import _loop
 from trimtab._durations import check_seconds
@@ -380,13 +381,7 @@ class Session:
             raise
 
     async def send_and_wait(
-        self,
-        prompt: str,
-        *,
-        timeout: float | None = None,
-        request_headers: Mapping[str, str] | None = None,
-        images: Sequence[Image | Mapping[str, str]] = (),
-        attachments: Sequence[Mapping[str, Any]] = (),
+        self, prompt: str, *, timeout: float | None = None, **options: Unpack[SendOptions]
     ) -> AssistantMessageEvent | None:
         """Send `prompt` (with `request_headers`, `images` and `attachments`, as `send`) and
         wait for its run to end.
@@ -399,26 +394,14 @@ class Session:
         would wait for itself). On a remote session the run executes in its owner, and its
         end is read from the events this runtime follows.
         """
-        end = await self.run(
-            prompt,
-            timeout=timeout,
-            request_headers=request_headers,
-            images=images,
-            attachments=attachments,
-        )
+        end = await self.run(prompt, timeout=timeout, **options)
         if end.error is not None:
             data = end.error.data
             raise SessionError(data.error_type, data.message, status_code=data.status_code)
         return end.last_message
 
     async def run(
-        self,
-        prompt: str,
-        *,
-        timeout: float | None = None,
-        request_headers: Mapping[str, str] | None = None,
-        images: Sequence[Image | Mapping[str, str]] = (),
-        attachments: Sequence[Mapping[str, Any]] = (),
+        self, prompt: str, *, timeout: float | None = None, **options: Unpack[SendOptions]
     ) -> RunEnd:
         """`send_and_wait`, returning how the run ended: its last message, its error (not
         raised), whether it was aborted, and its one `session.idle`."""
@@ -432,9 +415,7 @@ class Session:
         runner = self._runner
         ledger = runner.ledger()  # following events before the send: none slips by
         try:
-            message_id = await self.send(
-                prompt, request_headers=request_headers, images=images, attachments=attachments
-            )
+            message_id = await self.send(prompt, **options)
         except BaseException:
             runner.release_ledger()
             raise
@@ -532,6 +513,14 @@ class Session:
     def closed(self) -> bool:
         """`disconnect()` was called: the session can no longer be used."""
         return self._closing is not None
+
+
+class SendOptions(TypedDict, total=False):
+    """What `send` takes beside its prompt, which `send_and_wait` and `run` pass on."""
+
+    request_headers: Mapping[str, str] | None
+    images: Sequence[Image | Mapping[str, str]]
+    attachments: Sequence[Mapping[str, Any]]
 
 
 def _text(what: str, value: object) -> str:
