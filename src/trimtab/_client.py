@@ -157,7 +157,9 @@ class Client:
         """The MCP servers of this client's sessions, created with the first that has any."""
 
     @classmethod
-    def connect(cls, url: str, *, token: str | None = None) -> RemoteClient:
+    def connect(
+        cls, url: str, *, token: str | None = None, heartbeat: float = 15.0
+    ) -> RemoteClient:
         """A client of a runtime in another process (`trimtab serve`), with this API.
 
         ```python
@@ -166,12 +168,14 @@ class Client:
         ```
 
         Tools and the permission handler run in the calling process; the loop, the model
-        calls and the event log run in the server. `token` is the server's connection token.
+        calls and the event log run in the server. `token` is the server's connection token;
+        `heartbeat` bounds how long a server that stopped answering holds a call (see
+        `RemoteClient`).
         """
         # The remote client is an adapter above this layer: imported only when asked for.
         from trimtab.remote import RemoteClient
 
-        return RemoteClient(url, token=token)
+        return RemoteClient(url, token=token, heartbeat=heartbeat)
 
     async def __aenter__(self) -> Client:
         await self.start()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +281,53 @@ async def test_w3_a_remote_send_and_wait_refuses_a_bad_timeout_before_sending(
             with pytest.raises(ValueError, match="timeout must be a positive number"):
                 await session.send_and_wait("hi", timeout=value)
         assert len(await session.get_events()) == before and model.requests == []
+
+
+async def test_w4_a_call_waiting_on_a_frozen_server_ends_within_two_heartbeats(
+    start_server: StartServer,
+) -> None:
+    server = start_server(None)
+    hello = conversation(user("Say hello"), assistant("Hello!"))
+    async with (
+        ReplayServer([hello]) as model,
+        trimtab.Client.connect(server.url, heartbeat=0.5) as remote,
+    ):
+        session = await remote.create_session(provider=provider(model), model="m")
+        server.process.send_signal(signal.SIGSTOP)  # frozen: the socket stays open, silent
+        try:
+            started = time.monotonic()
+            with pytest.raises(ConnectionError):
+                async with asyncio.timeout(10):  # a regression fails here, not hangs
+                    await session.get_events()
+            # A heartbeat's silence, a ping's wait, and slack for a loaded machine.
+            assert time.monotonic() - started < 2 * 0.5 + 2.0
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+
+
+async def test_w4_a_long_call_on_a_live_server_outlasts_many_heartbeats(
+    shared_server: ServerProcess,
+) -> None:
+    hello = conversation(user("Say hello"), assistant("Hello!"))
+    async with (
+        ReplayServer([hello]) as model,
+        trimtab.Client.connect(shared_server.url, heartbeat=0.3) as remote,
+    ):
+        session = await remote.create_session(provider=provider(model), model="m")
+        model.stall_next(2.0)  # the model answers after ~7 heartbeats
+        reply = await session.send_and_wait("Say hello", timeout=30)
+        assert reply is not None and reply.data.content == "Hello!"
+
+
+async def test_w4_connecting_to_a_server_that_never_answers_ends_in_time() -> None:
+    with socket.socket() as silent:  # accepts (the kernel does), never speaks
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(10):  # a regression fails the assertion below
+                await trimtab.Client.connect(url, heartbeat=0.3).start()
+        assert time.monotonic() - started < 2 * 0.3 + 2.0
+    with pytest.raises(ValueError, match="heartbeat must be a positive, finite number"):
+        trimtab.Client.connect(url, heartbeat=float("nan"))

@@ -131,6 +131,11 @@ class Connection:
         self._closed = False
 
     @property
+    def awaiting_answers(self) -> bool:
+        """Whether a request sent on this connection still waits for its answer."""
+        return bool(self._pending)
+
+    @property
     def closed(self) -> bool:
         """True once the connection has stopped reading; nothing more is sent."""
         return self._closed

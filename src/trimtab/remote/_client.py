@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel
 
 from trimtab import SessionNotFoundError, SessionOptions, TrimtabError
+from trimtab._durations import check_seconds
 from trimtab.events import new_id
 from trimtab.protocol.errors import error_from_rpc
 from trimtab.protocol.jsonrpc import METHOD_NOT_FOUND, Connection, Params, RpcError
@@ -53,13 +54,21 @@ class RemoteClient:
     Args:
         url: `tcp://HOST:PORT` of a `trimtab serve` server.
         token: The server's connection token, if it has one.
+        heartbeat: Seconds within which the server must answer: connecting and the handshake
+            get twice that, and while a call waits (a model call may take minutes) the server
+            is asked for a `ping` every `heartbeat` seconds. One it does not answer in as long
+            means the server is gone (frozen, or its host unreachable): the connection closes
+            and every call waiting on it raises `ConnectionError` (spec W4).
     """
 
-    def __init__(self, url: str, *, token: str | None = None) -> None:
+    def __init__(self, url: str, *, token: str | None = None, heartbeat: float = 15.0) -> None:
+        check_seconds("heartbeat", heartbeat)
         self._host, self._port = _address(url)
         self._token = token
+        self._heartbeat = heartbeat
         self._conn: Connection | None = None
         self._runner: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._sessions: dict[str, RemoteSession] = {}
 
     async def __aenter__(self) -> RemoteClient:
@@ -83,18 +92,23 @@ class RemoteClient:
         """
         if self._conn is not None:
             return
-        reader, writer = await asyncio.open_connection(self._host, self._port)
+        async with asyncio.timeout(2 * self._heartbeat):
+            reader, writer = await asyncio.open_connection(self._host, self._port)
         conn = Connection(reader, writer)
-        self._runner = asyncio.get_running_loop().create_task(
-            conn.run(self._dispatch, on_notification=self._notified)
-        )
+        loop = asyncio.get_running_loop()
+        self._runner = loop.create_task(conn.run(self._dispatch, on_notification=self._notified))
+        self._watcher = loop.create_task(self._watch(conn))
         self._conn = conn
         try:
-            answer = await conn.request("connect", dump(ConnectParams(token=self._token)))
+            params = dump(ConnectParams(token=self._token))
+            answer = await conn.request("connect", params, timeout=2 * self._heartbeat)
             result = ConnectResult.model_validate(answer)
         except (RpcError, ValueError) as exc:
             await self.stop()
             raise TrimtabError(f"the server refused the connection: {exc}") from None
+        except BaseException:
+            await self.stop()
+            raise
         if result.protocol_version != PROTOCOL_VERSION:
             await self.stop()
             raise TrimtabError(f"the server speaks protocol {result.protocol_version}")
@@ -106,10 +120,26 @@ class RemoteClient:
                 await session.disconnect()
             except (TrimtabError, ConnectionError):
                 pass  # the connection is going anyway
-        if self._runner is not None:
-            self._runner.cancel()
-            await asyncio.gather(self._runner, return_exceptions=True)
-        self._runner = self._conn = None
+        for task in (self._watcher, self._runner):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._runner = self._watcher = self._conn = None
+
+    async def _watch(self, conn: Connection) -> None:
+        """Ask the server for a `ping` while calls wait on it, and drop the connection when it
+        does not answer one (see `heartbeat`): an idle client may stay silent."""
+        while not conn.closed:
+            await asyncio.sleep(self._heartbeat)
+            if not conn.awaiting_answers:
+                continue
+            try:
+                await conn.request("ping", {"message": "heartbeat"}, timeout=self._heartbeat)
+            except TimeoutError:
+                conn.abort(f"the server did not answer a ping within {self._heartbeat} s")
+                return
+            except (ConnectionError, RpcError):
+                return  # closed meanwhile; or a server without `ping` is alive all the same
 
     async def _connection(self) -> Connection:
         await self.start()
