@@ -30,7 +30,7 @@ from tests.server.conftest import (
     user,
 )
 from trimtab import TrimtabError
-from trimtab.protocol.framing import encode_frame
+from trimtab.protocol.framing import encode_frame, read_frame
 from trimtab.testing import ReplayServer
 
 
@@ -331,3 +331,34 @@ async def test_w4_connecting_to_a_server_that_never_answers_ends_in_time() -> No
         assert time.monotonic() - started < 2 * 0.3 + 2.0
     with pytest.raises(ValueError, match="heartbeat must be a positive, finite number"):
         trimtab.Client.connect(url, heartbeat=float("nan"))
+
+
+async def test_w4_a_server_that_answers_a_ping_with_an_error_is_still_watched() -> None:
+    """An error is an answer (a server without `ping` is alive), so the watch goes on: once
+    the server falls silent, the waiting call still ends."""
+    pings = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal pings
+        while (body := await read_frame(reader)) is not None:
+            request = json.loads(body)
+            if request["method"] == "connect":
+                result: Any = {"ok": True, "protocolVersion": 3}
+                answer = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+            elif request["method"] == "ping" and (pings := pings + 1) == 1:
+                error = {"code": -32601, "message": "Method not found: ping"}
+                answer = {"jsonrpc": "2.0", "id": request["id"], "error": error}
+            else:
+                continue  # silent from here on: `session.list` and later pings
+            writer.write(encode_frame(json.dumps(answer).encode()))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with trimtab.Client.connect(url, heartbeat=0.3) as remote:
+            with pytest.raises(ConnectionError):
+                async with asyncio.timeout(10):  # a regression fails here, not hangs
+                    await remote.list_sessions()
+        assert pings >= 2
+    finally:
+        server.close()

@@ -138,8 +138,10 @@ class RemoteClient:
             except TimeoutError:
                 conn.abort(f"the server did not answer a ping within {self._heartbeat} s")
                 return
-            except (ConnectionError, RpcError):
-                return  # closed meanwhile; or a server without `ping` is alive all the same
+            except RpcError:
+                continue  # an error is an answer: the server is alive (one without `ping`)
+            except ConnectionError:
+                return  # closed meanwhile
 
     async def _connection(self) -> Connection:
         await self.start()
