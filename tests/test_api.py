@@ -158,6 +158,25 @@ async def test_unknown_session_option_is_an_error_naming_it(client: Client) -> N
         await client.create_session(provider=ScriptedModel(), systemmessage="typo")  # type: ignore[call-arg]
 
 
+async def test_tool_names_given_twice_are_refused_before_anything_is_stored(
+    client: Client,
+) -> None:
+    first = define_tool("lookup", handler=lambda _: "first")
+    second = define_tool("lookup", handler=lambda _: "second")
+    other = define_tool("other", handler=lambda _: "other")
+    with pytest.raises(ValueError, match="unique.*lookup"):
+        await client.create_session(
+            provider=ScriptedModel(), session_id="dup", tools=[first, other, second]
+        )
+    assert "dup" not in {record.session_id for record in await client.list_sessions()}
+    session = await client.create_session(provider=ScriptedModel(), tools=[first])
+    await session.disconnect()
+    with pytest.raises(ValueError, match="unique.*lookup"):
+        await client.resume_session(
+            session.session_id, provider=ScriptedModel(), tools=[first, second]
+        )
+
+
 async def test_provider_is_required(client: Client) -> None:
     with pytest.raises(ValueError, match="no provider"):
         await client.create_session()

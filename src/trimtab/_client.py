@@ -4,6 +4,7 @@ resumes, lists and deletes sessions."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import os
@@ -331,7 +332,7 @@ class Client:
     ) -> Session:
         """Assemble an opened session, and keep it (one per id)."""
         tools = tuple(opts.get("tools", ()))
-        search = next((tool for tool in reversed(tools) if tool.name == TOOL_SEARCH), None)
+        search = next((tool for tool in tools if tool.name == TOOL_SEARCH), None)
         if search is not None and not search.definition.overrides_built_in_tool:
             raise ValueError(
                 f"a tool named {TOOL_SEARCH!r} clashes with the built-in one: "
@@ -357,9 +358,7 @@ class Client:
         key = tuple(map(id, tools))
         shared = self._tool_tables.get(key)
         if shared is None:
-            table = {tool.name: tool for tool in tools}
-            if len(table) < len(tools):
-                return table  # a name given twice (the last one wins): not shared
+            table = {tool.name: tool for tool in tools}  # names are unique (`_checked`)
             # It holds the tools, so that their ids are not reused while it is kept.
             shared = self._tool_tables[key] = _ToolTable(tools, table)
         shared.sessions += 1
@@ -546,6 +545,10 @@ def _checked(options: Mapping[str, Any]) -> SessionOptions:
         checked = _options_adapter().validate_python(options)
     except ValidationError as exc:
         raise ValueError(f"invalid session options: {exc}") from None
+    names = collections.Counter(tool.name for tool in checked.get("tools", ()))
+    if twice := sorted(name for name, count in names.items() if count > 1):
+        # The model calls a tool by its name: which of two would run is not the caller's to guess.
+        raise ValueError(f"tool names must be unique; given more than once: {', '.join(twice)}")
     if checked.get("mcp_servers"):
         from trimtab import mcp
 

@@ -226,6 +226,21 @@ async def test_calls_the_server_cannot_serve_get_clear_errors(
     assert answers[0]["result"]["protocolVersion"] == 3
 
 
+async def test_tool_names_given_twice_are_invalid_params(shared_server: ServerProcess) -> None:
+    tool = {"name": "echo", "description": "echo", "parameters": {"type": "object"}}
+    create = {"sessionId": "dup-tools", "provider": {"type": "openai"}, "tools": [tool, tool]}
+    hello = {"jsonrpc": "2.0", "id": 0, "method": "connect", "params": {}}
+    answers = rpc(
+        shared_server.port,
+        hello,
+        {"jsonrpc": "2.0", "id": 1, "method": "session.create", "params": create},
+        {"jsonrpc": "2.0", "id": 2, "method": "session.list", "params": {}},
+    )
+    assert answers[1]["error"]["code"] == -32602
+    assert "unique" in answers[1]["error"]["message"]
+    assert "dup-tools" not in json.dumps(answers[2])
+
+
 async def test_many_requests_in_flight_on_one_connection(official: CopilotClient) -> None:
     answers = await asyncio.gather(*(official.ping(str(n)) for n in range(50)))
     assert [a.message for a in answers] == [f"pong: {n}" for n in range(50)]
