@@ -839,6 +839,33 @@ async def test_D14_a_trimtab_remote_session_sends_images_and_request_headers(
     assert model.received[0].headers["x-turn-tag"] == "remote"
 
 
+async def test_D11_a_trimtab_remote_session_sends_attachments(
+    shared_server: ServerProcess, model: ReplayServer, tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("line one\nline two\n")
+    async with trimtab.Client.connect(shared_server.url) as client:
+        session = await client.create_session(provider=provider(model))
+        for bad in ({"type": "github_reference", "number": 1}, {"type": "file"}):
+            with pytest.raises(ValueError, match="invalid send"):
+                await session.send("Look", attachments=[bad])
+        attached = {"type": "file", "path": str(notes), "displayName": "notes"}
+        await session.send("Read this", attachments=[attached])
+        for _ in range(300):
+            if model.requests:
+                break
+            await asyncio.sleep(0.1)
+        events = await session.get_events()
+        await session.disconnect()
+    [request] = model.requests  # the refused sends stored nothing and ran nothing
+    assert request["messages"][-1]["content"] == (
+        f'Read this\n\n<attachment type="file" name="notes" path="{notes}">\n'
+        "line one\nline two\n\n</attachment>"
+    )
+    [message] = [e for e in events if e.type == "user.message"]
+    assert message.data.attachments == [attached]
+
+
 @pytest.mark.parametrize(
     ("attachment", "error"),
     [

@@ -174,9 +174,15 @@ class RemoteSession:
         *,
         request_headers: Mapping[str, str] | None = None,
         images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
     ) -> str:
-        """Queue `prompt` and return its message id at once, as `Session.send`."""
-        params = self._send_params(prompt, request_headers, images)
+        """Queue `prompt` and return its message id at once, as `Session.send`.
+
+        `attachments` are the Copilot protocol's (`{"type": "file", "path": ...}`, a
+        `directory`, a `selection` or a `blob`): the server reads them and puts their text
+        after the prompt (spec D11), where an in-process session only records its own.
+        """
+        params = self._send_params(prompt, request_headers, images, attachments)
         return (await self._call("session.send", params, SendResult)).message_id
 
     async def send_and_wait(
@@ -186,6 +192,7 @@ class RemoteSession:
         timeout: float | None = None,
         request_headers: Mapping[str, str] | None = None,
         images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
     ) -> AssistantMessageEvent | None:
         """Send `prompt` and wait for its run to end, as `Session.send_and_wait`.
 
@@ -193,7 +200,7 @@ class RemoteSession:
         `timeout` seconds (the run goes on).
         """
         check_seconds("timeout", timeout, bounded=False)  # before anything is sent
-        params = self._send_params(prompt, request_headers, images)
+        params = self._send_params(prompt, request_headers, images, attachments)
         result = await self._call("session.sendAndWait", params, SendAndWaitResult, timeout=timeout)
         if result.response is None:
             return None
@@ -207,20 +214,25 @@ class RemoteSession:
         prompt: str,
         request_headers: Mapping[str, str] | None,
         images: Sequence[Image | Mapping[str, str]],
+        attachments: Sequence[Mapping[str, Any]],
     ) -> SendParams:
-        """A send on the wire: its images as blob attachments (spec D14), checked here as
-        `Session.send` checks them, and its headers as `requestHeaders` (D9)."""
-        blobs = [
+        """A send on the wire: its images as blob attachments (spec D14), its attachments
+        checked here as the server checks them (D11: a bad one is a `ValueError` and nothing
+        is sent), and its headers as `requestHeaders` (D9)."""
+        blobs: list[Any] = [
             BlobAttachment(type="blob", data=image.data, mime_type=image.mime_type)
             for image in (Image.model_validate(i) for i in images)
         ]
-        return SendParams(
-            session_id=self.session_id,
-            prompt=prompt,
-            attachments=blobs or None,
-            request_headers=dict(request_headers) if request_headers else None,
-            **outgoing(),
-        )
+        try:
+            return SendParams(
+                session_id=self.session_id,
+                prompt=prompt,
+                attachments=[*blobs, *attachments] or None,
+                request_headers=dict(request_headers) if request_headers else None,
+                **outgoing(),
+            )
+        except ValidationError as exc:
+            raise ValueError(f"invalid send: {exc}") from None
 
     async def abort(self) -> None:
         """Stop the current run; its tool handlers here are cancelled too."""
