@@ -19,6 +19,7 @@ from trimtab import (
     Client,
     PermissionHandler,
     Session,
+    SessionError,
     ToolInvocation,
     TrimtabError,
     define_tool,
@@ -176,6 +177,95 @@ async def test_o1_hostile_results_validators_and_arguments_end_only_their_call(
     }
     assert_calls_complete(log)
     assert_one_chain(log)
+
+
+# The BaseExceptions host code may raise that are its failure, not a stop (spec O1): raised
+# by a sync handler (which runs in a thread) and by an async one.
+HOST_FAILURES = [
+    asyncio.CancelledError,  # its own: nothing cancelled the run
+    SystemExit,  # a command-line `main()` called as a tool
+    GeneratorExit,
+    StopIteration,  # a future cannot hold it: the run used to wait for ever
+    StopAsyncIteration,
+    type("FrameworkStop", (BaseException,), {}),
+]
+
+
+def raising(kind: type[BaseException], *, is_async: bool) -> Any:
+    def handler(*_: Any) -> Any:
+        raise kind()
+
+    async def async_handler(*_: Any) -> Any:
+        await asyncio.sleep(0)
+        raise kind()
+
+    return async_handler if is_async else handler
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("kind", HOST_FAILURES, ids=lambda kind: kind.__name__)
+async def test_o1_any_exception_of_a_handler_is_its_calls_failure(
+    client: Client, kind: type[BaseException], is_async: bool
+) -> None:
+    handler = raising(kind, is_async=is_async)
+    failing = define_tool("failing", handler=handler)
+    model = ScriptedModel([tool_call("failing"), "went on"])
+    seen: list[str] = []
+    hooks = {"on_post_tool_use_failure": handler, "on_pre_tool_use": handler}
+    session = await open_session(client, model, failing, hooks=hooks)
+    session.on("tool.execution_complete", raising(kind, is_async=False))
+    session.on("tool.execution_complete", lambda event: seen.append(event.data.outcome))
+    reply = await asyncio.wait_for(session.send_and_wait("go"), 10)
+    assert reply is not None and reply.data.content == "went on"
+    assert seen == ["failure"]  # the failing subscriber before it did not starve this one
+    assert_calls_complete(await session.get_events())
+
+
+@pytest.mark.parametrize("kind", HOST_FAILURES, ids=lambda kind: kind.__name__)
+async def test_o1_any_exception_of_a_permission_handler_denies(
+    client: Client, kind: type[BaseException]
+) -> None:
+    model = ScriptedModel([tool_call("echo", {"text": "x"}), "went on"])
+    handler = raising(kind, is_async=True)
+    session = await open_session(client, model, echo_tool(), on_permission_request=handler)
+    reply = await asyncio.wait_for(session.send_and_wait("go"), 10)
+    assert reply is not None and reply.data.content == "went on"
+    [done] = [e for e in await session.get_events() if e.type == "tool.execution_complete"]
+    assert done.data.outcome == "denied"
+
+
+@pytest.mark.parametrize("kind", [SystemExit, asyncio.CancelledError, GeneratorExit])
+async def test_o1_any_exception_of_a_provider_is_a_session_error(
+    client: Client, kind: type[BaseException]
+) -> None:
+    class Broken(ScriptedModel):
+        async def stream(self, request: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+            raise kind()
+            yield  # an async generator
+
+    session = await client.create_session(provider=Broken([]))
+    with pytest.raises(SessionError, match="internal"):
+        await asyncio.wait_for(session.send_and_wait("go"), 10)
+    assert (await session.get_events())[-1].type == "session.error"
+    assert not session.busy  # the session goes on
+
+
+async def test_an_abort_still_cancels_a_handler_and_its_call(client: Client) -> None:
+    started = asyncio.Event()
+
+    async def slow(_: Any) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "unreachable"
+
+    model = ScriptedModel([tool_call("slow"), "after the abort"])
+    session = await open_session(client, model, define_tool("slow", handler=slow))
+    await session.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    await session.abort()
+    await asyncio.wait_for(session.send_and_wait("again"), 10)
+    [done] = [e for e in await session.get_events() if e.type == "tool.execution_complete"]
+    assert done.data.outcome == "cancelled"
 
 
 # --- lone surrogates ---------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""The exceptions trimtab raises to its callers."""
+"""The exceptions trimtab raises to its callers, and which exceptions of the host's code it
+contains."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal, TypeAlias
 
 __all__ = [
@@ -16,7 +18,25 @@ __all__ = [
     "StoreUnavailableError",
     "ToolError",
     "TrimtabError",
+    "contained",
 ]
+
+
+def contained(exc: BaseException) -> bool:
+    """Whether `exc`, out of the host's code (a tool or permission handler, a hook, an event
+    handler), is that code failing, which trimtab contains, rather than a stop it must pass on.
+
+    Everything is a failure but Ctrl-C and a cancellation of the running task (an abort, the
+    runtime closing): `SystemExit` (a command-line `main()` called as a tool), a
+    `CancelledError` the code raised on its own (a future it cancelled) and other frameworks'
+    `BaseException`s included.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return False
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        return task is not None and not task.cancelling()
+    return True
 
 
 class TrimtabError(Exception):

@@ -23,7 +23,7 @@ from typing import Any, TypeAlias, cast
 import pydantic_core
 from typing_extensions import TypedDict
 
-from trimtab._errors import PromptBlockedError
+from trimtab._errors import PromptBlockedError, contained
 
 __all__ = [
     "HOOK_TIMEOUT",
@@ -155,7 +155,9 @@ class Hooks:
                 output = handler(hook_input, {"session_id": self._session_id})
                 if inspect.isawaitable(output):
                     output = await output
-        except Exception as exc:
+        except BaseException as exc:
+            if not contained(exc):
+                raise
             log.warning(
                 "hook %s of session %s failed: %s", _WIRE_NAMES[name], self._session_id, exc
             )

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
-from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError
+from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
 from trimtab._hooks import SUPPRESSED, Hooks
 from trimtab._permissions import (
     APPROVED,
@@ -333,7 +333,9 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
                 exc.error_type, valid_text(exc.message), exc.status_code, exc.retryable, message_id
             )
             return "end"
-        except Exception as exc:  # a provider bug must not take the runtime down
+        except BaseException as exc:  # a provider bug must not take the runtime down
+            if not contained(exc):
+                raise
             text = valid_text(f"{type(exc).__name__}: {exc}")
             result.error = _error_event("internal", text, None, False, message_id)
             return "end"

@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from trimtab._errors import contained
 from trimtab._tools import CallOutcome, ToolInvocation
 from trimtab.events import PermissionRequestData
 
@@ -125,7 +126,9 @@ async def decide(
         if inspect.isawaitable(answer):
             answer = await answer
         return PermissionDecision.model_validate(answer)
-    except Exception:
+    except BaseException as exc:
+        if not contained(exc):
+            raise
         log.exception("the permission handler failed; denying")
         return None
 

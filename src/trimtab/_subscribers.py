@@ -6,6 +6,7 @@ import inspect
 import logging
 from collections.abc import Callable
 
+from trimtab._errors import contained
 from trimtab.events import EVENT_TYPES, Event, EventType
 
 __all__ = ["EventHandler", "Subscribers"]
@@ -56,6 +57,8 @@ class Subscribers:
             if wanted is None or wanted == event.type:
                 try:
                     handler(event)
-                except Exception:
+                except BaseException as exc:
+                    if not contained(exc):
+                        raise
                     # A subscriber's bug must not break the run or starve other subscribers.
                     log.exception("event handler %r failed on %s", handler, event.type)

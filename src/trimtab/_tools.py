@@ -18,7 +18,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trimtab._durations import check_seconds
-from trimtab._errors import ToolError
+from trimtab._errors import ToolError, contained
 from trimtab.events import PermissionRequestData, ToolDefinition, ToolOutcome
 
 if TYPE_CHECKING:
@@ -132,7 +132,9 @@ class Tool:
             ]
             text = valid_text("Invalid tool arguments:\n" + "\n".join(lines))
             return CallOutcome("invalid_arguments", text)
-        except Exception:
+        except BaseException as exc:
+            if not contained(exc):
+                raise
             # A validator that raised something pydantic does not wrap (TypeError, ...): the
             # arguments are still what is wrong, and its text is the tool's internal business.
             return CallOutcome(
@@ -150,27 +152,32 @@ class Tool:
         returns then is discarded.
         """
         limit = self.definition.timeout
+        failed = _FAILED._replace(text=_FAILED.text.format(name=self.name))
         try:
             async with asyncio.timeout(limit) as deadline:
                 if inspect.iscoroutinefunction(self.handler):
                     value = await self._call(params, invocation)
                 else:
-                    value = await asyncio.to_thread(self._call, params, invocation)
+                    value = await asyncio.to_thread(self._call_in_thread, params, invocation)
                 if inspect.isawaitable(value):  # a sync callable that returned an awaitable
                     value = await value
         except TimeoutError:
             if not deadline.expired():
                 # The handler raised TimeoutError itself: its own failure, not our limit.
-                return _FAILED._replace(text=_FAILED.text.format(name=self.name))
+                return failed
             return CallOutcome("timeout", f"Tool '{self.name}' timed out after {limit:g} s.")
         except ToolError as exc:
             return CallOutcome("failure", valid_text(str(exc)))
-        except Exception:
-            # The exception text may hold paths or secrets: the model only learns that it failed.
-            return _FAILED._replace(text=_FAILED.text.format(name=self.name))
+        except BaseException as exc:
+            if not contained(exc):
+                raise  # an abort (the call is `cancelled`), the runtime closing, Ctrl-C
+            # Its text may hold paths or secrets: the model only learns that it failed.
+            return failed
         try:
             outcome = _to_outcome(value)
-        except Exception:
+        except BaseException as exc:
+            if not contained(exc):
+                raise
             # An object JSON cannot hold, bytes that are not UTF-8, a structure too deep.
             return CallOutcome(
                 "failure", f"Failed to execute '{self.name}': its result could not be serialised."
@@ -181,6 +188,17 @@ class Tool:
         if self._pass_invocation:
             return self.handler(params, invocation)
         return self.handler(params)
+
+    def _call_in_thread(
+        self, params: BaseModel | dict[str, Any], invocation: ToolInvocation
+    ) -> Any:
+        try:
+            return self._call(params, invocation)
+        except (StopIteration, GeneratorExit) as exc:
+            # Neither survives the trip out of a thread: a future cannot hold StopIteration
+            # (it would never complete, and the run would wait for ever), and GeneratorExit
+            # thrown into the awaiting task closes its coroutines instead of reaching `run`.
+            raise RuntimeError(f"the tool's handler raised {type(exc).__name__}") from exc
 
 
 class ToolSource(Protocol):
