@@ -39,6 +39,7 @@ __all__ = [
     "own_key_needed",
     "fold_stream",
     "provider_errors",
+    "read_body",
     "require_event_stream",
     "retry_after",
     "status_error",
@@ -127,6 +128,26 @@ class HttpResponse(Protocol):
     async def aclose(self) -> None: ...
 
 
+async def read_body(response: HttpResponse, limit: int, *, cut: bool = False) -> bytes:
+    """The body of `response`, read to its end (or past `limit` bytes), then closed.
+
+    Past the limit it is cut there with `cut` (an error page: its start says enough), else
+    the answer is a `bad_response`: a server, or a proxy, sending more must not fill the
+    process's memory.
+    """
+    body = bytearray()
+    try:
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > limit:
+                if cut:
+                    break
+                raise ProviderError("bad_response", f"the answer is larger than {limit} bytes")
+    finally:
+        await response.aclose()
+    return bytes(body[:limit])
+
+
 async def require_event_stream(response: HttpResponse) -> None:
     """Raise unless the successful answer to a streamed call is an event stream.
 
@@ -137,15 +158,7 @@ async def require_event_stream(response: HttpResponse) -> None:
     content_type = response.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() == "text/event-stream":
         return
-    body = bytearray()
-    try:
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) >= _UNEXPECTED_BODY_LIMIT:
-                break
-    finally:
-        await response.aclose()
-    data = bytes(body[:_UNEXPECTED_BODY_LIMIT])
+    data = await read_body(response, _UNEXPECTED_BODY_LIMIT, cut=True)
     try:
         parsed: object = json.loads(data)
     except ValueError:

@@ -32,6 +32,7 @@ from trimtab.providers._common import (
     connection_error,
     environment_header_names,
     own_key_needed,
+    read_body,
     require_event_stream,
     retry_after,
     status_error,
@@ -57,6 +58,10 @@ _LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=20)
 _MAX_RETRY_AFTER = 120.0
 """The longest `retry-after` waited for; a server asking for more is not retried."""
 _DRAIN_TIMEOUT = 0.1
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The largest answer read whole (a completion not streamed); more is a `bad_response`."""
+_ERROR_BODY_LIMIT = 64 * 1024
+"""How much of an error's body is read for its message (an HTML page may be much longer)."""
 
 
 def _key_variable(config: ProviderConfig) -> str:
@@ -252,19 +257,30 @@ class ChatClient:
         return self.config.deployment or self.config.wire_model or requested
 
     async def post(
-        self,
-        body: bytes,
-        *,
-        model: str,
-        stream: bool = False,
-        headers: dict[str, str] | None = None,
-    ) -> httpx2.Response:
-        """The successful response to `body` (JSON, for `model`); raise `ProviderError` on any
-        failure, or once `ProviderConfig.deadline` has passed.
+        self, body: bytes, *, model: str, headers: dict[str, str] | None = None
+    ) -> bytes:
+        """The body of the successful answer to `body` (JSON, for `model`), at most
+        `MAX_ANSWER_BYTES`; raise `ProviderError` on any failure, or once
+        `ProviderConfig.deadline` has passed."""
+        request, seconds = self._request(body, model, headers, stream=False)
+        async with answer_within(seconds, stream=False):
+            return await read_body(await self._send(request), MAX_ANSWER_BYTES)
 
-        With `stream`, the body is left unread, but checked to be an event stream: the caller
-        closes the response.
-        """
+    async def open_stream(
+        self, body: bytes, *, model: str, headers: dict[str, str] | None = None
+    ) -> httpx2.Response:
+        """The successful streamed answer to `body`, checked to be an event stream, its body
+        unread: the caller closes it. Raises as `post`."""
+        request, seconds = self._request(body, model, headers, stream=True)
+        async with answer_within(seconds, stream=True):
+            response = await self._send(request)
+            await require_event_stream(response)
+            return response
+
+    def _request(
+        self, body: bytes, model: str, headers: dict[str, str] | None, *, stream: bool
+    ) -> tuple[httpx2.Request, float]:
+        """The request of `body`, and the seconds it may take (`ProviderConfig.deadline`)."""
         client = self._get()
         path = "/chat/completions"
         if self.config.type == "azure" and "/deployments" not in client.base_url.path:
@@ -277,21 +293,17 @@ class ChatClient:
             headers={"Content-Type": "application/json", **(headers or {})},
             timeout=httpx2.Timeout(**attempt_timeout(seconds)),
         )
-        async with answer_within(seconds, stream=stream):
-            response = await self._send(request, stream)
-            if stream:
-                await require_event_stream(response)
-            return response
+        return request, seconds
 
-    async def _send(self, request: httpx2.Request, stream: bool) -> httpx2.Response:
-        """Send `request`, retrying as the `openai` client would."""
+    async def _send(self, request: httpx2.Request) -> httpx2.Response:
+        """Send `request`, retrying as the `openai` client would; the answer's body unread."""
         client = self._get()
         attempt = 0
         while True:
             last = attempt >= self.config.max_retries
             headers = None
             try:
-                response = await client.send(request, stream=stream)
+                response = await client.send(request, stream=True)
             except httpx2.TimeoutException as exc:
                 if last:
                     raise ProviderError("timeout", "the request timed out", retryable=True) from exc
@@ -302,9 +314,8 @@ class ChatClient:
                 if not response.is_error:
                     return response
                 if last or not _should_retry(response):
-                    await response.aread()
-                    await response.aclose()
-                    raise self._explained(_http_error(response))
+                    body = await read_body(response, _ERROR_BODY_LIMIT, cut=True)
+                    raise self._explained(_http_error(response, body))
                 await response.aclose()
                 headers = response.headers
             await asyncio.sleep(_retry_delay(attempt, headers))
@@ -382,9 +393,9 @@ def _retry_delay(attempt: int, headers: httpx2.Headers | None) -> float:
     return min(0.5 * 2.0**attempt, 8.0) * (1 - 0.25 * random.random())
 
 
-def _http_error(response: httpx2.Response) -> ProviderError:
+def _http_error(response: httpx2.Response, content: bytes) -> ProviderError:
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
         body = None
     error = body.get("error", body) if isinstance(body, dict) else None

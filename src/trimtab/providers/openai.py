@@ -66,17 +66,18 @@ class OpenAIProvider:
         with provider_errors():
             model = self._client.model(request.model)
             if not request.stream:
-                response = await self._client.post(
+                answer = await self._client.post(
                     _body(request, model), model=model, headers=request.headers
                 )
                 try:
-                    completion = response.json()
+                    completion = json.loads(answer)
                 except ValueError:
-                    raise unexpected_answer(response.text, "a chat completion in JSON") from None
+                    text = answer.decode(errors="replace")
+                    raise unexpected_answer(text, "a chat completion in JSON") from None
                 yield _parse_completion(completion)
                 return
-            response = await self._client.post(
-                _body(request, model), model=model, stream=True, headers=request.headers
+            response = await self._client.open_stream(
+                _body(request, model), model=model, headers=request.headers
             )
             async for event in fold_stream(
                 stream_events(response),
