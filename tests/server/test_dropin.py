@@ -5,6 +5,7 @@ for the reference runtime rely on, checked through the official client against a
 from __future__ import annotations
 
 import asyncio
+import os
 import base64
 import socket
 from collections.abc import AsyncIterator
@@ -887,6 +888,28 @@ async def test_D11_an_unreadable_attachment_is_refused_and_nothing_is_stored(
     with pytest.raises(Exception, match=error):
         await session.send("Look", attachments=[attachment])  # type: ignore[list-item]
     assert len(await session.get_events()) == before
+    await session.disconnect()
+
+
+async def test_D11_a_fifo_or_a_device_is_refused_without_waiting(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer for ever
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    before = len(await session.get_events())
+    # /dev/stdin: on stdio, the server's JSON-RPC input, which a read would steal from.
+    for path in (str(fifo), "/dev/stdin", "/dev/zero"):
+        for kind in ("file", "selection"):
+            key = "path" if kind == "file" else "filePath"
+            attachment: Any = {"type": kind, key: path}
+            with pytest.raises(Exception, match="not a regular file"):
+                await asyncio.wait_for(session.send("Look", attachments=[attachment]), 10)
+    assert len(await session.get_events()) == before
+    assert (await official.ping("still here")).message == "pong: still here"
     await session.disconnect()
 
 

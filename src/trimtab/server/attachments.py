@@ -16,6 +16,7 @@ import base64
 import binascii
 import mimetypes
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
@@ -92,7 +93,13 @@ def _read(path: Path, what: str, whole: int | None = None) -> bytes:
     """The first `MAX_TEXT_BYTES` (plus one, to tell a cut) of a file; with `whole`, all of
     it, refused when larger."""
     try:
-        with path.open("rb") as file:
+        # Non-blocking, and regular files only: opening a FIFO would wait for a writer for
+        # ever, and a device or a descriptor of the server's own (`/dev/stdin`: on stdio,
+        # the JSON-RPC stream itself) is no file to show the model.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError(f"attachment {what} is not a regular file: {path}")
             data = file.read((whole or MAX_TEXT_BYTES) + 1)
             if whole is not None and len(data) > whole:
                 raise ValueError(f"attachment {what} is larger than {whole} bytes: {path}")
