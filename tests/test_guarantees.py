@@ -5,6 +5,8 @@ written in docs/spec.md under the same ids."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -266,6 +268,31 @@ async def test_an_abort_still_cancels_a_handler_and_its_call(client: Client) -> 
     await asyncio.wait_for(session.send_and_wait("again"), 10)
     [done] = [e for e in await session.get_events() if e.type == "tool.execution_complete"]
     assert done.data.outcome == "cancelled"
+
+
+def test_o1_a_sync_handler_that_never_returns_does_not_keep_the_program_from_exiting() -> None:
+    program = """
+import asyncio, time
+from trimtab import Client, PermissionHandler, define_tool
+from trimtab.testing import ScriptedModel, tool_call
+
+async def main():
+    stuck = define_tool("stuck", handler=lambda _: time.sleep(3600), timeout=0.2)
+    model = ScriptedModel([tool_call("stuck"), "went on"])
+    async with Client(store="memory") as client:
+        session = await client.create_session(
+            provider=model, tools=[stuck], on_permission_request=PermissionHandler.approve_all
+        )
+        print((await session.send_and_wait("go")).data.content)
+
+asyncio.run(main())
+print("exited")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["went", "on", "exited"]
 
 
 # --- lone surrogates ---------------------------------------------------------------------------

@@ -8,8 +8,12 @@ Permission and abort handling live in the loop, which owns the call's lifetime.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
+import functools
 import inspect
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, overload
@@ -146,10 +150,11 @@ class Tool:
     ) -> CallOutcome:
         """Call the handler under the tool's timeout; never raises but `CancelledError`.
 
-        An async handler runs on the event loop; a sync one runs in a worker thread, so that
-        it blocks neither the loop (other sessions, the server) nor its own timeout and abort.
-        Python cannot stop a thread: a sync handler past its timeout runs on, and what it
-        returns then is discarded.
+        An async handler runs on the event loop; a sync one runs in a thread of its own, so
+        that it blocks neither the loop (other sessions, the server) nor its own timeout and
+        abort. Python cannot stop a thread: a sync handler past its timeout runs on, and what
+        it returns then is discarded; the thread is a daemon, so that it holds neither
+        `asyncio.run`'s end nor the program's exit.
         """
         limit = self.definition.timeout
         failed = _FAILED._replace(text=_FAILED.text.format(name=self.name))
@@ -158,7 +163,7 @@ class Tool:
                 if inspect.iscoroutinefunction(self.handler):
                     value = await self._call(params, invocation)
                 else:
-                    value = await asyncio.to_thread(self._call_in_thread, params, invocation)
+                    value = await _in_thread(functools.partial(self._call, params, invocation))
                 if inspect.isawaitable(value):  # a sync callable that returned an awaitable
                     value = await value
         except TimeoutError:
@@ -189,16 +194,43 @@ class Tool:
             return self.handler(params, invocation)
         return self.handler(params)
 
-    def _call_in_thread(
-        self, params: BaseModel | dict[str, Any], invocation: ToolInvocation
-    ) -> Any:
+
+async def _in_thread(call: Callable[[], Any]) -> Any:
+    """`call()` in a daemon thread of its own, in this context (a tool's spans nest under its
+    call's); what it returns, or raises, once it has.
+
+    Not `asyncio.to_thread`: the default executor's threads are joined when `asyncio.run` ends
+    and when the interpreter exits, so one handler that never returns (a timed-out or aborted
+    call's) would keep the program from ever exiting.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if done.done():
+            return  # given up on (a timeout, an abort): what it returned is discarded
+        if error is None:
+            done.set_result(value)
+        else:
+            done.set_exception(error)
+
+    def work() -> None:
+        value: Any = None
+        error: BaseException | None = None
         try:
-            return self._call(params, invocation)
+            value = context.run(call)
         except (StopIteration, GeneratorExit) as exc:
-            # Neither survives the trip out of a thread: a future cannot hold StopIteration
-            # (it would never complete, and the run would wait for ever), and GeneratorExit
+            # Neither survives the trip: a future cannot hold StopIteration, and GeneratorExit
             # thrown into the awaiting task closes its coroutines instead of reaching `run`.
-            raise RuntimeError(f"the tool's handler raised {type(exc).__name__}") from exc
+            error = RuntimeError(f"the tool's handler raised {type(exc).__name__}")
+        except BaseException as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="trimtab-tool", daemon=True).start()
+    return await done
 
 
 class ToolSource(Protocol):

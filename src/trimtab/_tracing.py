@@ -9,8 +9,8 @@ switched off, every call here returns a shared no-op at the cost of a dictionary
 Spans follow the GenAI semantic conventions: `invoke_agent` per run (a seeded run after a
 clear is a run of its own, C8), `chat` per model call, `execute_tool` per tool call. The run's
 span is made current in the run's task, and a call's span in the call's task, so that the
-spans of a tool handler (threads included: `asyncio.to_thread` copies the context) nest under
-its `execute_tool`. Context operations (clear, compaction, truncation) become span events on
+spans of a tool handler (a sync one's thread included: it runs in its call's context) nest
+under its `execute_tool`. Context operations (clear, compaction, truncation) become span events on
 the trimtab span current where their event is emitted.
 """
 

@@ -5,8 +5,8 @@ for the reference runtime rely on, checked through the official client against a
 from __future__ import annotations
 
 import asyncio
-import os
 import base64
+import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
