@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 import pexpect  # type: ignore[import-untyped]
@@ -146,3 +149,22 @@ def test_run_on_a_terminal_asks_before_a_tool_and_streams_the_reply(cli: Cli) ->
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_s5_the_chat_history_is_as_private_as_the_sessions(tmp_path: Path) -> None:
+    import readline
+
+    from trimtab.cli.chat import _line_editing
+
+    home = tmp_path / "new" / "home"
+    save = _line_editing(home)
+    assert save is not None
+    readline.add_history("a prompt nobody else may read")
+    previous = os.umask(0o022)
+    try:
+        save()
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o700
+    assert stat.S_IMODE((home / "chat_history").stat().st_mode) == 0o600

@@ -27,6 +27,7 @@ from trimtab.cli.runtime import (
 )
 from trimtab.cli.sessions import events_table, sessions_table
 from trimtab.events import UserMessageEvent
+from trimtab.store._files import private_directory
 
 __all__ = ["HELP", "run_chat"]
 
@@ -265,8 +266,8 @@ def _line_editing(home: Path) -> Callable[[], None] | None:
 
     def save() -> None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            readline.write_history_file(path)
+            private_directory(path.parent)  # the prompts are as private as the sessions (S5)
+            readline.write_history_file(path)  # readline writes it 0600
         except OSError:
             pass  # a read-only home must not turn a finished chat into an error
 
