@@ -276,6 +276,36 @@ async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_pla
         assert len(await reader.read("s")) == 2
 
 
+@pytest.mark.parametrize(
+    ("channel", "payload"),
+    [
+        (postgres.CHANNEL, "no sequence"),
+        (postgres.CHANNEL, "s:not-a-number"),
+        (postgres.LIVE_CHANNEL, "not json\n{}"),
+        (postgres.LIVE_CHANNEL, '["s", 0]\n{}'),
+        (postgres.LIVE_CHANNEL, '["s", 0, "session.from_a_newer_trimtab"]\n{}'),
+        (postgres.LIVE_CHANNEL, '["s", 0, "session.idle"]\n{"not": "an event"'),
+    ],
+)
+async def test_a_notification_it_cannot_read_does_not_end_the_listener(
+    pg_dsn: str, channel: str, payload: str
+) -> None:
+    async with stores(pg_dsn, 2) as (writer, reader):
+        await writer.create("s")
+        async with aclosing(reader.subscribe("s")) as events:
+            later = asyncio.create_task(take(events, 2, within=5))
+            await asyncio.sleep(0.2)  # the listener is up
+            conn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
+            async with conn:
+                await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+            idle = SessionIdleEvent()
+            await writer.publish("s", idle, after=0)
+            await writer.append("s", [user("after")], lease=None)
+            got = await later
+        # Live events still arrive (the idle comes only through the listener).
+        assert [e.type for e in got] == ["session.idle", "user.message"]
+
+
 def deafen_to_markers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The listener never hears a subscription's marker (a slow or lossy peer)."""
     dispatch = postgres._Doorbell._dispatch

@@ -1141,6 +1141,15 @@ class _Doorbell:
             pass
 
     def _dispatch(self, channel: str, payload: str) -> None:
+        try:
+            self._deliver(channel, payload)
+        except (ValueError, TypeError) as error:
+            # Anyone who can connect may NOTIFY these channels, and a newer trimtab sharing
+            # the database may publish an event type this one does not know: skipped, not
+            # the end of the listener (and of every subscription's live events with it).
+            log.warning("trimtab listener: skipped a notification it cannot read: %s", error)
+
+    def _deliver(self, channel: str, payload: str) -> None:
         if channel == CHANNEL:
             session_id, _, seq = payload.rpartition(":")
             # 0: the session was deleted, which its subscribers learn by reading.
