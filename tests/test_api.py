@@ -158,6 +158,12 @@ async def test_unknown_session_option_is_an_error_naming_it(client: Client) -> N
         await client.create_session(provider=ScriptedModel(), systemmessage="typo")  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize("name", ["get weather", "a.b", "x" * 65, "naïve", "tool/1"])
+def test_t6_a_tool_name_no_provider_accepts_is_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="letters, digits"):
+        define_tool(name, handler=lambda _: "unreachable")
+
+
 async def test_tool_names_given_twice_are_refused_before_anything_is_stored(
     client: Client,
 ) -> None:

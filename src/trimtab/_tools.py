@@ -13,6 +13,7 @@ import contextvars
 import functools
 import inspect
 import json
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
+    "TOOL_NAME",
     "CallOutcome",
     "ExternalTool",
     "Tool",
@@ -273,6 +275,9 @@ class ExternalTool(Tool):
         self.provided = provided
 
 
+TOOL_NAME = r"[A-Za-z0-9_-]{1,64}"
+"""The tool names every model provider accepts (OpenAI's rule, the strictest; spec T6)."""
+
 _FAILED = CallOutcome("failure", "Failed to execute '{name}': tool execution failed.")
 
 
@@ -455,6 +460,11 @@ def define_tool(
         tool_name = name or getattr(fn, "__name__", None)
         if not tool_name or tool_name == "<lambda>":
             raise ValueError("a tool needs a name: pass define_tool('name', ...)")
+        if not re.fullmatch(TOOL_NAME, tool_name):
+            raise ValueError(
+                f"tool name {tool_name!r} is not 1 to 64 letters, digits, '_' or '-', "
+                "which is what model providers accept"
+            )
         model = params_type or _params_type_of(fn)
         if model is not None and not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise TypeError("params_type must be a Pydantic BaseModel subclass")

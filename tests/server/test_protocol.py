@@ -241,6 +241,21 @@ async def test_tool_names_given_twice_are_invalid_params(shared_server: ServerPr
     assert "dup-tools" not in json.dumps(answers[2])
 
 
+async def test_t6_a_tool_name_no_provider_accepts_is_invalid_params(
+    shared_server: ServerProcess,
+) -> None:
+    tool = {"name": "get weather", "description": "d", "parameters": {"type": "object"}}
+    create = {"sessionId": "bad-name", "provider": {"type": "openai"}, "tools": [tool]}
+    hello = {"jsonrpc": "2.0", "id": 0, "method": "connect", "params": {}}
+    answers = rpc(
+        shared_server.port,
+        hello,
+        {"jsonrpc": "2.0", "id": 1, "method": "session.create", "params": create},
+    )
+    assert answers[1]["error"]["code"] == -32602
+    assert "tools" in answers[1]["error"]["message"]
+
+
 async def test_many_requests_in_flight_on_one_connection(official: CopilotClient) -> None:
     answers = await asyncio.gather(*(official.ping(str(n)) for n in range(50)))
     assert [a.message for a in answers] == [f"pong: {n}" for n in range(50)]

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from trimtab._tools import TOOL_NAME
 from trimtab.events import Event, ToolDefinition
 from trimtab.providers import ProviderConfig
 from trimtab.store import SessionRecord
@@ -138,7 +139,7 @@ class SessionParams(Wire):
 class WireTool(Wire):
     """A client-side tool as `session.create` declares it."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(pattern=f"^{TOOL_NAME}$")
     description: str = ""
     parameters: Json | None = None
     is_terminal: bool = False
