@@ -105,6 +105,14 @@ async def test_compact_with_nothing_to_compact_reports_it(client: Client) -> Non
     assert not result.success and result.messages_removed == 0
 
 
+async def test_compact_refuses_instructions_that_are_not_text(client: Client) -> None:
+    session = await open_session(client, ScriptedModel())
+    before = await session.get_events()
+    with pytest.raises(ValueError, match="custom_instructions"):
+        await session.history.compact(custom_instructions=5)  # type: ignore[arg-type]
+    assert await session.get_events() == before
+
+
 async def test_truncate_forgets_the_event_and_after_but_the_log_keeps_them(client: Client) -> None:
     model = ScriptedModel(["one", "two", "three", "two again"])
     session = await open_session(client, model)

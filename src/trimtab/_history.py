@@ -136,9 +136,14 @@ class History:
         Runs between runs (queued behind a run in flight). Emits `session.compaction_start`
         and `session.compaction_complete`.
         """
+        if custom_instructions is not None:
+            if not isinstance(custom_instructions, str):
+                raise ValueError("custom_instructions must be a string or None")
+            custom_instructions = valid_text(custom_instructions)  # they go to the model
         runner = self._runner
+        instructions = custom_instructions
         return await self._between_runs(
-            lambda: compact(runner, trigger="manual", custom_instructions=custom_instructions)
+            lambda: compact(runner, trigger="manual", custom_instructions=instructions)
         )
 
     async def truncate(self, event_id: str) -> TruncateResult:
