@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import BaseModel, field_validator
@@ -216,7 +216,7 @@ async def test_o1_any_exception_of_a_handler_is_its_calls_failure(
     hooks = {"on_post_tool_use_failure": handler, "on_pre_tool_use": handler}
     session = await open_session(client, model, failing, hooks=hooks)
     session.on("tool.execution_complete", raising(kind, is_async=False))
-    session.on("tool.execution_complete", lambda event: seen.append(event.data.outcome))
+    session.on("tool.execution_complete", lambda event: seen.append(cast(Any, event).data.outcome))
     reply = await asyncio.wait_for(session.send_and_wait("go"), 10)
     assert reply is not None and reply.data.content == "went on"
     assert seen == ["failure"]  # the failing subscriber before it did not starve this one
@@ -241,7 +241,7 @@ async def test_o1_any_exception_of_a_provider_is_a_session_error(
     client: Client, kind: type[BaseException]
 ) -> None:
     class Broken(ScriptedModel):
-        async def stream(self, request: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        async def stream(self, request: Any) -> AsyncIterator[Any]:
             raise kind()
             yield  # an async generator
 
