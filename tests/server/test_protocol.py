@@ -86,6 +86,24 @@ async def test_a_token_is_required_when_the_server_has_one(start_server: StartSe
     assert "AUTHENTICATION_FAILED" in answer["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("url", "options", "error"),
+    [
+        ("http://127.0.0.1:8765", {}, "server address"),
+        ("127.0.0.1:8765", {}, "server address"),
+        ("tcp://:8765", {}, "server address"),
+        ("tcp://127.0.0.1:99999", {}, "out of range"),
+        ("tcp://127.0.0.1:8765", {"token": 5}, "token must be a string"),
+        ("tcp://127.0.0.1:8765", {"heartbeat": float("nan")}, "heartbeat"),
+    ],
+)
+def test_connect_refuses_what_cannot_name_a_server_before_connecting(
+    url: str, options: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ValueError, match=error):
+        trimtab.Client.connect(url, **options)
+
+
 async def test_the_official_client_can_spawn_a_tcp_server(
     stdio_executable: Path, tmp_path: Path
 ) -> None:

@@ -63,6 +63,8 @@ class RemoteClient:
 
     def __init__(self, url: str, *, token: str | None = None, heartbeat: float = 15.0) -> None:
         check_seconds("heartbeat", heartbeat)
+        if token is not None and not isinstance(token, str):
+            raise ValueError(f"token must be a string, got {type(token).__name__}")
         self._host, self._port = _address(url)
         self._token = token
         self._heartbeat = heartbeat
