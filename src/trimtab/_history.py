@@ -141,9 +141,8 @@ class History:
                 raise ValueError("custom_instructions must be a string or None")
             custom_instructions = valid_text(custom_instructions)  # they go to the model
         runner = self._runner
-        instructions = custom_instructions
         return await self._between_runs(
-            lambda: compact(runner, trigger="manual", custom_instructions=instructions)
+            lambda: compact(runner, trigger="manual", custom_instructions=custom_instructions)
         )
 
     async def truncate(self, event_id: str) -> TruncateResult:

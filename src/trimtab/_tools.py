@@ -150,7 +150,8 @@ class Tool:
     async def run(
         self, params: BaseModel | dict[str, Any], invocation: ToolInvocation
     ) -> CallOutcome:
-        """Call the handler under the tool's timeout; never raises but `CancelledError`.
+        """Call the handler under the tool's timeout; raises only what `contained` passes on
+        (an abort's `CancelledError`, Ctrl-C): anything else the handler does is its outcome.
 
         An async handler runs on the event loop; a sync one runs in a thread of its own, so
         that it blocks neither the loop (other sessions, the server) nor its own timeout and

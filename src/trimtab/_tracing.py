@@ -10,8 +10,8 @@ Spans follow the GenAI semantic conventions: `invoke_agent` per run (a seeded ru
 clear is a run of its own, C8), `chat` per model call, `execute_tool` per tool call. The run's
 span is made current in the run's task, and a call's span in the call's task, so that the
 spans of a tool handler (a sync one's thread included: it runs in its call's context) nest
-under its `execute_tool`. Context operations (clear, compaction, truncation) become span events on
-the trimtab span current where their event is emitted.
+under its `execute_tool`. Context operations (clear, compaction, truncation) become span
+events on the trimtab span current where their event is emitted.
 """
 
 from __future__ import annotations
