@@ -181,7 +181,7 @@ async def test_o1_hostile_results_validators_and_arguments_end_only_their_call(
     assert_one_chain(log)
 
 
-# The BaseExceptions host code may raise that are its failure, not a stop (spec O1): raised
+# The BaseExceptions host code may raise that are its failure, not a stop (spec O4): raised
 # by a sync handler (which runs in a thread) and by an async one.
 HOST_FAILURES = [
     asyncio.CancelledError,  # its own: nothing cancelled the run
@@ -206,7 +206,7 @@ def raising(kind: type[BaseException], *, is_async: bool) -> Any:
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("kind", HOST_FAILURES, ids=lambda kind: kind.__name__)
-async def test_o1_any_exception_of_a_handler_is_its_calls_failure(
+async def test_o4_any_exception_of_a_handler_is_its_calls_failure(
     client: Client, kind: type[BaseException], is_async: bool
 ) -> None:
     handler = raising(kind, is_async=is_async)
@@ -224,7 +224,7 @@ async def test_o1_any_exception_of_a_handler_is_its_calls_failure(
 
 
 @pytest.mark.parametrize("kind", HOST_FAILURES, ids=lambda kind: kind.__name__)
-async def test_o1_any_exception_of_a_permission_handler_denies(
+async def test_o4_any_exception_of_a_permission_handler_denies(
     client: Client, kind: type[BaseException]
 ) -> None:
     model = ScriptedModel([tool_call("echo", {"text": "x"}), "went on"])
@@ -237,7 +237,7 @@ async def test_o1_any_exception_of_a_permission_handler_denies(
 
 
 @pytest.mark.parametrize("kind", [SystemExit, asyncio.CancelledError, GeneratorExit])
-async def test_o1_any_exception_of_a_provider_is_a_session_error(
+async def test_o4_any_exception_of_a_provider_is_a_session_error(
     client: Client, kind: type[BaseException]
 ) -> None:
     class Broken(ScriptedModel):
@@ -252,7 +252,7 @@ async def test_o1_any_exception_of_a_provider_is_a_session_error(
     assert not session.busy  # the session goes on
 
 
-async def test_an_abort_still_cancels_a_handler_and_its_call(client: Client) -> None:
+async def test_o4_an_abort_still_cancels_a_handler_and_its_call(client: Client) -> None:
     started = asyncio.Event()
 
     async def slow(_: Any) -> str:

@@ -1,4 +1,4 @@
-"""A model server's answer cannot fill the process's memory (every buffer has a limit).
+"""A model server's answer cannot fill the process's memory (spec M3: every buffer has a limit).
 
 The Chat Completions client reads an unstreamed answer whole, and an error's body for its
 message: a server (or a proxy) that sends without end gets a typed error once the limit is
@@ -53,7 +53,7 @@ async def endless(request: pytest.FixtureRequest) -> AsyncIterator[EndlessServer
         yield server
 
 
-async def test_an_endless_answer_is_a_typed_error_past_the_limit(endless: EndlessServer) -> None:
+async def test_m3_an_endless_answer_is_a_typed_error_past_the_limit(endless: EndlessServer) -> None:
     config = {"type": "openai", "base_url": f"{endless.root_url}/v1", "api_key": "k"}
     model = make_provider(ProviderConfig.model_validate({**config, "timeout": 60}))
     request = ModelRequest(model="m", messages=(Message(role="user", content="hi"),), stream=False)

@@ -287,7 +287,7 @@ async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_pla
         (postgres.LIVE_CHANNEL, '["s", 0, "session.idle"]\n{"not": "an event"'),
     ],
 )
-async def test_a_notification_it_cannot_read_does_not_end_the_listener(
+async def test_e6_a_notification_it_cannot_read_does_not_end_the_listener(
     pg_dsn: str, channel: str, payload: str
 ) -> None:
     async with stores(pg_dsn, 2) as (writer, reader):
