@@ -32,6 +32,7 @@ from trimtab._tools import (
     ExternalTool,
     Tool,
     ToolInvocation,
+    failed_call,
     parse_arguments,
     valid_text,
 )
@@ -509,9 +510,7 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
         except Exception:
             # A bug below the loop: the call still ends, and the model only learns it failed.
             log.exception("tool call %s of session %s failed", call.id, host.session_id)
-            outcome = CallOutcome(
-                "failure", f"Failed to execute '{call.name}': tool execution failed."
-            )
+            outcome = failed_call(call.name)
         await _complete(host, call, outcome, turn_id)
     return outcome
 

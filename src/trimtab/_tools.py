@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
+    "MAX_TOOL_NAME",
     "TOOL_NAME",
     "CallOutcome",
     "ExternalTool",
@@ -40,6 +41,7 @@ __all__ = [
     "ToolResult",
     "ToolSource",
     "define_tool",
+    "failed_call",
     "parse_arguments",
     "valid_text",
 ]
@@ -160,7 +162,6 @@ class Tool:
         `asyncio.run`'s end nor the program's exit.
         """
         limit = self.definition.timeout
-        failed = _FAILED._replace(text=_FAILED.text.format(name=self.name))
         try:
             async with asyncio.timeout(limit) as deadline:
                 if inspect.iscoroutinefunction(self.handler):
@@ -172,7 +173,7 @@ class Tool:
         except TimeoutError:
             if not deadline.expired():
                 # The handler raised TimeoutError itself: its own failure, not our limit.
-                return failed
+                return failed_call(self.name)
             return CallOutcome("timeout", f"Tool '{self.name}' timed out after {limit:g} s.")
         except ToolError as exc:
             return CallOutcome("failure", valid_text(str(exc)))
@@ -180,7 +181,7 @@ class Tool:
             if not contained(exc):
                 raise  # an abort (the call is `cancelled`), the runtime closing, Ctrl-C
             # Its text may hold paths or secrets: the model only learns that it failed.
-            return failed
+            return failed_call(self.name)
         try:
             outcome = _to_outcome(value)
         except BaseException as exc:
@@ -276,10 +277,15 @@ class ExternalTool(Tool):
         self.provided = provided
 
 
-TOOL_NAME = r"[A-Za-z0-9_-]{1,64}"
+MAX_TOOL_NAME = 64
+"""OpenAI's limit on a tool name, the strictest of the providers."""
+TOOL_NAME = rf"[A-Za-z0-9_-]{{1,{MAX_TOOL_NAME}}}"
 """The tool names every model provider accepts (OpenAI's rule, the strictest; spec T6)."""
 
-_FAILED = CallOutcome("failure", "Failed to execute '{name}': tool execution failed.")
+
+def failed_call(name: str) -> CallOutcome:
+    """A call whose handler failed: the model learns only that (the text may hold secrets)."""
+    return CallOutcome("failure", f"Failed to execute '{name}': tool execution failed.")
 
 
 def _to_outcome(value: Any) -> CallOutcome:

@@ -15,12 +15,14 @@ import hashlib
 import re
 from collections.abc import Iterable
 
+from trimtab._tools import MAX_TOOL_NAME
+
 __all__ = ["MAX_NAME", "assign_names"]
 
-MAX_NAME = 64
-"""OpenAI's limit on a tool name, the strictest of the providers."""
+MAX_NAME = MAX_TOOL_NAME
+"""OpenAI's limit on a tool name, the strictest of the providers (`define_tool`'s too)."""
 
-_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")  # the characters outside `TOOL_NAME`'s
 _DIGEST = 8
 
 
