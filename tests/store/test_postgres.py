@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,20 @@ async def poll_lease(store: PostgresStore, owner: str, *, within: float) -> Leas
 async def take(events: AsyncIterator[Event], count: int, within: float) -> list[Event]:
     async with asyncio.timeout(within):
         return [await anext(events) for _ in range(count)]
+
+
+async def heard_elsewhere(
+    dsn: str, count: int, act: Callable[[PostgresStore], Awaitable[object]]
+) -> list[Event]:
+    """The first `count` events of session "s" that a subscriber on a second store hears while
+    `act(writer)` runs on the first, once the subscriber's listener is up."""
+    async with stores(dsn, 2) as (writer, reader):
+        await writer.create("s")
+        async with aclosing(reader.subscribe("s")) as events:
+            later = asyncio.create_task(take(events, count, within=5))
+            await asyncio.sleep(0.2)  # the listener is up
+            await act(writer)
+            return await later
 
 
 # --- one log, many writers ----------------------------------------------------------------
@@ -260,20 +274,19 @@ async def test_subscriber_on_another_store_catches_up_then_hears_the_doorbell(
 async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_place(
     pg_dsn: str,
 ) -> None:
-    async with stores(pg_dsn, 2) as (writer, reader):
-        await writer.create("s")
-        async with aclosing(reader.subscribe("s")) as events:
-            later = asyncio.create_task(take(events, 3, within=5))
-            await asyncio.sleep(0.2)  # the listener is up
-            await writer.append("s", [user("a")], lease=None)
-            idle = SessionIdleEvent()
-            await writer.publish("s", idle, after=1)
-            await writer.append("s", [user("b")], lease=None)
+    idle = SessionIdleEvent()
+    stored: list[Event] = []
 
-            got = await later
-        assert [e.type for e in got] == ["user.message", "session.idle", "user.message"]
-        assert got[1] == idle
-        assert len(await reader.read("s")) == 2
+    async def act(writer: PostgresStore) -> None:
+        await writer.append("s", [user("a")], lease=None)
+        await writer.publish("s", idle, after=1)
+        await writer.append("s", [user("b")], lease=None)
+        stored.extend(await writer.read("s"))
+
+    got = await heard_elsewhere(pg_dsn, 3, act)
+    assert [e.type for e in got] == ["user.message", "session.idle", "user.message"]
+    assert got[1] == idle
+    assert len(stored) == 2
 
 
 @pytest.mark.parametrize(
@@ -290,20 +303,15 @@ async def test_ephemeral_events_reach_a_subscriber_on_another_store_in_their_pla
 async def test_e6_a_notification_it_cannot_read_does_not_end_the_listener(
     pg_dsn: str, channel: str, payload: str
 ) -> None:
-    async with stores(pg_dsn, 2) as (writer, reader):
-        await writer.create("s")
-        async with aclosing(reader.subscribe("s")) as events:
-            later = asyncio.create_task(take(events, 2, within=5))
-            await asyncio.sleep(0.2)  # the listener is up
-            conn = await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True)
-            async with conn:
-                await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
-            idle = SessionIdleEvent()
-            await writer.publish("s", idle, after=0)
-            await writer.append("s", [user("after")], lease=None)
-            got = await later
-        # Live events still arrive (the idle comes only through the listener).
-        assert [e.type for e in got] == ["session.idle", "user.message"]
+    async def act(writer: PostgresStore) -> None:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            await conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+        await writer.publish("s", SessionIdleEvent(), after=0)
+        await writer.append("s", [user("after")], lease=None)
+
+    got = await heard_elsewhere(pg_dsn, 2, act)
+    # Live events still arrive (the idle comes only through the listener).
+    assert [e.type for e in got] == ["session.idle", "user.message"]
 
 
 def deafen_to_markers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -449,19 +457,17 @@ async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
         return await execute(cursor, query, params, **kwargs)
 
     monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
-    async with stores(pg_dsn, 2) as (writer, reader):
-        await writer.create("s")
-        async with aclosing(reader.subscribe("s")) as events:
-            later = asyncio.create_task(take(events, 22, within=5))
-            await asyncio.sleep(0.2)  # the listener is up
-            await writer.append("s", [user("a")], lease=None)
-            for n in range(20):
-                delta = AssistantMessageDeltaEvent(
-                    data=AssistantMessageDeltaData(message_id="m", delta_content=str(n))
-                )
-                await writer.publish("s", delta, after=1)
-            await writer.append("s", [user("b")], lease=None)
-            got = await later
+
+    async def act(writer: PostgresStore) -> None:
+        await writer.append("s", [user("a")], lease=None)
+        for n in range(20):
+            delta = AssistantMessageDeltaEvent(
+                data=AssistantMessageDeltaData(message_id="m", delta_content=str(n))
+            )
+            await writer.publish("s", delta, after=1)
+        await writer.append("s", [user("b")], lease=None)
+
+    got = await heard_elsewhere(pg_dsn, 22, act)
 
     # Each delta reaches the other runtime once, in order, before the append that followed it.
     assert [e.type for e in got] == ["user.message", *["assistant.message_delta"] * 20] + [
