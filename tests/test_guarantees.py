@@ -252,19 +252,29 @@ async def test_o4_any_exception_of_a_provider_is_a_session_error(
     assert not session.busy  # the session goes on
 
 
-async def test_o4_an_abort_still_cancels_a_handler_and_its_call(client: Client) -> None:
-    started = asyncio.Event()
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_o4_an_abort_still_cancels_a_handler_and_its_call(
+    client: Client, is_async: bool
+) -> None:
+    started, release = threading.Event(), threading.Event()
 
     async def slow(_: Any) -> str:
         started.set()
         await asyncio.sleep(30)
         return "unreachable"
 
+    def blocking(_: Any) -> str:
+        started.set()
+        release.wait(30)  # returns after the abort: what it returns then is discarded
+        return "too late"
+
+    tool = define_tool("slow", handler=slow if is_async else blocking)
     model = ScriptedModel([tool_call("slow"), "after the abort"])
-    session = await open_session(client, model, define_tool("slow", handler=slow))
+    session = await open_session(client, model, tool)
     await session.send("go")
-    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(asyncio.to_thread(started.wait, 10), 10)
     await session.abort()
+    release.set()  # the sync handler's thread settles a call that is over
     await asyncio.wait_for(session.send_and_wait("again"), 10)
     [done] = [e for e in await session.get_events() if e.type == "tool.execution_complete"]
     assert done.data.outcome == "cancelled"
