@@ -128,21 +128,18 @@ class HttpResponse(Protocol):
     async def aclose(self) -> None: ...
 
 
-async def read_body(response: HttpResponse, limit: int, *, cut: bool = False) -> bytes:
-    """The body of `response`, read to its end (or past `limit` bytes), then closed.
+async def read_body(response: HttpResponse, limit: int | None = None) -> bytes:
+    """The body of `response` (its first `limit` bytes, if given), then closed.
 
-    Past the limit it is cut there with `cut` (an error page: its start says enough), else
-    the answer is a `bad_response`: a server, or a proxy, sending more must not fill the
-    process's memory.
+    The whole of a body is bounded by the client that read it (`_bodies`); `limit` is for an
+    unexpected answer, of which the start says enough.
     """
     body = bytearray()
     try:
         async for chunk in response.aiter_bytes():
             body += chunk
-            if len(body) > limit:
-                if cut:
-                    break
-                raise ProviderError("bad_response", f"the answer is larger than {limit} bytes")
+            if limit is not None and len(body) >= limit:
+                break
     finally:
         await response.aclose()
     return bytes(body[:limit])
@@ -158,7 +155,7 @@ async def require_event_stream(response: HttpResponse) -> None:
     content_type = response.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() == "text/event-stream":
         return
-    data = await read_body(response, _UNEXPECTED_BODY_LIMIT, cut=True)
+    data = await read_body(response, _UNEXPECTED_BODY_LIMIT)
     try:
         parsed: object = json.loads(data)
     except ValueError:
@@ -204,6 +201,8 @@ def provider_errors(
     except ProviderError:
         raise
     except Exception as exc:
+        if (own := _wrapped_provider_error(exc)) is not None:
+            raise own from exc  # ours (a bounded body's), wrapped by a library
         mapped = map_library_error(exc) if map_library_error is not None else None
         error = mapped or transport_failure(exc, mid_stream=False)
         if error is None and isinstance(exc, ValueError):
@@ -211,6 +210,17 @@ def provider_errors(
         if error is None:
             raise
         raise error from exc
+
+
+def _wrapped_provider_error(exc: BaseException) -> ProviderError | None:
+    cause = exc.__cause__
+    seen: set[int] = set()
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ProviderError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
 
 
 def transport_failure(exc: BaseException, *, mid_stream: bool) -> ProviderError | None:

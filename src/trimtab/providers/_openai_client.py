@@ -26,6 +26,7 @@ import httpx2
 
 from trimtab._errors import ProviderError
 from trimtab.providers import _network as network
+from trimtab.providers._bodies import bounded_answers
 from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
@@ -58,10 +59,6 @@ _LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=20)
 _MAX_RETRY_AFTER = 120.0
 """The longest `retry-after` waited for; a server asking for more is not retried."""
 _DRAIN_TIMEOUT = 0.1
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
-"""The largest answer read whole (a completion not streamed); more is a `bad_response`."""
-_ERROR_BODY_LIMIT = 64 * 1024
-"""How much of an error's body is read for its message (an HTML page may be much longer)."""
 
 
 def _key_variable(config: ProviderConfig) -> str:
@@ -166,9 +163,12 @@ class OpenAIClient:
         headers = self._headers()
         # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
         timeout = openai.Timeout(**attempt_timeout(config.deadline(stream=False)))
-        http_client = None
-        if self._transport is not None:
-            http_client = openai.DefaultAsyncHttpxClient(transport=self._transport)
+        # The library's own client, with its defaults (its environment's proxies too), but for
+        # bounded answers.
+        http_client = openai.DefaultAsyncHttpxClient(
+            event_hooks=bounded_answers(),
+            transport=self._transport,
+        )
         if config.type == "azure":
             # No `azure_deployment`: the client then puts the request's model, which is the
             # deployment (see `model`), in the path of the endpoints that need it.
@@ -260,11 +260,11 @@ class ChatClient:
         self, body: bytes, *, model: str, headers: dict[str, str] | None = None
     ) -> bytes:
         """The body of the successful answer to `body` (JSON, for `model`), at most
-        `MAX_ANSWER_BYTES`; raise `ProviderError` on any failure, or once
+        `MAX_ANSWER_BYTES` (`_bodies`); raise `ProviderError` on any failure, or once
         `ProviderConfig.deadline` has passed."""
         request, seconds = self._request(body, model, headers, stream=False)
         async with answer_within(seconds, stream=False):
-            return await read_body(await self._send(request), MAX_ANSWER_BYTES)
+            return await read_body(await self._send(request))
 
     async def open_stream(
         self, body: bytes, *, model: str, headers: dict[str, str] | None = None
@@ -314,7 +314,7 @@ class ChatClient:
                 if not response.is_error:
                     return response
                 if last or not _should_retry(response):
-                    body = await read_body(response, _ERROR_BODY_LIMIT, cut=True)
+                    body = await read_body(response)
                     raise self._explained(_http_error(response, body))
                 await response.aclose()
                 headers = response.headers
@@ -372,6 +372,7 @@ class ChatClient:
             limits=_LIMITS,
             follow_redirects=True,
             verify=verify,
+            event_hooks=bounded_answers(),
             transport=self._transport or network.transport(verify=verify, limits=_LIMITS),
         )
 
@@ -415,7 +416,8 @@ async def stream_events(response: httpx2.Response) -> AsyncIterator[dict[str, An
         ProviderError: The stream carries an `error` object.
         ValueError: An event's data is not a JSON object.
     """
-    events = aiter(httpx2.EventSource(response))
+    # The event's size is bounded under the reader, as every provider's (`_bodies`).
+    events = aiter(httpx2.EventSource(response, max_event_size=None))
     async for sse in events:
         if sse.data.startswith("[DONE]"):
             # Reading the end of the body lets the connection be reused; a server slow to end

@@ -26,6 +26,7 @@ from trimtab.providers._base import (
     ToolCall,
     Usage,
 )
+from trimtab.providers._bodies import bounded_answers
 from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
@@ -147,10 +148,11 @@ class AnthropicProvider:
                 timeout=anthropic.Timeout(**attempt_timeout(config.deadline(stream=False))),
                 max_retries=config.max_retries,
                 default_headers=headers,
-                http_client=(
-                    None
-                    if self._transport is None
-                    else anthropic.DefaultAsyncHttpxClient(transport=self._transport)
+                # The library's own client, with its defaults (its environment's proxies too),
+                # but for bounded answers.
+                http_client=anthropic.DefaultAsyncHttpxClient(
+                    event_hooks=bounded_answers(),
+                    transport=self._transport,
                 ),
             )
         return self._client
