@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import types
@@ -14,7 +15,7 @@ from pydantic import BaseModel
 
 import trimtab
 from tests.conftest import open_session
-from trimtab import Client, ToolInvocation, define_tool, events
+from trimtab import Client, PermissionHandler, ToolInvocation, define_tool, events
 from trimtab.testing import ScriptedModel, tool_call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,9 +93,10 @@ def test_define_tool_rejects_bad_input(kwargs: dict[str, Any], error: type[Excep
         define_tool(name, **kwargs)
 
 
-NOT_DURATIONS = [0, -1.0, float("nan"), True, "5"]
+NOT_DURATIONS = [0, -1.0, float("nan"), True, "5", 10**400]
 """What no timeout, interval or lease length may be (NaN compares false with everything, so
-`<= 0` alone lets it through, and a wait bounded by it never ends)."""
+`<= 0` alone lets it through, and a wait bounded by it never ends; an int too large for a float
+cannot be waited for)."""
 
 
 @pytest.mark.parametrize("value", [*NOT_DURATIONS, float("inf")])
@@ -235,3 +237,55 @@ async def test_on_refuses_an_event_type_that_does_not_exist() -> None:
         with pytest.raises(ValueError, match="unknown event type 'session.cleared'"):
             session.on("session.cleared", print)  # type: ignore[call-overload]
         session.on("session.context_cleared", print)
+
+
+@pytest.mark.parametrize("value", [True, 2.0, "3", 0])
+async def test_max_turns_must_be_a_whole_number_of_turns(client: Client, value: Any) -> None:
+    with pytest.raises(ValueError, match="max_turns"):
+        await client.create_session(provider=ScriptedModel(), max_turns=value)
+
+
+@pytest.mark.parametrize(
+    "args", [{"message": None}, {"message": 3}, {"message": "m", "kind": None}]
+)
+async def test_k4_a_log_note_of_the_wrong_type_is_a_value_error(
+    client: Client, args: dict[str, Any]
+) -> None:
+    session = await client.create_session(provider=ScriptedModel())
+    before = len(await session.get_events())
+    with pytest.raises(ValueError):
+        await session.log(**args)
+    assert len(await session.get_events()) == before
+
+
+async def test_d14_attachments_the_run_could_not_log_are_refused_even_when_queued(
+    client: Client,
+) -> None:
+    # A message that waits behind a run is checked as one sent to an idle session: built
+    # later, it would fail where nobody hears it and hold up every input behind it.
+    release = asyncio.Event()
+
+    async def slow(params: Any) -> str:
+        await release.wait()
+        return "ok"
+
+    model = ScriptedModel([tool_call("slow"), "first", "third"])
+    session = await client.create_session(
+        provider=model,
+        tools=[define_tool("slow", handler=slow)],
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    first = asyncio.ensure_future(session.send_and_wait("first"))
+    while not session.busy or not model.requests:
+        await asyncio.sleep(0.01)
+    for attachments in ([{1: "a"}], [{"x": object()}]):
+        with pytest.raises(ValueError, match="attachments"):
+            await session.send("second", attachments=attachments)
+    third = asyncio.ensure_future(session.send_and_wait("third"))
+    release.set()
+    assert (await asyncio.wait_for(first, 10)) is not None
+    reply = await asyncio.wait_for(third, 10)
+    assert reply is not None and reply.data.content == "third"
+    assert await session.pending_messages() == []
+    prompts = [e.data.content for e in await session.get_events() if e.type == "user.message"]
+    assert prompts == ["first", "third"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -16,7 +17,15 @@ from tests.conftest import (
     open_session,
     roles,
 )
-from trimtab import ClearContextError, Client, ToolError, ToolInvocation, define_tool
+from trimtab import (
+    ClearContextError,
+    Client,
+    Session,
+    ToolError,
+    ToolInvocation,
+    TrimtabError,
+    define_tool,
+)
 from trimtab.testing import ScriptedModel, tool_call
 
 SEED = "Reply with exactly FRESH_CONTEXT."
@@ -354,3 +363,124 @@ async def test_example_handler_shape_is_the_public_one(client: Client) -> None:
     session = await open_session(client, model, clear_tool(handler=clear_handler))
     reply = await session.send_and_wait(ASK)
     assert reply is not None and reply.data.content == "FRESH"
+
+
+SELF_WAITS: dict[str, Callable[[Session], Awaitable[object]]] = {
+    "send_and_wait": lambda session: session.send_and_wait("inner"),
+    "wait_idle": lambda session: session.wait_idle(),
+    "compact": lambda session: session.history.compact(),
+    "truncate": lambda session: session.history.truncate("any"),
+}
+
+
+@pytest.mark.parametrize("where", ["tool", "permission", "pre_tool_use", "post_tool_use"])
+@pytest.mark.parametrize("call", list(SELF_WAITS))
+async def test_c11_a_wait_for_its_own_run_from_what_the_run_awaits_is_refused(
+    client: Client, where: str, call: str
+) -> None:
+    # Host code the run awaits (a tool handler, a permission handler, a hook) that waits for
+    # the run's end could only wait for itself: refused at once, and the run goes on.
+    outcomes: list[str] = []
+    holder: list[Session] = []
+
+    async def attempt() -> None:
+        try:
+            await asyncio.wait_for(SELF_WAITS[call](holder[0]), 3)
+            outcomes.append("returned")
+        except TrimtabError as exc:
+            outcomes.append(f"refused: {exc}")
+        except TimeoutError:
+            outcomes.append("hung")
+
+    async def tool(params: Any) -> str:
+        if where == "tool":
+            await attempt()
+        return "ok"
+
+    async def permission(request: Any, invocation: ToolInvocation) -> dict[str, str]:
+        if where == "permission":
+            await attempt()
+        return {"kind": "approve-once"}
+
+    async def hook(hook_input: Any, context: Any) -> None:
+        await attempt()
+
+    hooks = {f"on_{where}": hook} if where.endswith("tool_use") else {}
+    model = ScriptedModel([tool_call("t"), "done"])
+    session = await open_session(
+        client,
+        model,
+        define_tool("t", handler=tool),
+        on_permission_request=permission,
+        hooks=hooks,
+    )
+    holder.append(session)
+    reply = await asyncio.wait_for(session.send_and_wait(ASK), 10)
+    assert reply is not None and reply.data.content == "done"
+    assert len(outcomes) == 1 and outcomes[0].startswith("refused: "), outcomes
+
+
+async def test_c11_a_task_a_handler_leaves_behind_may_wait_for_the_run(client: Client) -> None:
+    # Only what the run awaits is refused: another session's run, or the session's own from
+    # code the run does not wait for, is waited for as usual.
+    other_model = ScriptedModel(["other done"])
+    other = await open_session(client, other_model)
+    replies: list[str] = []
+
+    async def tool(params: Any) -> str:
+        reply = await other.send_and_wait("for the other session")
+        replies.append(reply.data.content if reply else "")
+        return "ok"
+
+    model = ScriptedModel([tool_call("t"), "done", "later"])
+    session = await open_session(client, model, define_tool("t", handler=tool))
+    await asyncio.wait_for(session.send_and_wait(ASK), 10)
+    later = await asyncio.wait_for(session.send_and_wait("later"), 10)
+    assert replies == ["other done"]
+    assert later is not None and later.data.content == "later"
+
+
+@pytest.mark.parametrize("where", ["permission", "pre_tool_use"])
+async def test_c1_a_permission_handler_or_hook_is_not_a_tool_handler(
+    client: Client, where: str
+) -> None:
+    # A clear from them is refused: their call is not running yet, and another call of the
+    # batch (which knows nothing of it) must not carry it.
+    refusals: list[str] = []
+
+    def clear(session: Session) -> None:
+        try:
+            session.history.clear_context(SEED)
+        except ClearContextError as exc:
+            refusals.append(exc.code)
+
+    async def slow(params: Any) -> str:
+        await asyncio.sleep(0.2)  # in flight while the other call is asked about
+        return "slow done"
+
+    async def permission(request: Any, invocation: ToolInvocation) -> dict[str, str]:
+        if where == "permission" and request.tool_call_id == "b":
+            clear(invocation.session)
+        return {"kind": "approve-once"}
+
+    async def hook(hook_input: Any, context: Any) -> None:
+        if hook_input["toolName"] == "fast":
+            clear(holder[0])
+
+    holder: list[Session] = []
+    model = ScriptedModel(
+        [[tool_call("slow", id="a"), tool_call("fast", id="b")], "done"]
+    )
+    session = await open_session(
+        client,
+        model,
+        define_tool("slow", handler=slow),
+        define_tool("fast", handler=lambda params: "fast done"),
+        on_permission_request=permission,
+        hooks={"on_pre_tool_use": hook} if where == "pre_tool_use" else {},
+    )
+    holder.append(session)
+    await asyncio.wait_for(session.send_and_wait(ASK), 10)
+    assert refusals == ["no_tool_call_in_flight"]
+    assert session.context_epoch == 0
+    assert roles(model, 1)[1] == ("user", ASK)

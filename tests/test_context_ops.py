@@ -162,7 +162,7 @@ async def test_truncate_rejects_unknown_ids_and_calls_from_a_tool(client: Client
     model = ScriptedModel([tool_call("t"), "done"])
     session = await open_session(client, model, define_tool("t", handler=handler))
     await session.send_and_wait("go")
-    assert errors and "inside a tool call" in errors[0]
+    assert errors and "inside a handler or hook" in errors[0]
     with pytest.raises(ValueError, match="no event"):
         await session.history.truncate("no-such-event")
     with pytest.raises(ValueError, match="no event"):

@@ -822,3 +822,28 @@ async def test_tools_found_by_search_are_gone_after_a_clear(client: Client) -> N
     await session.send_and_wait("go")
     assert "tool_3" in [t.name for t in model.requests[1].tools]
     assert "tool_3" not in [t.name for t in model.requests[2].tools]
+
+
+# --- C11, R1: a session deleted by another runtime -------------------------------------------
+
+
+async def test_a_session_deleted_elsewhere_still_disconnects_and_stop_closes_the_rest(
+    durable: Store,
+) -> None:
+    holder = Client(store=durable)
+    await holder.start()
+    victim = await open_session(holder, ScriptedModel())
+    others = [await open_session(holder, ScriptedModel()) for _ in range(2)]
+    async with Client(store=durable) as deleter:
+        await deleter.delete_session(victim.session_id)
+        await victim.disconnect()  # nothing left to keep: it completes
+        assert victim.closed
+        await holder.stop()  # the other sessions are let go all the same
+        assert all(session.closed for session in others)
+        for session in others:
+            resumed = await deleter.resume_session(
+                session.session_id,
+                provider=ScriptedModel(),
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            assert not resumed.is_remote  # its lease was released

@@ -13,9 +13,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Unpack, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Unpack, cast
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Strict, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 from trimtab import _loop
@@ -84,7 +84,7 @@ class SessionOptions(TypedDict, total=False):
     """Automatic compaction: `{"enabled": True, "threshold": 0.8}` by default."""
     tool_search: ToolSearch | dict[str, Any]
     """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
-    max_turns: int
+    max_turns: Annotated[int, Strict()]  # not True, nor 2.0
     """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
     hooks: SessionHooks
     """The Copilot SDK's session hooks: `{"on_pre_tool_use": handler, ...}` (see `_hooks`)."""
@@ -201,7 +201,11 @@ class Client:
     async def stop(self) -> None:
         """Disconnect every session, then close every provider they used and the store."""
         for session in list(self._sessions.values()):
-            await session.disconnect()
+            try:
+                await session.disconnect()
+            except Exception:
+                # One session's failure must not keep the others (and their leases) open.
+                log.exception("session %s did not disconnect cleanly", session.session_id)
         if self._maintainer is not None:
             self._maintainer.cancel()
             await asyncio.wait([self._maintainer])

@@ -16,12 +16,16 @@ def check_seconds(name: str, value: float | None, *, bounded: bool = True) -> No
     """
     if value is None and not bounded:
         return
+    try:
+        # An int too large for a float (10**400) cannot be waited for either.
+        seconds = float(value) if isinstance(value, int | float) else math.nan
+    except OverflowError:
+        seconds = math.nan
     if (
         isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or math.isnan(value)
-        or value <= 0
-        or (bounded and math.isinf(value))
+        or math.isnan(seconds)
+        or seconds <= 0
+        or (bounded and math.isinf(seconds))
     ):
         kind = "a positive, finite" if bounded else "a positive"
         raise ValueError(f"{name} must be {kind} number of seconds, got {value!r}")

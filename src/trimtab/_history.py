@@ -100,6 +100,10 @@ class History:
             return _call_on_loop(self._loop, self.clear_context, prompt)
         runner = self._runner
         session_id, state = runner.session_id, runner.state
+        if runner.closed:  # (no lease either: not to be taken for a remote session)
+            raise ClearContextError(
+                "no_tool_call_in_flight", f"session {session_id} is disconnected"
+            )
         if not runner.log.writable:
             raise ClearContextError(
                 "remote_session", f"session {session_id} is run by another runtime"
@@ -111,7 +115,9 @@ class History:
                 "invalid_prompt", "the seed prompt is not valid Unicode text (a lone surrogate)"
             )
         current = _loop.current_tool_call.get()
-        if current is None:
+        if current is None and _loop.awaited_by.get() == session_id:
+            call_id = None  # a permission handler or a hook: not a tool handler (C1)
+        elif current is None:
             # Called from outside any handler's context (e.g. over JSON-RPC): the earliest
             # running call of this session is the enclosing one.
             call_id = next(iter(state.in_flight), None)
@@ -187,6 +193,7 @@ class History:
 
         Refused on a remote session (spec R1): its model call would be logged here."""
         runner = self._runner
+        _open(runner)
         if not runner.log.writable:
             raise TrimtabError(
                 f"session {runner.session_id} is run by another runtime (remote): "
@@ -197,17 +204,22 @@ class History:
     async def _between_runs(self, apply: Callable[[], Awaitable[T]]) -> T:
         """Run a window operation between runs, never during one (queued behind them)."""
         runner = self._runner
-        current = _loop.current_tool_call.get()
-        if current is not None and current[0] == runner.session_id:
+        if _loop.awaited_by.get() == runner.session_id:
             raise TrimtabError(
-                "this operation cannot run inside a tool call of the same session; "
-                "use history.clear_context from a tool handler"
+                "this operation cannot run inside a handler or hook of the same session's run;"
+                " use history.clear_context from a tool handler"
             )
+        _open(runner)
         if not runner.log.writable:
             raise TrimtabError(f"session {runner.session_id} is run by another runtime (remote)")
-        if runner.closed:
-            raise TrimtabError(f"session {runner.session_id} is disconnected")
         return await runner.exclusive(apply)
+
+
+def _open(runner: Runner) -> None:
+    """Refuse an operation on a disconnected session (which holds no lease either, but is not
+    run by another runtime)."""
+    if runner.closed:
+        raise TrimtabError(f"session {runner.session_id} is disconnected")
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
@@ -90,6 +90,7 @@ __all__ = [
     "StagedClear",
     "at_rest",
     "cancelled",
+    "awaited_by",
     "current_tool_call",
     "end_of_failed_run",
     "run",
@@ -98,11 +99,18 @@ __all__ = [
 
 log = logging.getLogger("trimtab")
 
+_T = TypeVar("_T")
+
 current_tool_call: ContextVar[tuple[str, str] | None] = ContextVar(
     "trimtab_current_tool_call", default=None
 )
 """`(session id, call id)` of the tool call whose handler runs in this context: what a
 `clear_context` call belongs to (spec C1). Call ids are the model's, unique only per session."""
+
+awaited_by: ContextVar[str | None] = ContextVar("trimtab_awaited_by", default=None)
+"""The session whose run awaits the host code running in this context (a tool handler, a
+permission handler, a hook): a wait for that run's end from here could only wait for itself
+(spec C11)."""
 
 INTERRUPTED = "The execution of this tool, or a previous tool was interrupted."
 """What the model reads for a `cancelled` call: the reference Copilot runtime's words, so that
@@ -248,7 +256,7 @@ async def run(
             if step == "end" and result.error is None and host.hooks:
                 # An `agentStop` hook may keep the run going, as a user message of the same
                 # run (the turns still count against max_turns).
-                reason = await host.hooks.agent_stop(stopped)
+                reason = await _awaited(host, host.hooks.agent_stop(stopped))
                 if reason is not None:
                     await host.emit(user_message(valid_text(reason), message_id, "agent_stop"))
                     step, stopped = "continue", True
@@ -526,7 +534,7 @@ async def _decide(
     external = isinstance(tool, ExternalTool)
     hooks, approved, suppressed = host.hooks, False, False
     if hooks:
-        pre = await hooks.pre_tool_use(call.name, arguments)
+        pre = await _awaited(host, hooks.pre_tool_use(call.name, arguments))
         notes += [pre.note] if pre.note else []
         if pre.denied is not None:
             return CallOutcome("denied", valid_text(pre.denied))
@@ -547,7 +555,7 @@ async def _decide(
         if external:
             outcome = await _run_external(host, tool, params, invocation)
         else:
-            outcome = await tool.run(params, invocation)
+            outcome = await _awaited(host, tool.run(params, invocation))
     finally:
         current_tool_call.reset(token)
         in_flight = {k: v for k, v in state.in_flight.items() if k != call.id}
@@ -556,7 +564,7 @@ async def _decide(
         return await _failed(host, call, arguments, outcome, notes)
     _discover(host, outcome.references)
     if hooks:
-        post = await hooks.post_tool_use(call.name, arguments, outcome.text)
+        post = await _awaited(host, hooks.post_tool_use(call.name, arguments, outcome.text))
         notes += [post.note] if post.note else []
         suppressed = suppressed or post.suppressed
         outcome = outcome._replace(text=SUPPRESSED if suppressed else valid_text(post.text))
@@ -586,9 +594,19 @@ async def _failed(
     arguments): its `postToolUseFailure` hooks may add guidance (D13), as in the reference
     runtime. A denial is the user's answer, not a failure: they are not asked."""
     if host.hooks and outcome.outcome != "denied":
-        note = await host.hooks.post_tool_use_failure(call.name, arguments, outcome.text)
+        failure = host.hooks.post_tool_use_failure(call.name, arguments, outcome.text)
+        note = await _awaited(host, failure)
         notes += [note] if note else []
     return outcome
+
+
+async def _awaited(host: LoopHost, work: Awaitable[_T]) -> _T:
+    """`work`, host code the run waits for, run as such (`awaited_by`)."""
+    token = awaited_by.set(host.session_id)
+    try:
+        return await work
+    finally:
+        awaited_by.reset(token)
 
 
 def _discover(host: LoopHost, references: Sequence[str]) -> None:
@@ -637,7 +655,7 @@ async def _permission(
                 data=PermissionRequestedData(request_id=request_id, permission_request=request)
             )
         )
-        approval = await ask_permission(handler, request, invocation)
+        approval = await _awaited(host, ask_permission(handler, request, invocation))
     except asyncio.CancelledError:
         # Aborted while asking: the request is closed too, so that clients stop showing it.
         await host.emit(_permission_completed(request_id, call.id, CANCELLED))

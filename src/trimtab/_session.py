@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Unpack, get_args, overload
 
@@ -20,7 +21,13 @@ from typing_extensions import TypedDict
 
 from trimtab import _loop
 from trimtab._durations import check_seconds
-from trimtab._errors import PromptBlockedError, SessionError, TrimtabError
+from trimtab._errors import (
+    PromptBlockedError,
+    SessionError,
+    SessionNotFoundError,
+    StoreUnavailableError,
+    TrimtabError,
+)
 from trimtab._history import History
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
@@ -62,10 +69,13 @@ from trimtab.providers._headers import FRAMING, checked_headers
 
 if TYPE_CHECKING:
     from trimtab._history import SessionOwner
+    from trimtab.store import Lease
 
 __all__ = ["LogLevel", "QueuedMessage", "Session"]
 
 LogLevel = Literal["info", "warning", "error"]
+
+_log = logging.getLogger("trimtab")
 
 
 class QueuedMessage(BaseModel):
@@ -291,7 +301,9 @@ class Session:
         """Write a note into the session's timeline (spec K4): `session.info`, `session.warning`
         or `session.error` by `level`, of type `kind`; stored unless `ephemeral`. An
         error-level note is only a note: it ends no run. Returns the event as emitted."""
-        text, kind = valid_text(message), valid_text(kind)
+        if not isinstance(message, str):
+            raise ValueError(f"message must be a string, got {type(message).__name__}")
+        text, kind = valid_text(message), valid_text(_text("kind", kind))
         event: Event
         match level:
             case "info":
@@ -405,12 +417,7 @@ class Session:
     ) -> RunEnd:
         """`send_and_wait`, returning how the run ended: its last message, its error (not
         raised), whether it was aborted, and its one `session.idle`."""
-        current = _loop.current_tool_call.get()
-        if current is not None and current[0] == self.session_id:
-            raise TrimtabError(
-                "send_and_wait from a tool handler of the same session would wait for its own "
-                "run to end: use send(), which queues the message behind the run"
-            )
+        self._not_awaited_by_run("send_and_wait", "use send(), which queues the message")
         check_seconds("timeout", timeout, bounded=False)  # before anything is sent
         runner = self._runner
         ledger = runner.ledger()  # following events before the send: none slips by
@@ -452,7 +459,17 @@ class Session:
 
     async def wait_idle(self) -> None:
         """Return once no run or operation is in progress or queued."""
+        self._not_awaited_by_run("wait_idle", "return, and the run goes on")
         await self._runner.wait_idle()
+
+    def _not_awaited_by_run(self, what: str, instead: str) -> None:
+        """Refuse a wait for this session's run from host code that run awaits (a tool or
+        permission handler, a hook): it could only wait for itself (spec C11)."""
+        if _loop.awaited_by.get() == self.session_id:
+            raise TrimtabError(
+                f"{what} from a handler or hook of this session's run would wait for the run"
+                f" to end, which waits for the handler: {instead}"
+            )
 
     # --- letting go ----------------------------------------------------------------------
 
@@ -496,18 +513,36 @@ class Session:
         )
         await self._runner.close(reason)
         await self._hooks.session_end("user_exit")
-        if log.lease is not None:
+        try:
+            if (lease := log.lease) is not None:
+                log.lease = None
+                await self._let_go(lease)
+        finally:
+            await self._runner.toolbox.close()
+            if self._owner is not None:
+                self._owner.forget_session(self)
+
+    async def _let_go(self, lease: Lease) -> None:
+        """Keep a snapshot and release the lease, as far as the store lets: the session is
+        closed here whatever it answers (C11), and an unreleased lease lapses (R1)."""
+        log = self._log
+        try:
             if not log.state.unfinished_calls:
                 # Between runs the state is small: keep it, so the next open need not replay.
                 snapshot = log.state.snapshot()
                 await log.store.save_snapshot(
                     self.session_id, snapshot.event_count, snapshot.model_dump_json()
                 )
-            await log.store.release_lease(log.lease)
-            log.lease = None
-        await self._runner.toolbox.close()
-        if self._owner is not None:
-            self._owner.forget_session(self)
+            await log.store.release_lease(lease)
+        except SessionNotFoundError:
+            pass  # deleted meanwhile (by another runtime): nothing is left to keep
+        except StoreUnavailableError as exc:
+            _log.warning(
+                "session %s disconnected, but its lease could not be released (%s): it lapses"
+                " in at most its ttl",
+                self.session_id,
+                exc,
+            )
 
     @property
     def closed(self) -> bool:
@@ -572,8 +607,12 @@ def _attached(
             raise ValueError("an image's data is not base64") from None
         checked.append(image)
     described = tuple(dict(attachment) for attachment in attachments)
+    attached = Attached(tuple(checked), described)
     try:
         pydantic_core.to_json(described)  # what the log can store
-    except pydantic_core.PydanticSerializationError:
-        raise ValueError("attachments must be JSON objects of valid text") from None
-    return Attached(tuple(checked), described)
+        # Built now, as the run will build it: an input that waits in the inbox must not
+        # fail there, where nobody hears it (its message would block the inbox).
+        attached.message("-", "-")
+    except (pydantic_core.PydanticSerializationError, ValidationError):
+        raise ValueError("attachments must be JSON objects (text keys) of valid text") from None
+    return attached
