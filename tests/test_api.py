@@ -263,9 +263,10 @@ async def test_d14_attachments_the_run_could_not_log_are_refused_even_when_queue
 ) -> None:
     # A message that waits behind a run is checked as one sent to an idle session: built
     # later, it would fail where nobody hears it and hold up every input behind it.
-    release = asyncio.Event()
+    started, release = asyncio.Event(), asyncio.Event()
 
     async def slow(params: Any) -> str:
+        started.set()
         await release.wait()
         return "ok"
 
@@ -276,9 +277,9 @@ async def test_d14_attachments_the_run_could_not_log_are_refused_even_when_queue
         on_permission_request=PermissionHandler.approve_all,
     )
     first = asyncio.ensure_future(session.send_and_wait("first"))
-    while not session.busy or not model.requests:
-        await asyncio.sleep(0.01)
-    for attachments in ([{1: "a"}], [{"x": object()}]):
+    await asyncio.wait_for(started.wait(), 10)
+    unloggable: list[list[Any]] = [[{1: "a"}], [{"x": object()}]]
+    for attachments in unloggable:
         with pytest.raises(ValueError, match="attachments"):
             await session.send("second", attachments=attachments)
     third = asyncio.ensure_future(session.send_and_wait("third"))
@@ -289,3 +290,15 @@ async def test_d14_attachments_the_run_could_not_log_are_refused_even_when_queue
     assert await session.pending_messages() == []
     prompts = [e.data.content for e in await session.get_events() if e.type == "user.message"]
     assert prompts == ["first", "third"]
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("-inf"), float("nan")])
+async def test_a_tool_the_log_cannot_hold_as_given_is_refused(
+    client: Client, number: float
+) -> None:
+    # pydantic would store the number as null: the log would not give back the tool.
+    tool = define_tool("t", handler=lambda params: "ok", metadata={"limits": [{"max": number}]})
+    before = await client.list_sessions()
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        await client.create_session(provider=ScriptedModel(), tools=[tool])
+    assert await client.list_sessions() == before

@@ -468,9 +468,7 @@ async def test_c1_a_permission_handler_or_hook_is_not_a_tool_handler(
             clear(holder[0])
 
     holder: list[Session] = []
-    model = ScriptedModel(
-        [[tool_call("slow", id="a"), tool_call("fast", id="b")], "done"]
-    )
+    model = ScriptedModel([[tool_call("slow", id="a"), tool_call("fast", id="b")], "done"])
     session = await open_session(
         client,
         model,

@@ -7,6 +7,7 @@ import asyncio
 import collections
 import functools
 import logging
+import math
 import os
 import socket
 import uuid
@@ -516,7 +517,27 @@ def _storable(config: SessionConfigData) -> SessionConfigData:
         config.model_dump_json()
     except ValueError as exc:  # PydanticSerializationError is one
         raise ValueError(f"the session configuration cannot be stored: {exc}") from None
+    if not _finite(config.model_dump()):
+        # pydantic writes them as null: the log would not give back what was configured.
+        raise ValueError(
+            "the session configuration cannot be stored: it holds a number JSON cannot"
+            " (NaN or infinity), in a tool's schema or metadata perhaps"
+        )
     return config
+
+
+def _finite(value: Any) -> bool:
+    """No float in `value` (JSON data, any depth) is NaN or infinite."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return True
 
 
 async def _open_state(store: Store, session_id: str) -> SessionState:

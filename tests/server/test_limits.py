@@ -4,6 +4,7 @@ and JSON nested too deeply. In each case the server stays up for everyone else."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import resource
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.fake_model import FakeModel
 from tests.server.conftest import ServerProcess, StartServer
 from tests.server.raw import RawClient, rss_kb, unestablished
 from trimtab.protocol.errors import AUTHENTICATION_FAILED, SERVER_BUSY
@@ -126,6 +128,46 @@ def test_issue15_3_a_client_that_never_reads_is_cut_off_and_memory_stays_bounded
     assert peak - before < 80 * 1024, (before, peak, after)
     assert "left more than 8388608 bytes of output unread" in _log_when(server, "unread")
     assert RawClient(server.port).result("ping", {"message": "still up"})["message"]
+
+
+async def test_s3_a_client_that_reads_gets_its_own_large_message_back(
+    start_server: StartServer,
+) -> None:
+    # A prompt past the output limit (within the frame limit) comes back to its client in its
+    # `user.message`, more events queued behind it: the client still reads, and is answered.
+    async with FakeModel(reply="done") as model:
+        provider = {"type": "openai", "base_url": model.base_url, "api_key": "k"}
+        server = start_server(None, "--provider", json.dumps(provider))
+
+        def converse() -> Any:
+            client = RawClient(server.port)
+            client.result("connect", {})
+            client.result("session.create", {"sessionId": "big"})
+            prompt = "x" * (9 * 2**20)
+            return client.result("session.sendAndWait", {"sessionId": "big", "prompt": prompt})
+
+        answer = await asyncio.to_thread(converse)
+    assert answer["response"]["data"]["content"] == "done"
+    assert "unread" not in server.log.read_text()
+
+
+def test_s3_a_client_gets_a_large_frame_read_only_once_it_has_the_token(
+    start_server: StartServer,
+) -> None:
+    # Parsing a frame of tiny objects costs ~30x its size: before `connect` with the token,
+    # a frame past what a `connect` needs is refused before its body is read.
+    server = start_server(None, "--token", TOKEN)
+    params = {"message": "x" * 2**20}
+    large = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": params}
+    stranger = RawClient(server.port)
+    stranger.send(large)
+    answer = stranger.receive()
+    assert answer is not None and answer["error"]["code"] == PARSE_ERROR
+    assert stranger.receive() is None  # closed: the stream cannot be resynchronised
+    member = RawClient(server.port)
+    member.result("connect", {"token": TOKEN})
+    answer = member.request("ping", params)
+    assert answer["result"]["message"] == "pong: " + "x" * 2**20, str(answer)[:300]
 
 
 def _frame(message: Any) -> bytes:

@@ -64,12 +64,12 @@ async def test_e5_max_turns_caps_a_run_over_serve_and_comes_from_create_and_resu
 
         refused = RawClient(server.port)
         try:
-            answer = await asyncio.to_thread(
-                refused.request, "session.create", {**create, "sessionId": "none", "maxTurns": 0}
-            )
+            for turns in (0, True, 2.0, "3"):  # a whole number of turns, not coerced to one
+                bad = {**create, "sessionId": "none", "maxTurns": turns}
+                answer = await asyncio.to_thread(refused.request, "session.create", bad)
+                assert answer["error"]["code"] == INVALID_PARAMS, turns
         finally:
             refused.close()
-        assert answer["error"]["code"] == INVALID_PARAMS
 
 
 async def test_e5_the_native_remote_client_sends_max_turns(

@@ -109,6 +109,10 @@ async def test_ids_are_echoed_with_their_type(wired: Any, request_id: Any) -> No
         (b"{not json", PARSE_ERROR),
         (b"\xff\xfe", PARSE_ERROR),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "echo", "params": NaN}', PARSE_ERROR),
+        ('{"jsonrpc": "2.0", "id": 1, "method": "echo"}'.encode("utf-16"), PARSE_ERROR),
+        # Past a double's range: not read as infinity, which no JSON holds.
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"x": 1e400}}', PARSE_ERROR),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"x": -1E+999}}', PARSE_ERROR),
         (5, INVALID_REQUEST),
         ([], INVALID_REQUEST),
         ({"id": 1, "method": "echo"}, INVALID_REQUEST),  # no "jsonrpc"
@@ -232,6 +236,21 @@ async def test_issue15_3_requests_beyond_the_limit_are_refused_not_queued() -> N
         assert answers == {1, 2}
         raw.send({"jsonrpc": "2.0", "id": 8, "method": "echo", "params": {"x": 1}})
         assert (await raw.receive()) == {"jsonrpc": "2.0", "id": 8, "result": {"x": 1}}
+        # A batch's requests count one by one: one waiting and a batch of two are three.
+        service.released.clear()
+        raw.send({"jsonrpc": "2.0", "id": 9, "method": "wait"})
+        raw.send([{"jsonrpc": "2.0", "id": n, "method": "wait"} for n in (10, 11)])
+        assert (await raw.receive())["error"]["code"] == TOO_MANY_REQUESTS
+        raw.send([{"jsonrpc": "2.0", "id": 12, "method": "wait"}])  # two now: the limit
+        raw.send({"jsonrpc": "2.0", "id": 13, "method": "echo"})
+        assert (await raw.receive())["error"]["code"] == TOO_MANY_REQUESTS
+        service.released.set()
+        released = [await raw.receive() for _ in range(2)]
+        expected = [
+            {"jsonrpc": "2.0", "id": 9, "result": "released"},
+            [{"jsonrpc": "2.0", "id": 12, "result": "released"}],
+        ]
+        assert sorted(map(str, released)) == sorted(map(str, expected))
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

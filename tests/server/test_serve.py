@@ -216,6 +216,7 @@ def test_issue15_7_a_missing_database_driver_is_one_line_and_exit_1(tmp_path: Pa
         (["--lease-ttl", "0"], "error: Invalid value for '--lease-ttl'"),
         (["--lease-ttl", "inf"], "error: lease_ttl must be a positive, finite number"),
         (["--idle-timeout", "nan"], "error: Invalid value for '--idle-timeout'"),
+        (["--max-requests", "0"], "error: Invalid value for '--max-requests'"),
         (["--store", "mysql://x"], "error: cannot open a store from 'mysql://x'"),
     ],
 )

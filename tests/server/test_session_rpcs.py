@@ -464,6 +464,9 @@ async def test_k11_event_log_reads_by_cursor_and_long_polls_by_type(
         assert [e.type.value for e in rest.events] == ["session.info", "session.title_changed"]
         with pytest.raises(JsonRpcError, match="not a cursor"):
             await session.rpc.event_log.read(EventLogReadRequest(cursor="later"))
+        for digits in ("٣", "３", "𝟛"):  # decimal digits, but not ones a cursor holds
+            with pytest.raises(JsonRpcError, match="not a cursor"):
+                await session.rpc.event_log.read(EventLogReadRequest(cursor=digits))
         await session.disconnect()
 
 

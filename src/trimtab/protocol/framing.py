@@ -9,6 +9,7 @@ headers, in any case, with `\\n` or `\\r\\n` line ends: the reader accepts all o
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 __all__ = ["MAX_FRAME", "FramingError", "encode_frame", "read_frame"]
 
@@ -29,9 +30,15 @@ def encode_frame(body: bytes) -> bytes:
 
 
 async def read_frame(
-    reader: asyncio.StreamReader, *, max_size: int = MAX_FRAME, timeout: float | None = None
+    reader: asyncio.StreamReader,
+    *,
+    max_size: int | Callable[[], int] = MAX_FRAME,
+    timeout: float | None = None,
 ) -> bytes | None:
     """The body of the next frame, or None when the stream ends cleanly between frames.
+
+    `max_size` may be a function, asked once the frame's header has arrived: the limit may
+    change while the reader waits for a frame (a peer that authenticated meanwhile).
 
     Waiting for a frame to begin is not limited; once its first byte has arrived, its header
     must be complete within `timeout` seconds, and its body may not pause for longer than
@@ -52,8 +59,9 @@ async def read_frame(
             raise FramingError(f"a frame header took more than {timeout:g} s") from None
         if length is None:
             continue  # stray blank lines between frames are harmless
-        if length > max_size:
-            raise FramingError(f"Content-Length {length} exceeds the limit of {max_size} bytes")
+        limit = max_size() if callable(max_size) else max_size
+        if length > limit:
+            raise FramingError(f"Content-Length {length} exceeds the limit of {limit} bytes")
         return await _read_body(reader, length, timeout)
 
 

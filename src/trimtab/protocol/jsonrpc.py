@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -88,9 +89,10 @@ class Connection:
         cancellable: Methods whose running request a `$/cancelRequest` may cancel. Others run
             to completion: cancelling a handler halfway could leave work half done.
         max_frame: The largest frame body accepted.
-        max_output: Bytes of frames queued for the peer and not yet sent beyond which the
-            connection is closed (a peer that stopped reading); None: no limit. A single
-            frame is always sent when nothing else is waiting, however large.
+        max_output: Bytes of frames queued for the peer behind the one being written beyond
+            which the connection is closed (a peer that stopped reading); None: no limit. A
+            single frame is always queued when nothing else waits, however large, so at most
+            two frames and this many bytes are held.
         max_requests: The peer's requests that may run at once; more are answered with
             `TOO_MANY_REQUESTS`. None: no limit.
         frame_timeout: Seconds a frame's header may take once it has begun, and the longest
@@ -111,19 +113,26 @@ class Connection:
         self._reader = reader
         self._writer = writer
         self._cancellable = frozenset(cancellable)
-        self._max_frame = max_frame
+        self.max_frame = max_frame
+        """The largest frame body accepted from now on (a server lowers it until the peer
+        has authenticated)."""
         self._max_output = max_output
         self._max_requests = max_requests
         self._frame_timeout = frame_timeout
         self._outgoing: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._unsent = 0
-        """Bytes of frames queued or being written, until the transport took them."""
+        self._sizes: deque[int] = deque()
+        """The sizes of the frames not yet written, the one being written first."""
+        self._queued = 0
+        """Their total, but for the first: a peer's own large message, echoed to it, takes a
+        while to read without the peer having stopped."""
         self._last_active = asyncio.get_running_loop().time()
         self.peer = _peer_name(writer)
         """The peer's address, for logs."""
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._requests = 0
+        """The peer's requests in flight (a batch's each count)."""
         self._by_id: dict[str, asyncio.Task[None]] = {}
         self._cancelled: set[asyncio.Task[None]] = set()
         self._dispatch: Dispatch | None = None
@@ -201,10 +210,13 @@ class Connection:
             body = _encode(_error_response(_valid_id(message), error))
         frame = encode_frame(body)
         limit = self._max_output
-        if limit is not None and self._unsent and self._unsent + len(frame) > limit:
-            self.abort(f"it left more than {limit} bytes of output unread", level=logging.WARNING)
-            return
-        self._unsent += len(frame)
+        if self._sizes:  # behind another
+            if limit is not None and self._queued + len(frame) > limit:
+                reason = f"it left more than {limit} bytes of output unread"
+                self.abort(reason, level=logging.WARNING)
+                return
+            self._queued += len(frame)
+        self._sizes.append(len(frame))
         self._outgoing.put_nowait(frame)
 
     async def _write_loop(self) -> None:
@@ -214,7 +226,9 @@ class Connection:
                 await self._writer.drain()
             except (ConnectionError, OSError):
                 return  # the peer is gone; the reader will see the end of the stream too
-            self._unsent -= len(frame)
+            self._sizes.popleft()
+            if self._sizes:
+                self._queued -= self._sizes[0]  # the next one is first now
 
     # --- receiving -----------------------------------------------------------------------
 
@@ -237,7 +251,7 @@ class Connection:
         while True:
             try:
                 body = await read_frame(
-                    self._reader, max_size=self._max_frame, timeout=self._frame_timeout
+                    self._reader, max_size=lambda: self.max_frame, timeout=self._frame_timeout
                 )
             except FramingError as exc:
                 # Without a trustworthy length the stream cannot be resynchronised.
@@ -271,7 +285,9 @@ class Connection:
     def _receive(self, body: bytes) -> None:
         self._last_active = asyncio.get_running_loop().time()
         try:
-            message = json.loads(body, parse_constant=_no_constant)
+            # UTF-8, as the protocol is (`json.loads` of bytes would take UTF-16 and UTF-32).
+            text = body.decode()
+            message = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
         except (UnicodeDecodeError, ValueError) as exc:
             self._send(_error_response(None, RpcError(PARSE_ERROR, f"Parse error: {exc}")))
             return
@@ -298,33 +314,35 @@ class Connection:
                 error = RpcError(INVALID_REQUEST, "Invalid Request: empty batch")
                 self._send(_error_response(None, error))
             else:
-                self._spawn(self._answer_batch(message), None)
+                self._spawn(self._answer_batch(message), None, len(message))
             return
         key = None
         if isinstance(message, dict) and message.get("method") in self._cancellable:
             key = _id_key(message.get("id"))
-        self._spawn(self._answer_single(message), key)
+        self._spawn(self._answer_single(message), key, 1)
 
     def _over_limit(self, message: Any) -> bool:
         """Refuse a request (or batch) beyond `max_requests`, rather than queue it: a peer that
         sends faster than it is answered must not grow the server without bound."""
         limit = self._max_requests
-        size = len(message) if isinstance(message, list) else 1
-        if limit is None or len(self._tasks) < limit and size <= limit:
+        # A batch's requests count one by one: batches must not multiply the limit.
+        if limit is None or self._requests + _size(message) <= limit:
             return False
         if not _is_notification(message):
             error = RpcError(TOO_MANY_REQUESTS, f"Too many requests: more than {limit} at once")
             self._send(_error_response(_valid_id(message), error))
         return True
 
-    def _spawn(self, work: Awaitable[None], key: str | None) -> None:
+    def _spawn(self, work: Awaitable[None], key: str | None, requests: int) -> None:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
+        self._requests += requests
         if key is not None:
             self._by_id[key] = task
 
         def done(finished: asyncio.Task[None]) -> None:
             self._last_active = asyncio.get_running_loop().time()
+            self._requests -= requests
             self._tasks.discard(finished)
             self._cancelled.discard(finished)
             if key is not None and self._by_id.get(key) is finished:
@@ -402,6 +420,10 @@ class Connection:
             task.cancel()
 
 
+def _size(message: Any) -> int:
+    return len(message) if isinstance(message, list) else 1
+
+
 def _peer_name(writer: asyncio.StreamWriter) -> str:
     peer = writer.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
@@ -450,6 +472,15 @@ def _parse_request(message: Any) -> tuple[str, Params, Any]:
 def _no_constant(name: str) -> Any:
     # Python's json accepts NaN and Infinity; JSON does not.
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    # A number past a double's range (1e400) would be read as infinity, which no JSON holds:
+    # stored as null, or failing every request that carries it.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
 
 
 def _id_key(request_id: Any) -> str | None:

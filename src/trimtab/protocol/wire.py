@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
 from pydantic.alias_generators import to_camel
 
 from trimtab._tools import TOOL_NAME
@@ -222,10 +222,10 @@ class SessionOptionsParams(SessionParams):
     default_agent: DefaultAgent | None = None
     infinite_sessions: WireInfiniteSessions | None = None
     request_permission: bool = False
-    hooks: bool = False
+    hooks: StrictBool = False  # not "yes"
     mcp_servers: Json | None = None
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
-    max_turns: int | None = Field(default=None, ge=1)
+    max_turns: StrictInt | None = Field(default=None, ge=1)  # not true, nor 2.0
     """A trimtab extension: the model calls one run may make (spec E5); on `session.resume`
     it replaces the session's own."""
 

@@ -65,10 +65,14 @@ class OpenAIProvider:
         """Answer one request; raise `ProviderError` on any failure."""
         with provider_errors():
             model = self._client.model(request.model)
+            try:
+                body = _body(request, model)
+            except ValueError as exc:  # not the server's answer: what this side would send
+                raise ProviderError(
+                    "bad_request", f"the request cannot be written: {exc}"
+                ) from None
             if not request.stream:
-                answer = await self._client.post(
-                    _body(request, model), model=model, headers=request.headers
-                )
+                answer = await self._client.post(body, model=model, headers=request.headers)
                 try:
                     completion = json.loads(answer)
                 except ValueError:
@@ -76,9 +80,7 @@ class OpenAIProvider:
                     raise unexpected_answer(text, "a chat completion in JSON") from None
                 yield _parse_completion(completion)
                 return
-            response = await self._client.open_stream(
-                _body(request, model), model=model, headers=request.headers
-            )
+            response = await self._client.open_stream(body, model=model, headers=request.headers)
             async for event in fold_stream(
                 stream_events(response),
                 _StreamState(),

@@ -196,6 +196,13 @@ def _parser(prog: str) -> _Parser:
         help="Output a client may leave unread before it is disconnected.",
     )
     option(
+        "--max-requests",
+        metavar="N",
+        type=_int_range(1),
+        default=1000,
+        help="Requests a client may have in flight; more are refused (-32004).",
+    )
+    option(
         "--connect-timeout",
         metavar="SECONDS",
         type=_positive,
@@ -283,6 +290,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.se
         "store_timeout": flags["store_timeout"],
         "max_connections": flags["max_connections"],
         "max_output": flags["max_output"],
+        "max_requests": flags["max_requests"],
         "connect_timeout": flags["connect_timeout"],
         "idle_timeout": flags["idle_timeout"],
         "frame_timeout": flags["frame_timeout"],

@@ -57,6 +57,9 @@ from trimtab.server.hub import SessionHub, SharedSession
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
 
+UNAUTHENTICATED_FRAME = 64 * 1024
+"""The largest frame read from a client before it has presented the token."""
+
 CANCELLABLE = frozenset({"session.sendAndWait"})
 """Requests a `$/cancelRequest` may cancel: only waiting, which is safe to stop halfway."""
 
@@ -92,6 +95,11 @@ class CopilotConnection:
         self._hub = hub
         self._token = token
         self._authenticated = token is None
+        self._max_frame = conn.max_frame
+        if not self._authenticated:
+            # Parsing a frame costs many times its size (tiny objects): a client that has
+            # not presented the token gets no more than a `connect` needs.
+            conn.max_frame = min(conn.max_frame, UNAUTHENTICATED_FRAME)
         self._connect_timeout = connect_timeout
         self._idle_timeout = idle_timeout
         self._methods: dict[str, Method] = {
@@ -193,6 +201,7 @@ class CopilotConnection:
             if given is None or not hmac.compare_digest(_raw(given), _raw(self._token)):
                 raise _auth_failed()
             self._authenticated = True
+            self._conn.max_frame = self._max_frame
             self._hub.join(self._conn)
         return ConnectResult(version=__version__)
 

@@ -109,6 +109,7 @@ def _position(cursor: str | None) -> int:
     """The number of stored events a cursor stands after."""
     if cursor is None:
         return 0
-    if not cursor.isdecimal() or len(cursor) > 18:
+    # ASCII digits only: `isdecimal` (and `int`) also take "٣", "３" and "𝟛".
+    if not (cursor.isascii() and cursor.isdecimal()) or len(cursor) > 18:
         raise ValueError(f"not a cursor of this server: {cursor[:40]!r}")
     return int(cursor)
