@@ -455,7 +455,7 @@ class Runner:
         except Exception as exc:
             # The store failed or the lease was lost: nothing more can be logged, but no
             # waiter may hang, here or in a host following the session.
-            self._failed(exc, item.message_id)
+            self._failed(exc, item.message_id, logged=True)
             return
         finally:
             self._current = self._running = None
@@ -478,23 +478,30 @@ class Runner:
         end (`_loop.end_of_failed_run`)."""
         return _loop.end_of_failed_run if self._store_failed else None
 
-    def _failed(self, exc: Exception, message_id: str) -> None:
+    def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
+        """A run that could not go on (`logged`: its `user.message` is in the log)."""
         self._store_failed = True
         cause = _cause(exc)
-        if isinstance(cause, LeaseLostError):
+        lost = isinstance(cause, LeaseLostError)
+        if lost:
             self.session.ownership.lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
         if self._ledger is not None:
             self._ledger.fail(message_id, cause)
         # Delivered, not stored (the store is what failed): the run still ends in a typed
         # error and one idle for whoever watches (spec E1).
-        error_type = "lease_lost" if isinstance(cause, LeaseLostError) else "store"
         data = SessionErrorData(
-            error_type=error_type,
+            error_type="lease_lost" if lost else "store",
             message=valid_text(f"{type(cause).__name__}: {cause}"),
             retryable=True,
             originating_message_id=message_id,
         )
+        if lost and logged:
+            # The run is in the log, which its new owner ends: the one idle comes with that
+            # end, as this runtime follows it (E5). Said before it, or not at all once it came.
+            if self.log.state.run_id is not None:
+                self.log.subscribers.deliver(SessionErrorEvent(data=data, ephemeral=True))
+            return
         self.log.subscribers.deliver(SessionErrorEvent(data=data, ephemeral=True))
         self.log.subscribers.deliver(SessionIdleEvent())
 
