@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -214,3 +215,23 @@ async def test_k9_clearing_the_queue_removes_waiting_messages_only(client: Clien
     changes = rec.of("pending_messages.modified")
     assert len(changes) == 3 and changes[-1].data.removed == removed
     assert await session.clear_pending_messages() == []
+
+
+async def test_k5_c11_shutdown_from_a_tool_handler_completes(client: Client) -> None:
+    # As `disconnect()`: the abort cancels the handler that asked, and the shutdown goes on.
+    async def quit_session(params: Any, invocation: ToolInvocation) -> str:
+        await invocation.session.shutdown(reason="the tool ended it")
+        return "never returned"
+
+    model = ScriptedModel([tool_call("quit_session")])
+    session = await open_session(client, model, define_tool("quit_session", handler=quit_session))
+    rec = Recorder(session)
+    await asyncio.wait_for(session.send_and_wait("go"), 10)  # aborted: no reply
+    await asyncio.wait_for(rec.wait_for("session.shutdown"), 10)
+    for _ in range(100):
+        if session.closed:
+            break
+        await asyncio.sleep(0.05)
+    assert session.closed
+    types = [e.type for e in rec.events]
+    assert types[-3:] == ["abort", "session.idle", "session.shutdown"], types

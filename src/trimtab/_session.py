@@ -110,6 +110,7 @@ class Session:
         "_log",
         "_owner",
         "_runner",
+        "_shutting",
         "history",
         "ownership",
         "session_id",
@@ -141,6 +142,7 @@ class Session:
         self.history = History(self._runner, owner)
         self._owner = owner
         self._closing: asyncio.Task[None] | None = None
+        self._shutting: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
@@ -478,8 +480,19 @@ class Session:
     ) -> None:
         """End the session for good (spec K5): abort any run, log `session.shutdown` with
         what the session spent, then `disconnect()`. The log stays; a later resume opens the
-        session again."""
+        session again. From a tool handler of this session, as `disconnect()`: the handler
+        is cancelled, and the shutdown completes."""
         log = self._writable()
+        if self._shutting is None:
+            # A task of its own: the abort cancels the handler that may be calling this.
+            self._shutting = asyncio.get_running_loop().create_task(
+                self._shut_down(log, kind, reason), name=f"trimtab-shutdown-{self.session_id}"
+            )
+        await asyncio.shield(self._shutting)
+
+    async def _shut_down(
+        self, log: SessionLog, kind: Literal["routine", "error"], reason: str | None
+    ) -> None:
         await self.abort()
         metrics = await self.metrics()
         data = ShutdownData(
