@@ -847,3 +847,44 @@ async def test_a_session_deleted_elsewhere_still_disconnects_and_stop_closes_the
                 on_permission_request=PermissionHandler.approve_all,
             )
             assert not resumed.is_remote  # its lease was released
+
+
+# --- P3, W2: a run left interrupted is brought to rest by the next input -----------------------
+
+
+async def test_p3_a_send_after_a_resume_without_continuing_closes_the_interrupted_run(
+    durable: Store,
+) -> None:
+    """Before, the new run started inside the interrupted one, whose turn never ended."""
+    faulty = FaultyStore(durable)
+    doomed = Client(store=faulty, lease_ttl=0.3, poll_interval=0.05)
+    started = asyncio.Event()
+
+    async def hang(params: Any) -> str:
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    model = ScriptedModel([tool_call("hang")])
+    session = await open_session(doomed, model, define_tool("hang", handler=hang))
+    await session.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    faulty.crash()  # the runtime dies with the turn open and the call running
+    await asyncio.sleep(0.4)  # its lease lapses
+    async with Client(store=durable) as client:
+        resumed = await client.resume_session(
+            session.session_id,
+            provider=ScriptedModel(["next reply"]),
+            tools=[define_tool("hang", handler=hang)],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        reply = await asyncio.wait_for(resumed.send_and_wait("next"), 10)
+        log = await resumed.get_events()
+    assert reply is not None and reply.data.content == "next reply"
+    assert_one_chain(log)
+    assert_calls_complete(log)
+    starts = [e.data.turn_id for e in log if e.type == "assistant.turn_start"]
+    ends = [e.data.turn_id for e in log if e.type == "assistant.turn_end"]
+    assert sorted(starts) == sorted(ends)
+    types = [e.type for e in log]
+    assert types.index("abort") < types.index("user.message", types.index("abort"))

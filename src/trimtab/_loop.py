@@ -92,7 +92,7 @@ __all__ = [
     "cancelled",
     "awaited_by",
     "current_tool_call",
-    "end_of_failed_run",
+    "end_of_interrupted_run",
     "run",
     "user_message",
 ]
@@ -739,7 +739,8 @@ def at_rest(state: SessionState) -> list[Event]:
     return events
 
 
-def end_of_failed_run(state: SessionState) -> list[Event]:
-    """Before a new input's message: a run the store failed under is still open in the log
-    (its end could not be stored), so it is brought to rest first, ended as aborted."""
+def end_of_interrupted_run(state: SessionState) -> list[Event]:
+    """Before a new input's message: a run still open in the log is one nothing runs any
+    more (the store failed under it, W2, or a crash interrupted it and the session was
+    resumed without continuing it, P3), so it is brought to rest first, ended as aborted."""
     return at_rest(state) if state.run_id is not None else []

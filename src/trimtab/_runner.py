@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from trimtab import _loop
 from trimtab._errors import LeaseLostError, TrimtabError
 from trimtab._hooks import Hooks
-from trimtab._log import SessionLog, Settle
+from trimtab._log import SessionLog
 from trimtab._loop import LoopState
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._runs import RunEnd, RunLedger
@@ -120,7 +120,6 @@ class Runner:
         "_ledger",
         "_ledger_users",
         "_stop_ledger",
-        "_store_failed",
         "_permission_handler",
         "_provider",
         "_queue",
@@ -165,7 +164,6 @@ class Runner:
         self._ledger: RunLedger | None = None
         self._ledger_users = 0
         self._stop_ledger: Callable[[], None] | None = None
-        self._store_failed = False
         """A run ended because the store failed: its end is not in the log yet."""
         self.closed = False
 
@@ -320,8 +318,7 @@ class Runner:
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
                 message = _message(prompt, message_id, attached)
-                await log_.emit_unlocked((message,), first=self._after_failure())
-                self._store_failed = False
+                await log_.emit_unlocked((message,), first=_loop.end_of_interrupted_run)
                 pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
                 self._queue.append(pending)
             else:
@@ -437,8 +434,7 @@ class Runner:
                 # (claiming it in the inbox) before its run can be stopped.
                 message = _message(item.prompt, item.message_id, item.attached)
                 events = (message, PendingMessagesModifiedEvent())
-                await self.log.emit_all(events, first=self._after_failure())
-                self._store_failed = False
+                await self.log.emit_all(events, first=_loop.end_of_interrupted_run)
                 item.appended = True
         except Exception as exc:
             self._running = None
@@ -473,14 +469,8 @@ class Runner:
             parent=item.parent,
         )
 
-    def _after_failure(self) -> Settle | None:
-        """What a new input stores first: after a run that the store failed under here, its
-        end (`_loop.end_of_failed_run`)."""
-        return _loop.end_of_failed_run if self._store_failed else None
-
     def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
         """A run that could not go on (`logged`: its `user.message` is in the log)."""
-        self._store_failed = True
         cause = _cause(exc)
         lost = isinstance(cause, LeaseLostError)
         if lost:
