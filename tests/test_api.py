@@ -15,7 +15,14 @@ from pydantic import BaseModel
 
 import trimtab
 from tests.conftest import open_session
-from trimtab import Client, PermissionHandler, ToolInvocation, define_tool, events
+from trimtab import (
+    Client,
+    PermissionHandler,
+    SessionNotFoundError,
+    ToolInvocation,
+    define_tool,
+    events,
+)
 from trimtab.testing import ScriptedModel, tool_call
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -302,3 +309,13 @@ async def test_a_tool_the_log_cannot_hold_as_given_is_refused(
     with pytest.raises(ValueError, match="NaN or infinity"):
         await client.create_session(provider=ScriptedModel(), tools=[tool])
     assert await client.list_sessions() == before
+
+
+async def test_one_sessions_record_is_read_alone(client: Client) -> None:
+    session = await client.create_session(provider=ScriptedModel())
+    await client.create_session(provider=ScriptedModel())
+    record = await client.get_session_record(session.session_id)
+    listed = {r.session_id: r for r in await client.list_sessions()}
+    assert record == listed[session.session_id]
+    with pytest.raises(SessionNotFoundError):
+        await client.get_session_record("no-such-session")

@@ -317,6 +317,11 @@ class Client:
         """Every stored session, most recently active first."""
         return await (await self._open_store()).list_sessions()
 
+    async def get_session_record(self, session_id: str) -> SessionRecord:
+        """One stored session's record, as `list_sessions` gives it, read alone; raises
+        `SessionNotFoundError` for an unknown id."""
+        return await (await self._open_store()).get(_checked_id(session_id))
+
     async def delete_session(self, session_id: str) -> None:
         """Disconnect the session if open here, then delete its log."""
         if (session := self._sessions.get(session_id)) is not None:

@@ -54,6 +54,7 @@ from trimtab.protocol.wire import (
 )
 from trimtab.server.attachments import with_attachments
 from trimtab.server.hub import SessionHub, SharedSession
+from trimtab.store import SessionRecord
 
 __all__ = ["CANCELLABLE", "CopilotConnection"]
 
@@ -298,8 +299,11 @@ class CopilotConnection:
 
     async def _get_metadata(self, params: dict[str, Any]) -> dict[str, Any]:
         session_id = SessionParams.model_validate(params).session_id
-        found = [m for m in await self._metadata() if m.session_id == session_id]
-        return {"session": dump(found[0])} if found else {}
+        try:
+            record = await self._hub.client.get_session_record(session_id)
+        except SessionNotFoundError:
+            return {}
+        return {"session": dump(self._metadata_of(record))}
 
     async def _get_last_id(self, params: dict[str, Any]) -> SessionIdResult:
         sessions = await self._metadata()
@@ -307,11 +311,12 @@ class CopilotConnection:
 
     async def _metadata(self) -> list[SessionMetadata]:
         """Every stored session, most recently active first."""
-        return [
-            # Remote: run by another runtime sharing the store (spec R1).
-            metadata_of(r, is_remote=r.lease_owner is not None and not self._hub.runs(r.session_id))
-            for r in await self._hub.client.list_sessions()
-        ]
+        return [self._metadata_of(r) for r in await self._hub.client.list_sessions()]
+
+    def _metadata_of(self, record: SessionRecord) -> SessionMetadata:
+        # Remote: run by another runtime sharing the store (spec R1).
+        remote = record.lease_owner is not None and not self._hub.runs(record.session_id)
+        return metadata_of(record, is_remote=remote)
 
     async def _delete(self, params: dict[str, Any]) -> SuccessResult:
         session_id = SessionParams.model_validate(params).session_id

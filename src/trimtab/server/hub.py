@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from trimtab import Client, Session, SessionNotFoundError, Tool
+from trimtab import Client, Session, Tool
 from trimtab.events import Event, SessionResumeData, SessionResumeEvent, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
@@ -273,10 +273,7 @@ class SessionHub:
         return shared
 
     async def _event_count(self, session_id: str) -> int:
-        for record in await self.client.list_sessions():
-            if record.session_id == session_id:
-                return record.event_count
-        raise SessionNotFoundError(session_id)
+        return (await self.client.get_session_record(session_id)).event_count
 
     async def release(self, peer: Connection, session_id: str, *, linger: bool = False) -> None:
         """Detach `peer`; the last one out disconnects the session (its log stays).

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trimtab import Session
+from trimtab import Session, SessionNotFoundError
 from trimtab.events import SessionCompactionCompleteEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND
 from trimtab.protocol.jsonrpc import Connection, RpcError
@@ -152,7 +152,11 @@ class _SessionRpc:
         return ForkResult(session_id=fork.session_id, name=fork.name)
 
     async def _stored(self, session_id: str) -> bool:
-        return any(r.session_id == session_id for r in await self._hub.client.list_sessions())
+        try:
+            await self._hub.client.get_session_record(session_id)
+        except SessionNotFoundError:
+            return False
+        return True
 
     # --- notes, usage, activity ------------------------------------------------------------
 
