@@ -212,3 +212,73 @@ async def test_m1_a_slow_answer_inside_the_deadline_is_not_cut(replay: ReplaySer
 
     assert events[-1].kind == "response"
     assert time.monotonic() - started >= 0.3
+
+
+# --- what the stall timeout measures ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_m1_the_consumers_time_between_events_is_no_stall(
+    replay: ReplayServer, family: str
+) -> None:
+    # The stream waits for its consumer (the session's handlers) between events: only the
+    # waits for the server count against `stall_timeout`.
+    model = provider(family, replay.root_url, stall_timeout=0.2)
+    request = ModelRequest(
+        model="test-model", messages=(Message(role="user", content="Say hello"),), stream=True
+    )
+    kinds = []
+    async for event in model.stream(request):
+        kinds.append(event.kind)
+        await asyncio.sleep(0.3)  # longer than the stall timeout, between two events
+    await model.aclose()
+    assert kinds[-1] == "response" and len(kinds) > 2
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_m1_an_abort_during_a_wait_is_a_cancellation_not_a_timeout(
+    replay: ReplayServer, family: str
+) -> None:
+    replay.stall_next(30.0, after=2)
+    model = provider(family, replay.root_url, stall_timeout=DEADLINE)
+    request = ModelRequest(
+        model="test-model", messages=(Message(role="user", content="Say hello"),), stream=True
+    )
+
+    async def consume() -> None:
+        async for _ in model.stream(request):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    await asyncio.sleep(DEADLINE / 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await model.aclose()
+    # The task's cancellation was its own: nothing of the stall watch was left on it.
+    assert task.cancelled()
+
+
+async def test_m1_a_stall_after_many_events_still_ends_the_stream(
+    replay: ReplayServer,
+) -> None:
+    # The watch is armed once per stall timeout, not per event: a stream that ran long
+    # before stalling is caught as fast as one that stalls at once.
+    replay.stall_next(30.0, after=6)
+    model = provider("chat", replay.root_url, stall_timeout=DEADLINE, timeout=60.0)
+    started = time.monotonic()
+    await timed_out(model, stream=True, bound=DEADLINE)
+    assert time.monotonic() - started < DEADLINE + MARGIN + 1
+
+
+async def test_m1_a_stall_leaves_the_task_as_it_found_it(replay: ReplayServer) -> None:
+    # The stall is the watch's own cancellation, taken back: a timeout the caller sets later
+    # in the same task still reads as a timeout, not as a cancellation.
+    replay.stall_next(30.0, after=2)
+    model = provider("chat", replay.root_url, stall_timeout=0.3, timeout=60.0)
+    await timed_out(model, stream=True, bound=0.3)
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await asyncio.sleep(1)

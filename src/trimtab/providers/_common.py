@@ -20,7 +20,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from trimtab._errors import ProviderError, ProviderErrorType
@@ -108,11 +108,13 @@ async def fold_stream(
     `close` releases the connection however the stream ends, including when the consumer
     stops early.
     """
+    watch: _StallWatch[_Event] = _StallWatch(stall_timeout)
     try:
-        while (event := await _next_event(events, stall_timeout)) is not None:
+        while (event := await watch.next(events)) is not None:
             for delta in fold.add(event):
                 yield delta
     finally:
+        watch.stop()
         await close()
     yield fold.response()
 
@@ -163,24 +165,93 @@ async def require_event_stream(response: HttpResponse) -> None:
     raise unexpected_answer(parsed, f"an event stream, got {content_type or 'no content type'}")
 
 
-async def _next_event(events: AsyncIterator[_Event], stall_timeout: float | None) -> _Event | None:
-    """The next event, or None at the end; a stall or a dropped connection is a typed error."""
-    try:
-        async with asyncio.timeout(stall_timeout):
-            return await anext(events)
-    except StopAsyncIteration:
-        return None
-    except TimeoutError:
-        raise ProviderError(
-            "timeout", f"the stream stalled: no data for {stall_timeout} s", retryable=True
-        ) from None
-    except Exception as exc:
-        # Once the stream has started the client libraries no longer retry, and `openai` wraps
-        # a dropped connection as if the host had never been reached: say what happened.
-        failure = transport_failure(exc, mid_stream=True)
-        if failure is None:
-            raise
-        raise failure from exc
+class _StallWatch(Generic[_Event]):
+    """A stream's stall timeout: no wait for its next event may last `seconds` (the time its
+    consumer takes between events does not count, and a keep-alive comment is no event).
+
+    One timer per `seconds`, not per event: it cancels the wait once it has lasted that
+    long, as `asyncio.timeout` would, but a timeout per event cost each streamed delta ~4 µs
+    (docs/performance.md, streaming). The timer fires only while the stream is waited for,
+    so its cancellation reaches the wait, which turns it into a `timeout`; a cancellation
+    from anyone else (an abort) still wins.
+    """
+
+    __slots__ = ("_fired", "_seconds", "_since", "_task", "_timer")
+
+    def __init__(self, seconds: float | None) -> None:
+        self._seconds = seconds
+        self._since: float | None = None
+        """When the wait in progress began; None between waits."""
+        self._task: asyncio.Task[object] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._fired = False
+
+    async def next(self, events: AsyncIterator[_Event]) -> _Event | None:
+        """The next event, or None at the end; a stall or a dropped connection is a typed
+        error."""
+        loop = asyncio.get_running_loop()
+        seconds = self._seconds
+        if seconds is not None:
+            self._task = asyncio.current_task()
+            self._since = loop.time()
+            if self._timer is None:
+                self._timer = loop.call_at(self._since + seconds, self._check)
+        failure: BaseException | None = None
+        event: _Event | None = None
+        try:
+            event = await anext(events)
+        except StopAsyncIteration:
+            pass
+        except BaseException as exc:  # (re-raised below, or replaced by the stall)
+            failure = exc
+        finally:
+            self._since = None
+        if isinstance(failure, TimeoutError) and not self._fired:
+            raise _stalled(seconds) from None
+        if self._fired:
+            self._fired = False
+            assert self._task is not None
+            if self._task.uncancel() > 0:  # cancelled by someone else too
+                raise (
+                    failure
+                    if isinstance(failure, asyncio.CancelledError)
+                    else asyncio.CancelledError()
+                )
+            raise _stalled(seconds) from None
+        if failure is not None:
+            # Once the stream has started the client libraries no longer retry, and `openai`
+            # wraps a dropped connection as if the host had never been reached: say what
+            # happened.
+            mapped = (
+                transport_failure(failure, mid_stream=True)
+                if isinstance(failure, Exception)
+                else None
+            )
+            if mapped is None:
+                raise failure
+            raise mapped from failure
+        return event
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        loop = asyncio.get_running_loop()
+        now, since = loop.time(), self._since
+        assert self._seconds is not None
+        if since is not None and now - since >= self._seconds and self._task is not None:
+            self._timer = None
+            self._fired = True
+            self._task.cancel()  # reaches the wait: the task is suspended in it
+            return
+        start = now if since is None else since
+        self._timer = loop.call_at(start + self._seconds, self._check)
+
+
+def _stalled(seconds: float | None) -> ProviderError:
+    return ProviderError("timeout", f"the stream stalled: no data for {seconds} s", retryable=True)
 
 
 # --- failures -----------------------------------------------------------------------------
