@@ -67,6 +67,7 @@ class SessionLog:
 
     __slots__ = (
         "_idle_delivered",
+        "idle_given",
         "_unsure",
         "_writing",
         "claimed",
@@ -96,6 +97,9 @@ class SessionLog:
         """An append was given up on: the log may hold more than the state has applied."""
         self._idle_delivered = False
         """While following: the idle of the owner's last run was delivered from its log."""
+        self.idle_given: str | None = None
+        """A run of this runtime whose idle was delivered here before its end was in the log
+        (the lease was lost under it): the end, when it comes, brings no second one (E1)."""
 
     @property
     def writable(self) -> bool:
@@ -221,13 +225,17 @@ class SessionLog:
         if isinstance(event, SessionIdleEvent) and self._idle_delivered:
             self._idle_delivered = False
             return
+        run = self.state.run_id
         ended = not event.ephemeral and self.state.apply(event)
         if not event.ephemeral:
             # (A live notice of no run, such as the queue's, may come between a run's end
             # and the owner's idle: that idle is still the one already delivered.)
             self._idle_delivered = False
         self.subscribers.deliver(event)
-        if ended:
+        if ended and run is not None and run == self.idle_given:
+            self.idle_given = None
+            self._idle_delivered = True  # (so is the owner's, if it comes)
+        elif ended:
             aborted = isinstance(event, AbortEvent) or None
             self.subscribers.deliver(SessionIdleEvent(data=SessionIdleData(aborted=aborted)))
             self._idle_delivered = True

@@ -61,11 +61,14 @@ from trimtab.events import (
     SessionContextClearedEvent,
     SessionErrorData,
     SessionErrorEvent,
+    SessionIdleData,
+    SessionIdleEvent,
     SessionUsageInfoEvent,
     ToolExecutionCompleteData,
     ToolExecutionCompleteEvent,
     ToolExecutionStartData,
     ToolExecutionStartEvent,
+    ToolOutcome,
     ToolRequest,
     ToolResultContent,
     ToolResultError,
@@ -92,6 +95,7 @@ __all__ = [
     "cancelled",
     "awaited_by",
     "current_tool_call",
+    "end_of_failed_run",
     "end_of_interrupted_run",
     "run",
     "user_message",
@@ -726,7 +730,8 @@ def at_rest(state: SessionState) -> list[Event]:
     """The events that bring a log to rest without running anything (a fork is inert; a
     run the store failed under is ended before the next starts): calls left unfinished end
     `cancelled`, an open turn is closed, a committed clear's seed is kept in the window, and
-    a run left in progress ends as aborted."""
+    a run left in progress ends as aborted, unless closing its turn ends it (the model had
+    answered for good; only the turn's end was not stored)."""
     events: list[Event] = [
         cancelled(call_id, start.tool_name) for call_id, start in state.unfinished_calls.items()
     ]
@@ -734,13 +739,34 @@ def at_rest(state: SessionState) -> list[Event]:
         events.append(AssistantTurnEndEvent(data=TurnData(turn_id=state.open_turn)))
     if state.pending_seed is not None and not state.seed_recorded:
         events.append(user_message(state.pending_seed, new_id(), "context_cleared"))
-    if state.run_id is not None:
+    if state.run_id is not None and not _closing_ends_run(state):
         events.append(AbortEvent())
     return events
 
 
-def end_of_interrupted_run(state: SessionState) -> list[Event]:
-    """Before a new input's message: a run still open in the log is one nothing runs any
-    more (the store failed under it, W2, or a crash interrupted it and the session was
-    resumed without continuing it, P3), so it is brought to rest first, ended as aborted."""
+def _closing_ends_run(state: SessionState) -> bool:
+    """Whether closing the open turn, its unfinished calls `cancelled`, ends its run."""
+    batch = state.batch
+    if state.open_turn is None or batch is None:
+        return False
+    outcomes: dict[str, ToolOutcome] = dict.fromkeys(state.unfinished_calls, "cancelled")
+    closed = batch.model_copy(update={"outcomes": {**batch.outcomes, **outcomes}})
+    return closed.ends_run() is True
+
+
+def end_of_failed_run(state: SessionState) -> list[Event]:
+    """Before a new input's message: a run the store failed under here is still open in the
+    log (its end could not be stored; its error and idle were delivered then, W2), so it is
+    brought to rest first, ended as aborted."""
     return at_rest(state) if state.run_id is not None else []
+
+
+def end_of_interrupted_run(state: SessionState) -> list[Event]:
+    """Before a new input's message: a run a crash interrupted, which the session was resumed
+    without continuing (P3), is brought to rest first, ended as aborted, with its one idle
+    (E1)."""
+    if state.run_id is None:
+        return []
+    events = at_rest(state)
+    aborted = isinstance(events[-1], AbortEvent) or None
+    return [*events, SessionIdleEvent(data=SessionIdleData(aborted=aborted))]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from trimtab import _loop
 from trimtab._errors import LeaseLostError, TrimtabError
 from trimtab._hooks import Hooks
-from trimtab._log import SessionLog
+from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._runs import RunEnd, RunLedger
@@ -124,6 +124,7 @@ class Runner:
         "_provider",
         "_queue",
         "_running",
+        "_store_failed",
         "_worker",
         "approve_all",
         "closed",
@@ -161,6 +162,8 @@ class Runner:
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunEnd] | None = None
         self._running: Pending | None = None
+        self._store_failed = False
+        """The last run failed under a store error here: its idle was delivered then."""
         self._ledger: RunLedger | None = None
         self._ledger_users = 0
         self._stop_ledger: Callable[[], None] | None = None
@@ -318,7 +321,10 @@ class Runner:
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
                 message = _message(prompt, message_id, attached)
-                await log_.emit_unlocked((message,), first=_loop.end_of_interrupted_run)
+                if self._interrupted():
+                    await log_.emit_unlocked((), first=_loop.end_of_interrupted_run)
+                await log_.emit_unlocked((message,), first=self._first())
+                self._store_failed = False
                 pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
                 self._queue.append(pending)
             else:
@@ -434,7 +440,10 @@ class Runner:
                 # (claiming it in the inbox) before its run can be stopped.
                 message = _message(item.prompt, item.message_id, item.attached)
                 events = (message, PendingMessagesModifiedEvent())
-                await self.log.emit_all(events, first=_loop.end_of_interrupted_run)
+                if self._interrupted():
+                    await self.log.emit_all((), first=_loop.end_of_interrupted_run)
+                await self.log.emit_all(events, first=self._first())
+                self._store_failed = False
                 item.appended = True
         except Exception as exc:
             self._running = None
@@ -469,8 +478,21 @@ class Runner:
             parent=item.parent,
         )
 
+    def _first(self) -> Settle | None:
+        """What a new input stores with its message: the end of the run the store failed
+        under here (its error and idle were delivered then), in the same append."""
+        return _loop.end_of_failed_run if self._store_failed else None
+
+    def _interrupted(self) -> bool:
+        """The log holds a run nothing here runs or ran (a crash interrupted it, and the
+        session was resumed without continuing it, P3): a new input ends it first, with its
+        idle, in an append of their own (the idle comes right after the run's end there, for
+        whoever follows the log: after a batch's stored events, it would come late)."""
+        return not self._store_failed and self.log.state.run_id is not None
+
     def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
         """A run that could not go on (`logged`: its `user.message` is in the log)."""
+        self._store_failed = True
         cause = _cause(exc)
         lost = isinstance(cause, LeaseLostError)
         if lost:
@@ -487,11 +509,11 @@ class Runner:
             originating_message_id=message_id,
         )
         if lost and logged:
-            # The run is in the log, which its new owner ends: the one idle comes with that
-            # end, as this runtime follows it (E5). Said before it, or not at all once it came.
-            if self.log.state.run_id is not None:
-                self.log.subscribers.deliver(SessionErrorEvent(data=data, ephemeral=True))
-            return
+            # The run is in the log, which its new owner ends as this runtime follows it (E5):
+            # its one idle is this one, or, once that end came already, the one it brought.
+            if (run := self.log.state.run_id) is None:
+                return
+            self.log.idle_given = run
         self.log.subscribers.deliver(SessionErrorEvent(data=data, ephemeral=True))
         self.log.subscribers.deliver(SessionIdleEvent())
 
