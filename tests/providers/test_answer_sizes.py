@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -92,14 +93,14 @@ class EndlessServer(LocalServer):
 PROVIDERS = ["openai", "responses", "anthropic"]
 
 
-async def _answer(server: EndlessServer, *, stream: bool) -> tuple[ProviderError, int]:
-    """The error a provider's call against `server` ends with, and its peak traced memory."""
+async def _answer(server: LocalServer, provider: str, *, stream: bool) -> tuple[ProviderError, int]:
+    """The error a `provider` call against `server` ends with, and its peak traced memory."""
     config: dict[str, object] = {"api_key": "k", "timeout": 60, "max_retries": 0}
-    if server.provider == "anthropic":
+    if provider == "anthropic":
         config |= {"type": "anthropic", "base_url": server.root_url}
     else:
         config |= {"type": "openai", "base_url": f"{server.root_url}/v1"}
-        config["wire_api"] = "responses" if server.provider == "responses" else "completions"
+        config["wire_api"] = "responses" if provider == "responses" else "completions"
     model = make_provider(ProviderConfig.model_validate(config))
     request = ModelRequest(model="m", messages=(Message(role="user", content="hi"),), stream=stream)
     tracemalloc.start()
@@ -120,7 +121,7 @@ async def test_m3_an_endless_unstreamed_answer_is_a_bad_response_past_the_limit(
     provider: str,
 ) -> None:
     async with EndlessServer(provider, 200, "json") as server:
-        error, peak = await _answer(server, stream=False)
+        error, peak = await _answer(server, provider, stream=False)
     assert error.error_type == "bad_response"
     assert f"larger than {MAX_ANSWER_BYTES} bytes" in error.message
     assert peak < 3 * MAX_ANSWER_BYTES
@@ -130,7 +131,7 @@ async def test_m3_an_endless_unstreamed_answer_is_a_bad_response_past_the_limit(
 @pytest.mark.parametrize("stream", [False, True], ids=["unstreamed", "streamed"])
 async def test_m3_only_the_start_of_an_endless_error_is_read(provider: str, stream: bool) -> None:
     async with EndlessServer(provider, 400, "json") as server:
-        error, peak = await _answer(server, stream=stream)
+        error, peak = await _answer(server, provider, stream=stream)
         sent = server.sent
     assert error.error_type == "bad_request"
     assert error.status_code == 400
@@ -143,7 +144,7 @@ async def test_m3_a_stream_whose_events_never_end_is_a_bad_response_past_the_lim
     provider: str,
 ) -> None:
     async with EndlessServer(provider, 200, "events") as server:
-        error, peak = await _answer(server, stream=True)
+        error, peak = await _answer(server, provider, stream=True)
     assert error.error_type == "bad_response"
     assert f"larger than {MAX_ANSWER_BYTES} bytes" in error.message
     assert peak < 3 * MAX_ANSWER_BYTES
@@ -154,9 +155,64 @@ async def test_m3_an_endless_line_of_a_stream_is_a_bad_response_past_the_event_l
     provider: str,
 ) -> None:
     async with EndlessServer(provider, 200, "line") as server:
-        error, peak = await _answer(server, stream=True)
+        error, peak = await _answer(server, provider, stream=True)
         sent = server.sent
     assert error.error_type == "bad_response"
     assert f"longer than {MAX_EVENT_BYTES} bytes" in error.message
     assert sent < 4 * MAX_EVENT_BYTES
     assert peak < 6 * MAX_EVENT_BYTES
+
+
+class CompressedServer(LocalServer):
+    """Answers with `body`, compressed with each of `codings` in turn (a bomb: a few KiB on
+    the wire that inflate to far more than any limit)."""
+
+    def __init__(self, body: bytes, codings: tuple[str, ...], status: int = 200) -> None:
+        super().__init__()
+        self.codings, self.status = codings, status
+        for coding in codings:
+            level = zlib.compressobj(9, zlib.DEFLATED, 31 if coding == "gzip" else 15)
+            body = level.compress(body) + level.flush()
+        self.body = body
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            f"HTTP/1.1 {self.status} X\r\nContent-Type: application/json\r\n"
+            f"Content-Encoding: {', '.join(self.codings)}\r\n"
+            f"Content-Length: {len(self.body)}\r\n\r\n".encode()
+        )
+        writer.write(self.body)
+        await writer.drain()
+        await reader.read()
+
+
+def _completion(content: str) -> bytes:
+    message = {"role": "assistant", "content": content}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return json.dumps({"id": "c", "object": "chat.completion", "choices": [choice]}).encode()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize("codings", [("gzip",), ("gzip", "gzip"), ("deflate",)])
+async def test_m3_a_compressed_answer_is_bounded_as_it_inflates(
+    provider: str, codings: tuple[str, ...]
+) -> None:
+    bomb = b'{"id": "' + b"A" * (2 * MAX_ANSWER_BYTES) + b'"}'
+    async with CompressedServer(bomb, codings) as server:
+        error, peak = await _answer(server, provider, stream=False)
+    assert error.error_type == "bad_response"
+    assert peak < 3 * MAX_ANSWER_BYTES
+
+
+@pytest.mark.parametrize("codings", [("gzip",), ("deflate",), ("gzip", "deflate")])
+async def test_m3_a_compressed_answer_within_the_limits_is_read(codings: tuple[str, ...]) -> None:
+    async with CompressedServer(_completion("fine, compressed"), codings) as server:
+        config = {"type": "openai", "base_url": f"{server.root_url}/v1", "api_key": "k"}
+        model = make_provider(ProviderConfig.model_validate(config))
+        request = ModelRequest(model="m", messages=(Message(role="user", content="hi"),))
+        events = [event async for event in model.stream(request)]
+        await model.aclose()
+    assert events[-1].kind == "response" and events[-1].content == "fine, compressed"

@@ -135,6 +135,7 @@ def _header_length(line: bytes, length: int | None) -> int | None:
     if name.strip().lower() != b"content-length":
         return length  # Content-Type and friends are allowed and ignored
     text = value.strip()
-    if not text.isdigit():
+    # At most 18 digits: `int` refuses more than 4,300, and no frame is that long anyway.
+    if not text.isdigit() or len(text) > 18:
         raise FramingError(f"Content-Length is not a non-negative integer: {text[:40]!r}")
     return int(text)

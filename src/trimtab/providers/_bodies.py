@@ -11,13 +11,20 @@ and `anthropic` libraries, which use httpx2 too) are built with `bounded_answers
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
 import httpx2
 
 from trimtab._errors import ProviderError
 
-__all__ = ["ERROR_BODY_LIMIT", "MAX_ANSWER_BYTES", "MAX_EVENT_BYTES", "bounded_answers"]
+__all__ = [
+    "ACCEPT_ENCODING",
+    "ERROR_BODY_LIMIT",
+    "MAX_ANSWER_BYTES",
+    "MAX_EVENT_BYTES",
+    "bounded_answers",
+]
 
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """The most bytes one answer may hold, streamed or not: past it, a `bad_response`. A stream of
@@ -42,25 +49,94 @@ def bounded_answers() -> dict[str, list[_Hook]]:
 async def _bound(response: httpx2.Response) -> None:
     if isinstance(response.stream, httpx2.AsyncByteStream):  # an async client's always is
         content_type = response.headers.get("content-type", "")
+        encodings = _encodings(response.headers)
+        if encodings:
+            # Decoded here, within the limits: httpx would inflate a few compressed bytes
+            # into gigabytes before anything above it could count them.
+            del response.headers["content-encoding"]
         response.stream = _BoundedBody(
             response.stream,
             error=response.is_error,
             stream=content_type.split(";")[0].strip().lower() == "text/event-stream",
+            encodings=encodings,
         )
+
+
+def _encodings(headers: httpx2.Headers) -> list[str]:
+    """The body's content codings, in the order they were applied (identity left out)."""
+    encodings = [
+        coding.strip().lower()
+        for value in headers.get_list("content-encoding")
+        for coding in value.split(",")
+    ]
+    encodings = [coding for coding in encodings if coding not in ("", "identity")]
+    unknown = [coding for coding in encodings if coding not in _WBITS]
+    if unknown:
+        raise ProviderError(
+            "bad_response", f"the answer is encoded as {', '.join(unknown)}, which is not read"
+        )
+    return encodings
+
+
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""zlib's window bits for each coding read (only these are asked for: `ACCEPT_ENCODING`)."""
+
+ACCEPT_ENCODING = "gzip, deflate"
+"""What the clients ask for, whatever decoders happen to be installed (brotli, zstd)."""
+
+_PIECE = 64 * 1024
+"""The most bytes one step of decoding makes, so that a bomb is caught a piece at a time."""
+
+
+class _Inflater:
+    """One content coding undone, a bounded piece at a time."""
+
+    def __init__(self, coding: str) -> None:
+        self._coding = coding
+        self._inflate = zlib.decompressobj(_WBITS[coding])
+        self._first = True
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        try:
+            piece = self._inflate.decompress(data, _PIECE)
+        except zlib.error:
+            if not (self._first and self._coding == "deflate"):
+                raise
+            # Some servers send raw deflate, without zlib's header (as httpx allows).
+            self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+            piece = self._inflate.decompress(data, _PIECE)
+        self._first = False
+        while piece:
+            yield piece
+            piece = self._inflate.decompress(self._inflate.unconsumed_tail, _PIECE)
 
 
 class _BoundedBody(httpx2.AsyncByteStream):
     """A response's body that ends (an error's) or fails (an answer's) past its limit."""
 
-    def __init__(self, body: httpx2.AsyncByteStream, *, error: bool, stream: bool) -> None:
+    def __init__(
+        self, body: httpx2.AsyncByteStream, *, error: bool, stream: bool, encodings: list[str]
+    ) -> None:
         self._body = body
         self._error = error
         self._stream = stream
+        self._inflaters = [_Inflater(coding) for coding in reversed(encodings)]
+
+    async def _decoded(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._body:
+                pieces: Iterable[bytes] = (chunk,)
+                for inflater in self._inflaters:  # the last coding applied first
+                    pieces = _chained(inflater, pieces)
+                for piece in pieces:
+                    yield piece
+        except zlib.error as exc:
+            raise ProviderError("bad_response", f"the answer's encoding is broken: {exc}") from None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         total = 0
         line = 0  # bytes since the last line break
-        async for chunk in self._body:
+        async for chunk in self._decoded() if self._inflaters else self._body:
             total += len(chunk)
             if self._error:
                 if total >= ERROR_BODY_LIMIT:
@@ -82,3 +158,8 @@ class _BoundedBody(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._body.aclose()
+
+
+def _chained(inflater: _Inflater, pieces: Iterable[bytes]) -> Iterator[bytes]:
+    for piece in pieces:
+        yield from inflater.pieces(piece)

@@ -264,8 +264,8 @@ def provider_errors(
     """Turn every failure inside the block into a `ProviderError`.
 
     `map_library_error` maps the client library's own exceptions (None for others). Transport
-    failures the library let through become `provider_unavailable` or `timeout`, and a
-    `ValueError` (a JSON or validation error while parsing the server's bytes) `bad_response`.
+    failures the library let through become `provider_unavailable` or `timeout`, and what
+    reading an answer of an unexpected shape raises (`_MALFORMED`) `bad_response`.
     """
     try:
         yield
@@ -276,11 +276,16 @@ def provider_errors(
             raise own from exc  # ours (a bounded body's), wrapped by a library
         mapped = map_library_error(exc) if map_library_error is not None else None
         error = mapped or transport_failure(exc, mid_stream=False)
-        if error is None and isinstance(exc, ValueError):
-            error = ProviderError("bad_response", f"malformed response: {exc}")
+        if error is None and isinstance(exc, _MALFORMED):
+            error = ProviderError("bad_response", f"malformed response: {exc!r}"[:500])
         if error is None:
             raise
         raise error from exc
+
+
+_MALFORMED = (ValueError, TypeError, AttributeError, LookupError, OverflowError, RecursionError)
+"""What reading an answer of an unexpected shape raises (a string where an object was, JSON
+nested too deep, a number past a float's range): the server's fault, a `bad_response`."""
 
 
 def _wrapped_provider_error(exc: BaseException) -> ProviderError | None:

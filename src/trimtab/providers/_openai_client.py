@@ -26,7 +26,7 @@ import httpx2
 
 from trimtab._errors import ProviderError
 from trimtab.providers import _network as network
-from trimtab.providers._bodies import bounded_answers
+from trimtab.providers._bodies import ACCEPT_ENCODING, bounded_answers
 from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
@@ -167,6 +167,7 @@ class OpenAIClient:
         # bounded answers.
         http_client = openai.DefaultAsyncHttpxClient(
             event_hooks=bounded_answers(),
+            headers={"Accept-Encoding": ACCEPT_ENCODING},
             transport=self._transport,
         )
         if config.type == "azure":
@@ -366,7 +367,12 @@ class ChatClient:
         return httpx2.AsyncClient(
             base_url=base_url,
             params=params,
-            headers={"Accept": "application/json", **headers, **(config.headers or {})},
+            headers={
+                "Accept": "application/json",
+                "Accept-Encoding": ACCEPT_ENCODING,
+                **headers,
+                **(config.headers or {}),
+            },
             # Each request passes its own (`ProviderConfig.deadline`).
             timeout=httpx2.Timeout(**attempt_timeout(config.deadline(stream=False))),
             limits=_LIMITS,

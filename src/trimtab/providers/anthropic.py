@@ -26,7 +26,7 @@ from trimtab.providers._base import (
     ToolCall,
     Usage,
 )
-from trimtab.providers._bodies import bounded_answers
+from trimtab.providers._bodies import ACCEPT_ENCODING, bounded_answers
 from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
@@ -152,6 +152,7 @@ class AnthropicProvider:
                 # but for bounded answers.
                 http_client=anthropic.DefaultAsyncHttpxClient(
                     event_hooks=bounded_answers(),
+                    headers={"Accept-Encoding": ACCEPT_ENCODING},
                     transport=self._transport,
                 ),
             )

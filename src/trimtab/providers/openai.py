@@ -8,6 +8,7 @@ all share: `POST /chat/completions`, streamed or not, over plain HTTP (see `Chat
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _string  # a str as a JSON literal, in C
 from typing import TYPE_CHECKING, Any
 
@@ -199,9 +200,9 @@ class _StreamState:
     def __init__(self) -> None:
         self.text: list[str] = []
         self.reasoning: list[str] = []
-        self.calls: list[dict[str, str]] = []
-        """Tool calls (id, name, arguments), which arrive split across chunks."""
-        self._calls_by_index: dict[tuple[int, int], dict[str, str]] = {}
+        self.calls: list[_CallParts] = []
+        """Tool calls, which arrive split across chunks."""
+        self._calls_by_index: dict[tuple[int, int], _CallParts] = {}
         self.usage = Usage()
         self.finish_reason: str | None = None
         self.saw_choice = False
@@ -238,14 +239,14 @@ class _StreamState:
         call = self._calls_by_index.get(index)
         # A new id at a known index is a new call: some servers (Gemini's compatible endpoint)
         # send every parallel call with index 0.
-        if call is None or (call_id and call["id"] and call_id != call["id"]):
-            call = {"id": "", "name": "", "arguments": ""}
+        if call is None or (call_id and call.id and call_id != call.id):
+            call = _CallParts()
             self._calls_by_index[index] = call
             self.calls.append(call)
-        call["id"] = call["id"] or call_id or ""
+        call.id = call.id or call_id or ""
         if function := part.get("function"):
-            call["name"] += function.get("name") or ""
-            call["arguments"] += function.get("arguments") or ""
+            call.name.append(function.get("name") or "")
+            call.arguments.append(function.get("arguments") or "")
 
     def response(self) -> ModelResponse:
         """The final response; raise if the stream carried no answer, or stopped mid-way."""
@@ -261,18 +262,31 @@ class _StreamState:
             )
         return ModelResponse(
             content="".join(self.text),
-            tool_calls=tuple(tool_call(c["id"], c["name"], c["arguments"]) for c in self.calls),
+            tool_calls=tuple(
+                tool_call(c.id, "".join(c.name), "".join(c.arguments)) for c in self.calls
+            ),
             reasoning="".join(self.reasoning) if self.reasoning else None,
             usage=self.usage,
             finish_reason=self.finish_reason,
         )
 
 
+@dataclass(slots=True)
+class _CallParts:
+    """One streamed tool call's parts, joined once it is complete: appending to a string
+    held in a dict copies it every time (a long call's arguments took time as the square of
+    their length)."""
+
+    id: str = ""
+    name: list[str] = field(default_factory=list)
+    arguments: list[str] = field(default_factory=list)
+
+
 def _reasoning(part: dict[str, Any]) -> str | None:
     # Not in the OpenAI schema: DeepSeek and vLLM send `reasoning_content`, OpenRouter and
     # Ollama `reasoning`.
-    for field in ("reasoning_content", "reasoning"):
-        value = part.get(field)
+    for key in ("reasoning_content", "reasoning"):
+        value = part.get(key)
         if isinstance(value, str) and value:
             return value
     return None

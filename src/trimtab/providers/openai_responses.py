@@ -244,6 +244,8 @@ class _StreamState:
         """Function calls by output index (id, name, arguments)."""
         self.final: Response | None = None
         """The response of the `response.completed` (or `.incomplete`) event."""
+        self._deltas: dict[int, list[str]] = {}
+        """The argument deltas of each call not yet done, by output index."""
 
     def add(self, event: Any) -> list[ProviderEvent]:
         """Fold one event in; return the deltas to show as they stream."""
@@ -260,11 +262,13 @@ class _StreamState:
         if kind in ("response.output_item.added", "response.output_item.done"):
             self._add_item(index, getattr(event, "item", None))
         elif kind == "response.function_call_arguments.delta":
-            self._call(index)["arguments"] += delta
+            # Joined once complete: appending to the string copies it every time.
+            self._deltas.setdefault(index, []).append(delta)
         elif kind == "response.function_call_arguments.done":
             arguments = getattr(event, "arguments", None)
             if isinstance(arguments, str):
                 self._call(index)["arguments"] = arguments
+                self._deltas.pop(index, None)
         elif kind in ("response.completed", "response.incomplete", "response.failed"):
             self.final = getattr(event, "response", None)
         elif kind == "error":
@@ -283,7 +287,9 @@ class _StreamState:
         call["id"] = getattr(item, "call_id", None) or call["id"]
         call["name"] = getattr(item, "name", None) or call["name"]
         # The finished item's arguments are the whole text; the added item's are empty.
-        call["arguments"] = getattr(item, "arguments", None) or call["arguments"]
+        if arguments := getattr(item, "arguments", None):
+            call["arguments"] = arguments
+            self._deltas.pop(index, None)
 
     def response(self) -> ModelResponse:
         """The final response; raise if the stream stopped before the response completed."""
@@ -293,6 +299,8 @@ class _StreamState:
                 "the stream ended before the response was complete",
                 retryable=True,
             )
+        for index, deltas in self._deltas.items():  # calls whose whole text never came
+            self._call(index)["arguments"] += "".join(deltas)
         calls = tuple(
             tool_call(c["id"], c["name"], c["arguments"]) for _, c in sorted(self.calls.items())
         )
