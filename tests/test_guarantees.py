@@ -5,6 +5,7 @@ written in docs/spec.md under the same ids."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
+from trimtab._tools import TOOL_NAME
 from trimtab.events import Event
 from trimtab.store import MemoryStore, Store, open_store
 from trimtab.testing import FaultyStore, ScriptedModel, tool_call
@@ -888,3 +890,21 @@ async def test_p3_a_send_after_a_resume_without_continuing_closes_the_interrupte
     assert sorted(starts) == sorted(ends)
     types = [e.type for e in log]
     assert types.index("abort") < types.index("user.message", types.index("abort"))
+
+
+@pytest.mark.parametrize("name", ["repo_browser.open_file", "", "x" * 100, "tool name"])
+async def test_t6_a_call_of_a_name_no_provider_takes_back_fails_and_the_session_goes_on(
+    client: Client, name: str
+) -> None:
+    # OpenAI refuses a history whose tool call names break the pattern: stored as the model
+    # sent it, the name would fail every later request of the session.
+    model = ScriptedModel([tool_call(name), "after", "next"])
+    session = await open_session(client, model, echo_tool())
+    await session.send_and_wait("go")
+    await session.send_and_wait("again")
+    pattern = re.compile(TOOL_NAME)
+    for request in model.requests[1:]:
+        for message in request.messages:
+            assert all(pattern.fullmatch(call.name) for call in message.tool_calls)
+    results = [e for e in await session.get_events() if e.type == "tool.execution_complete"]
+    assert [e.data.outcome for e in results] == ["failure"]

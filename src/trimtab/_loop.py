@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from contextvars import ContextVar
@@ -28,6 +29,8 @@ from trimtab._permissions import (
 )
 from trimtab._runs import RunEnd
 from trimtab._tools import (
+    MAX_TOOL_NAME,
+    TOOL_NAME,
     CallOutcome,
     ExternalTool,
     Tool,
@@ -421,11 +424,23 @@ def _distinct(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
         while call_id in seen:
             call_id = f"{call_id}_{index}"
         seen.add(call_id)
-        name = valid_text(call.name)
+        name = _callable_name(valid_text(call.name))
         if call_id != call.id or name != call.name:
             call = call.model_copy(update={"id": call_id, "name": name})
         distinct.append(call)
     return tuple(distinct)
+
+
+def _callable_name(name: str) -> str:
+    """`name` if a provider takes it back in the history (T6), else a name that does (and no
+    tool has): a call named otherwise fails as an unknown tool, and the session goes on,
+    where the name sent back in every later request would have been refused."""
+    if _NAME.fullmatch(name):
+        return name
+    return ("invalid_" + re.sub(r"[^A-Za-z0-9_-]", "_", name))[:MAX_TOOL_NAME]
+
+
+_NAME = re.compile(TOOL_NAME)
 
 
 async def _call_model(host: LoopHost, reply_id: str, tokens: int) -> tuple[ModelResponse, float]:
