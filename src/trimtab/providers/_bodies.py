@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any
 
 import httpx2
 
@@ -38,12 +39,13 @@ pieces one copy at a time, so that an endless line would cost time as the square
 ERROR_BODY_LIMIT = 64 * 1024
 """The bytes of an error's body read for its message; the rest is not read."""
 
-_Hook = Callable[[httpx2.Response], Awaitable[None]]
 
-
-def bounded_answers() -> dict[str, list[_Hook]]:
-    """The `event_hooks` of an httpx2 client whose answers' bodies are read with a limit."""
-    return {"response": [_bound]}
+def bounded_answers(
+    request: Callable[[httpx2.Request], Awaitable[None]] | None = None,
+) -> dict[str, list[Any]]:
+    """The `event_hooks` of an httpx2 client whose answers' bodies are read with a limit,
+    with `request` as its request hook, if given."""
+    return {"response": [_bound], "request": [request] if request else []}
 
 
 async def _bound(response: httpx2.Response) -> None:

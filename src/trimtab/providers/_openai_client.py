@@ -40,6 +40,7 @@ from trimtab.providers._common import (
     stream_error,
 )
 from trimtab.providers._config import ProviderConfig
+from trimtab.providers._origin import credentials_stay_home
 
 if TYPE_CHECKING:
     import openai
@@ -165,8 +166,11 @@ class OpenAIClient:
         timeout = openai.Timeout(**attempt_timeout(config.deadline(stream=False)))
         # The library's own client, with its defaults (its environment's proxies too), but for
         # bounded answers.
+        home = _azure_endpoint(config) if config.type == "azure" else config.base_url
         http_client = openai.DefaultAsyncHttpxClient(
-            event_hooks=bounded_answers(),
+            event_hooks=bounded_answers(
+                credentials_stay_home(home or _BASE_URL, (headers or {}).keys())
+            ),
             headers={"Accept-Encoding": ACCEPT_ENCODING},
             transport=self._transport,
         )
@@ -378,7 +382,7 @@ class ChatClient:
             limits=_LIMITS,
             follow_redirects=True,
             verify=verify,
-            event_hooks=bounded_answers(),
+            event_hooks=bounded_answers(credentials_stay_home(base_url, config.headers or ())),
             transport=self._transport or network.transport(verify=verify, limits=_LIMITS),
         )
 
