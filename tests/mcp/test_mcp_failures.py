@@ -3,6 +3,7 @@ none of its processes is left behind (spec MCP5, MCP8). `servers/faulty.py` misb
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -129,3 +130,32 @@ def test_mcp5_no_orphan_after_kill_9_of_the_runtime(pids: Path) -> None:
     # The guard notices at once (PR_SET_PDEATHSIG), and the server ignores SIGTERM: SIGKILL
     # after the grace period.
     assert wait_gone([*servers, *guard]) == []
+
+
+async def test_mcp3_a_failed_start_logs_no_secret_of_the_servers_url() -> None:
+    # httpx names the URL in its error, and the reason is logged: its user, password and
+    # query (where tokens go) stay out of the log.
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"http://user:SECRET-PASSWORD@127.0.0.1:{port}/sse?api_key=SECRET-TOKEN"
+    try:
+        async with Client(store="memory") as client:
+            session = await open_session(
+                client,
+                ScriptedModel(["fine"]),
+                mcp_servers={"s": {"type": "sse", "url": url, "tools": ["*"]}},
+            )
+            await session.send_and_wait("go")
+            events = await session.get_events()
+    finally:
+        server.close()
+    warnings = [e.data.message for e in events if isinstance(e, SessionWarningEvent)]
+    assert warnings and "failed to start" in warnings[0]
+    assert f"127.0.0.1:{port}/sse" in warnings[0]
+    assert not any("SECRET" in warning for warning in warnings), warnings

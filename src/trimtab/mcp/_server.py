@@ -19,10 +19,12 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from trimtab.mcp._config import RemoteServerConfig, ServerConfig, StdioServerConfig
 
@@ -403,4 +405,17 @@ def _reason(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if "Connection closed" in text:
         return "the server exited"
-    return text.splitlines()[0][:300]
+    # The reason is logged (a session warning): an httpx error names the URL, whose user,
+    # password and query may hold the config's secrets (MCP3). Its origin and path stay.
+    return _URL.sub(_without_secrets, text.splitlines()[0])[:300]
+
+
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+
+
+def _without_secrets(match: re.Match[str]) -> str:
+    parts = urlsplit(match.group(0))
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
