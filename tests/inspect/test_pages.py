@@ -431,3 +431,23 @@ async def test_issue19_a_tool_call_left_unfinished_shows_as_such(
 
     assert "slow unfinished permission: not asked" in text
     assert " interrupted " in visible(await page(inspector, "/"))
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/?page=%C2%B2", 200),  # "²": a digit to `isdigit`, not to `int`
+        ("/sessions/numbers?page=%D9%A3", 200),
+        ("/sessions/numbers/live?after=%C2%B2", 400),
+        (f"/sessions/numbers/events/{'9' * 5000}", 404),  # more digits than `int` takes
+        (f"/sessions/numbers/calls/{'9' * 5000}", 404),
+    ],
+    ids=["index-page", "session-page", "live-after", "event-number", "call-number"],
+)
+async def test_a_number_the_pages_cannot_read_is_no_server_error(
+    client: Client, inspector: httpx.AsyncClient, path: str, status: int
+) -> None:
+    session = await open_session(client, ScriptedModel(["ok"]), session_id="numbers")
+    await session.send_and_wait("hi")
+    response = await inspector.get(path)
+    assert response.status_code == status, response.text[:300]

@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -110,8 +111,8 @@ def create_app(
             Route("/", pages.index),
             # Browsers ask for it on every site: no icon, and no error in their consoles.
             Route("/favicon.ico", lambda request: Response(status_code=204)),
-            Route("/sessions/{session_id:path}/calls/{call:int}", pages.window),
-            Route("/sessions/{session_id:path}/events/{seq:int}", pages.event),
+            Route("/sessions/{session_id:path}/calls/{call:count}", pages.window),
+            Route("/sessions/{session_id:path}/events/{seq:count}", pages.event),
             Route("/sessions/{session_id:path}/live", pages.live),
             Route("/sessions/{session_id:path}", pages.session),
         ],
@@ -238,12 +239,13 @@ class _Pages:
         session_id = request.path_params["session_id"]
         await self.store.get(session_id)  # a 404 now rather than an empty stream
         given = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
-        if not given.isdigit():
+        after = _number(given)
+        if after is None:
             return JSONResponse({"error": "after must be an event number"}, 400)
         if self.streams >= MAX_LIVE_STREAMS:
             return JSONResponse({"error": "too many live views open"}, 503)
         return StreamingResponse(
-            self._stream(session_id, int(given)),
+            self._stream(session_id, after),
             media_type="text/event-stream",
             headers={"cache-control": "no-store", "x-accel-buffering": "no"},
         )
@@ -325,6 +327,28 @@ def _sse(event: Event, seq: int | None) -> str:
 def _page(request: Request, items: int, size: int, *, last: bool = False) -> tuple[int, int]:
     """The page asked for (the last with `last`), within the pages there are."""
     pages = max(1, math.ceil(items / size))
-    given = request.query_params.get("page", "")
-    page = int(given) if given.isdigit() else (pages if last else 1)
+    page = _number(request.query_params.get("page", ""))
+    if page is None:
+        page = pages if last else 1
     return min(max(page, 1), pages), pages
+
+
+def _number(text: str) -> int | None:
+    """`text` as a count, if it is one: ASCII digits (`isdigit` also takes "²" and "٣"), and
+    not so many that `int` refuses them."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+class _Count(Convertor[int]):
+    """A route's count, as `_number` reads one (Starlette's `int` takes any run of digits)."""
+
+    regex = "[0-9]{1,18}"
+
+    def convert(self, value: str) -> int:
+        return int(value)
+
+    def to_string(self, value: int) -> str:
+        return str(value)
+
+
+register_url_convertor("count", _Count())
