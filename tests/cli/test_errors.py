@@ -6,6 +6,8 @@ import json
 import shutil
 import sqlite3
 import subprocess
+import sys
+from typing import Any
 
 import pytest
 
@@ -114,3 +116,40 @@ def test_entry_points_python_m_the_installed_script_and_serve(cli: Cli) -> None:
         [script, "--version"], capture_output=True, text=True, env=cli.env, check=True
     )
     assert installed.stdout == version.stdout
+
+
+def test_input_that_is_not_utf8_or_too_large_is_a_usage_error(cli: Cli) -> None:
+    # Read with a limit (a pipe from /dev/zero would fill the memory) and decoded strictly.
+    (cli.cwd / "trimtab.toml").write_bytes(b'model = "\xff"\n')
+    config = cli("config")
+    (cli.cwd / "trimtab.toml").unlink()
+    script = cli.cwd / "s.json"
+    script.write_bytes(b'["hi \xff"]')
+    results: list[subprocess.CompletedProcess[Any]] = [
+        config,
+        subprocess.run(
+            [sys.executable, "-m", "trimtab", "run", "-"],
+            input=b"hi \xff",
+            capture_output=True,
+            cwd=cli.cwd,
+            env=cli.env,
+            timeout=60,
+        ),
+        cli("run", "--provider", "scripted", "--script", str(script), "hi"),
+    ]
+    with open("/dev/zero", "rb") as zero:
+        results.append(
+            subprocess.run(
+                [sys.executable, "-m", "trimtab", "run", "-"],
+                stdin=zero,
+                capture_output=True,
+                cwd=cli.cwd,
+                env=cli.env,
+                timeout=60,
+            )
+        )
+    for result in results:
+        stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode()
+        assert result.returncode == 2, stderr
+        assert "not UTF-8 text" in stderr or "larger than 16 MiB" in stderr, stderr
+        assert "Traceback" not in stderr

@@ -7,7 +7,7 @@ import os
 import sys
 
 from trimtab.cli.config import Resolved
-from trimtab.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError
+from trimtab.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError, read_input
 from trimtab.cli.host import SessionHost
 from trimtab.cli.render import JsonRenderer, Terminal, TextRenderer, printable, table
 from trimtab.cli.runtime import (
@@ -76,7 +76,7 @@ def _prompt(given: str | None) -> str:
             exit_code=EXIT_USAGE,
         )
     else:
-        text = sys.stdin.read()
+        text = read_input(sys.stdin.buffer, "the prompt on stdin")
     if not text.strip():
         raise CliError("the prompt is empty", hint="say something", exit_code=EXIT_USAGE)
     return text

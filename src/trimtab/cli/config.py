@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
-from trimtab.cli.errors import EXIT_USAGE, CliError
+from trimtab.cli.errors import EXIT_USAGE, CliError, read_input
 from trimtab.events import DEFAULT_MAX_TURNS
 
 __all__ = [
@@ -225,7 +225,7 @@ def _find_config_file(cwd: Path, home: Path) -> Path | None:
 def _read_config_file(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as file:
-            data = tomllib.load(file)
+            data = tomllib.loads(read_input(file, str(path)))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise CliError(
             f"cannot read {path}: {exc}", hint="fix the file or remove it", exit_code=EXIT_USAGE

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from trimtab import ProviderError
 from trimtab._errors import ProviderErrorType
-from trimtab.cli.errors import EXIT_USAGE, CliError
+from trimtab.cli.errors import EXIT_USAGE, CliError, read_input
 from trimtab.providers import ModelRequest
 from trimtab.testing import ScriptedModel, ScriptStep, tool_call
 
@@ -87,7 +87,8 @@ def load_script(path: Path) -> CliScriptedModel:
         CliError: The file is missing, is not JSON/YAML, or holds an invalid step.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            text = read_input(file, f"script {path}")
         data = _parse(text, path)
         steps = _STEPS.validate_python(data)
     except OSError as exc:
