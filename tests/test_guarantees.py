@@ -908,3 +908,21 @@ async def test_t6_a_call_of_a_name_no_provider_takes_back_fails_and_the_session_
             assert all(pattern.fullmatch(call.name) for call in message.tool_calls)
     results = [e for e in await session.get_events() if e.type == "tool.execution_complete"]
     assert [e.data.outcome for e in results] == ["failure"]
+
+
+async def test_m2_an_answer_with_more_tool_calls_than_a_turn_runs_is_a_bad_response(
+    client: Client,
+) -> None:
+    """Before, 30,000 calls of one answer all started at once and held the loop for minutes
+    (the lease lapsed); now the answer is refused, typed, and the session goes on."""
+    from trimtab._loop import MAX_CALLS_PER_TURN
+
+    calls = [tool_call("echo", {"text": "x"}, id=f"c{n}") for n in range(MAX_CALLS_PER_TURN + 1)]
+    model = ScriptedModel([calls, "next"])
+    session = await open_session(client, model, echo_tool())
+    with pytest.raises(SessionError, match="bad_response"):
+        await session.send_and_wait("go")
+    reply = await session.send_and_wait("again")
+    assert reply is not None and reply.data.content == "next"
+    log = await session.get_events()
+    assert not any(e.type == "tool.execution_start" for e in log)

@@ -90,6 +90,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INTERRUPTED",
+    "MAX_CALLS_PER_TURN",
     "Interrupted",
     "LoopHost",
     "LoopState",
@@ -118,6 +119,9 @@ awaited_by: ContextVar[str | None] = ContextVar("trimtab_awaited_by", default=No
 """The session whose run awaits the host code running in this context (a tool handler, a
 permission handler, a hook): a wait for that run's end from here could only wait for itself
 (spec C11)."""
+
+MAX_CALLS_PER_TURN = 256
+"""The most tool calls one answer of the model may make (models make a few at a time)."""
 
 INTERRUPTED = "The execution of this tool, or a previous tool was interrupted."
 """What the model reads for a `cancelled` call: the reference Copilot runtime's words, so that
@@ -354,6 +358,15 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
                 raise
             text = valid_text(f"{type(exc).__name__}: {exc}")
             result.error = _error_event("internal", text, None, False, message_id)
+            return "end"
+        if len(response.tool_calls) > MAX_CALLS_PER_TURN:
+            # Its calls would all start at once, and their events cost the loop time as
+            # the square of their number: refused, as a malformed answer is (M2).
+            text = (
+                f"the model called {len(response.tool_calls)} tools in one answer;"
+                f" at most {MAX_CALLS_PER_TURN} are run"
+            )
+            result.error = _error_event("bad_response", text, None, True, message_id)
             return "end"
         calls = _distinct(response.tool_calls)
         reasoning = valid_text(response.reasoning) if response.reasoning else None
