@@ -294,6 +294,7 @@ async def test_mcp7_invalid_configs_are_refused_before_anything_is_stored(tmp_pa
         ({"x": {"type": "stdio"}}, "MCP server 'x': command"),
         ({"x": {"type": "http", "url": "ftp://h"}}, "MCP server 'x': url"),
         ({"x": {"command": "y", "timeout": 0}}, "MCP server 'x': timeout"),
+        ({"x": {"command": "y", "timeout": True}}, "MCP server 'x': timeout"),  # not 1 ms
         ({"x": {"command": "y", "colour": "red"}}, "MCP server 'x': colour"),
         ({"": {"command": "y"}}, "MCP server name ''"),
         (

@@ -15,7 +15,15 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from trimtab.providers._headers import checked_headers
@@ -43,7 +51,7 @@ class _Common(BaseModel):
 
     tools: list[str] = ["*"]
     """The server's tools to offer: `["*"]` (the default) all, a list of names, `[]` none."""
-    timeout: int = Field(default=DEFAULT_TIMEOUT, gt=0)
+    timeout: StrictInt = Field(default=DEFAULT_TIMEOUT, gt=0)  # not True
     """Milliseconds a call may take before it ends `timeout`."""
     defer: Literal["auto", "never"] = "auto"
     """`auto`: the server's tools go behind `tool_search` when the session has more tools
