@@ -163,11 +163,11 @@ class Runner:
         self._current: asyncio.Task[RunEnd] | None = None
         self._running: Pending | None = None
         self._store_failed = False
-        """The last run failed under a store error here: its idle was delivered then."""
+        """The last run failed under a store error here: its end is not in the log yet, and
+        its error and idle were delivered then."""
         self._ledger: RunLedger | None = None
         self._ledger_users = 0
         self._stop_ledger: Callable[[], None] | None = None
-        """A run ended because the store failed: its end is not in the log yet."""
         self.closed = False
 
     # --- what the loop sees (LoopHost) ---------------------------------------------------
