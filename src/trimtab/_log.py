@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TypeAlias
+from typing import TypeAlias, TypeGuard
 
 from trimtab._errors import LeaseLostError, StoreUnavailableError
 from trimtab._state import SessionState
@@ -27,7 +27,7 @@ from trimtab.events import (
     SessionIdleEvent,
     UserMessageEvent,
 )
-from trimtab.store import Lease, Store
+from trimtab.store import CarriesLive, Lease, Store
 
 __all__ = ["SessionLog", "Settle", "chained"]
 
@@ -66,6 +66,7 @@ class SessionLog:
     """A session's log, as this runtime writes or follows it."""
 
     __slots__ = (
+        "_end_logged",
         "_idle_delivered",
         "idle_given",
         "_unsure",
@@ -97,6 +98,9 @@ class SessionLog:
         """An append was given up on: the log may hold more than the state has applied."""
         self._idle_delivered = False
         """While following: the idle of the owner's last run was delivered from its log."""
+        self._end_logged = False
+        """The last event stored here ended a run: every follower delivers that run's idle
+        from the log (E5), so the owner's own is not published to them."""
         self.idle_given: str | None = None
         """A run of this runtime whose idle was delivered here before its end was in the log
         (the lease was lost under it): the end, when it comes, brings no second one (E1)."""
@@ -158,34 +162,59 @@ class SessionLog:
         if first is not None:
             events = (*first(state), *events)
         stamped = chained(events, state.last_id, state.epoch)
-        stored = [e for e in stamped if not e.ephemeral]
+        if self.lease is None and not all(e.ephemeral for e in stamped):
+            raise LeaseLostError(
+                f"session {self.session_id} is remote: this runtime cannot write it"
+            )
+        carries = _carries(self.store)
+        begin = 0
+        while begin < len(stamped):
+            # One append per part: the whole batch on a store that sends the ephemeral events
+            # among it with it, else up to the first one that follows a stored event (its
+            # place for other runtimes is after that append).
+            end = len(stamped) if carries else _part_end(stamped, begin)
+            await self._store(stamped[begin:end], carries)
+            begin = end
+        return stamped
+
+    async def _store(self, events: Sequence[Event], carries: bool) -> None:
+        """Store, apply and deliver one part of a batch (see `emit_unlocked`)."""
+        state = self.state
+        stored = [e for e in events if not e.ephemeral]
         published = 0
         if stored:
-            if self.lease is None:
-                raise LeaseLostError(
-                    f"session {self.session_id} is remote: this runtime cannot write it"
-                )
             # Ephemeral events ahead of the first stored one are published before the append,
             # still in their place for other runtimes: a store may send them with it
             # (PostgreSQL: in the append's statement, one round trip for both).
-            while stamped[published].ephemeral:
+            while events[published].ephemeral:
                 await self.store.publish(
-                    self.session_id, stamped[published], after=state.event_count
+                    self.session_id, events[published], after=state.event_count
                 )
                 published += 1
-            await self._append(stored, durable=any(e.type not in DEFERRABLE for e in stored))
-        for index, event in enumerate(stamped):
+            live = _placed(events[published:], state.event_count) if carries else ()
+            await self._append(
+                stored, durable=any(e.type not in DEFERRABLE for e in stored), live=live
+            )
+            if live:
+                published = len(events)  # the store sent them with the append
+        for index, event in enumerate(events):
             if not event.ephemeral:
-                state.apply(event)
+                self._end_logged = state.apply(event)
                 if self.claimed and isinstance(event, UserMessageEvent):
                     self.claimed.discard(event.data.message_id or "")
             elif self.lease is not None and index >= published:
-                # Hosts following this session from other runtimes see its live events too.
-                await self.store.publish(self.session_id, event, after=state.event_count)
+                if isinstance(event, SessionIdleEvent) and self._end_logged:
+                    # Followers deliver this idle where the log ended its run (E5): sending
+                    # it would cost a round trip per run (PostgreSQL) for them to drop.
+                    self._end_logged = False
+                else:
+                    # Hosts following this session from other runtimes see its live events.
+                    await self.store.publish(self.session_id, event, after=state.event_count)
             self.subscribers.deliver(event)
-        return stamped
 
-    async def _append(self, events: Sequence[Event], *, durable: bool) -> None:
+    async def _append(
+        self, events: Sequence[Event], *, durable: bool, live: Sequence[tuple[int, Event]]
+    ) -> None:
         """Store events, riding out a short store outage (a database restart) for at most the
         store's `timeout` in all: appends are idempotent by event id, so a try whose outcome
         was unknown is simply repeated."""
@@ -195,7 +224,14 @@ class SessionLog:
         for attempt in itertools.count():
             tried = loop.time()
             try:
-                await self.store.append(self.session_id, events, lease=self.lease, durable=durable)
+                if live and _carries(self.store):
+                    await self.store.append(
+                        self.session_id, events, lease=self.lease, durable=durable, live=live
+                    )
+                else:
+                    await self.store.append(
+                        self.session_id, events, lease=self.lease, durable=durable
+                    )
                 return
             except StoreUnavailableError:
                 delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]
@@ -239,6 +275,35 @@ class SessionLog:
             aborted = isinstance(event, AbortEvent) or None
             self.subscribers.deliver(SessionIdleEvent(data=SessionIdleData(aborted=aborted)))
             self._idle_delivered = True
+
+
+def _carries(store: Store) -> TypeGuard[CarriesLive]:
+    """Whether `store` publishes the live events of a batch with its append."""
+    return getattr(store, "carries_live", False) is True
+
+
+def _part_end(events: Sequence[Event], begin: int) -> int:
+    """Where the part of `events` from `begin` that one append stores ends: at the first
+    ephemeral event after a stored one (or the end)."""
+    seen_stored = False
+    for index in range(begin, len(events)):
+        if not events[index].ephemeral:
+            seen_stored = True
+        elif seen_stored:
+            return index
+    return len(events)
+
+
+def _placed(events: Sequence[Event], count: int) -> list[tuple[int, Event]]:
+    """The ephemeral ones of `events` (a batch stored after the log's first `count`), each
+    with the number of stored events it follows once the batch is stored."""
+    placed: list[tuple[int, Event]] = []
+    for event in events:
+        if event.ephemeral:
+            placed.append((count, event))
+        else:
+            count += 1
+    return placed
 
 
 def chained(events: Sequence[Event], parent: str | None, epoch: int) -> list[Event]:

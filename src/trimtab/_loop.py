@@ -386,20 +386,22 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
             duration=duration,
             finish_reason=response.finish_reason,
         )
-        # The reply and its usage in one append: one round trip to the store, not two.
-        message, _ = await host.emit_all(
-            (AssistantMessageEvent(data=reply), AssistantUsageEvent(data=usage))
+        # The reply and its usage in one append: one round trip to the store, not two; a
+        # reply that calls nothing ends the turn in the same append. An emit is never half
+        # done: an abort during it still stores the end, which must then not be stored again.
+        answer: tuple[Event, ...] = (
+            AssistantMessageEvent(data=reply),
+            AssistantUsageEvent(data=usage),
+            SessionUsageInfoEvent(data=info),
         )
+        if not calls:
+            closes = False
+            answer += (AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model)),)
+        message = (await host.emit_all(answer))[0]
         assert isinstance(message, AssistantMessageEvent)
         result.last_message = message
         if not calls:
-            # The turn ends with its usage info, in one append. An emit is never half done: an
-            # abort during it still stores the end, which must then not be stored again.
-            closes = False
-            end = AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model))
-            await host.emit_all((SessionUsageInfoEvent(data=info), end))
             return _next_step(host)
-        await host.emit(SessionUsageInfoEvent(data=info))
         await _run_batch(host, calls, turn_id)
     except BaseException as exc:
         # An abort or a failure still closes the turn; a store that failed is not asked

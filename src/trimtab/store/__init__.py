@@ -5,12 +5,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trimtab.store._base import DEFAULT_TIMEOUT, Lease, SessionRecord, Store
+from trimtab.store._base import (
+    DEFAULT_TIMEOUT,
+    CarriesLive,
+    EventLog,
+    Inbox,
+    Lease,
+    Leases,
+    LiveFeed,
+    SessionRecord,
+    Snapshots,
+    Store,
+)
 from trimtab.store.memory import MemoryStore
 from trimtab.store.sqlite import SqliteStore
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "CarriesLive",
     "EventLog",
     "Inbox",
     "Lease",

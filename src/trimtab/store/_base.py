@@ -10,13 +10,14 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Seque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from trimtab.events import Event, UserMessageEvent
 
 __all__ = [
+    "CarriesLive",
     "EventLog",
     "Inbox",
     "Leases",
@@ -143,6 +144,28 @@ class LiveFeed(Protocol):
         Never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
         """
+        ...
+
+
+class CarriesLive(Protocol):
+    """A store that sends a batch's trailing ephemeral events with the batch's append, in
+    one round trip, where publishing them after it would cost one more (PostgreSQL). An
+    optional capability: the runtime publishes them after the append on any other store."""
+
+    carries_live: Literal[True]
+
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+        live: Sequence[tuple[int, Event]] = (),
+    ) -> int:
+        """`EventLog.append`, publishing `live` once the batch is stored: ephemeral events,
+        each with the number of the log's events it follows (as `after` in `publish`), which
+        may count events of this batch."""
         ...
 
 

@@ -54,7 +54,7 @@ import math
 import select
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Concatenate, ParamSpec, TypeAlias, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import errors
@@ -199,7 +199,9 @@ _MIGRATIONS: tuple[str, ...] = (
 # connection's own setting (set_config's local value is read at the commit, which ends the
 # statement's own transaction). The ephemeral events published before the append and not sent
 # yet (`live`) go in the same statement, before its doorbell: the aggregate over them is done
-# before the join yields the row whose select list rings it.
+# before the join yields the row whose select list rings it. Those that follow events of this
+# batch (`carried`, `CarriesLive`) are sent by the select list itself, before the doorbell,
+# so only when the batch is stored: a listener reads the events they follow first.
 #
 # The batch (`events`: `[id, type, payload, claimed message id]` per event) and `live` come as
 # one JSON text each, not as arrays: psycopg dumps a list element by element in Python, which
@@ -243,7 +245,10 @@ _APPEND = f"""
                new.id, new.type, new.payload, %(token)s
         FROM session, new
     )
-    SELECT last_seq, pg_notify('{CHANNEL}', %(session_id)s || ':' || last_seq),
+    SELECT last_seq,
+           (SELECT count(pg_notify('{LIVE_CHANNEL}', payload))
+            FROM json_array_elements_text(%(carried)s::json) AS payload),
+           pg_notify('{CHANNEL}', %(session_id)s || ':' || last_seq),
            set_config('synchronous_commit',
                       COALESCE(%(sync)s, current_setting('synchronous_commit')), true)
     FROM session,
@@ -364,6 +369,9 @@ class PostgresStore:
             `StoreUnavailableError`, the first one included (which migrates the schema: give
             a one-off upgrade of a large database more).
     """
+
+    carries_live: Literal[True] = True
+    """A batch's trailing ephemeral events go in its append's statement (`CarriesLive`)."""
 
     def __init__(
         self, dsn: str, *, max_connections: int = 10, timeout: float = DEFAULT_TIMEOUT
@@ -510,6 +518,7 @@ class PostgresStore:
         *,
         lease: Lease | None,
         durable: bool = True,
+        live: Sequence[tuple[int, Event]] = (),
     ) -> int:
         """Append persisted events in order, in one statement; returns the new event count.
 
@@ -521,6 +530,7 @@ class PostgresStore:
         runtime's view of the log is no longer the log.
 
         `durable=False` commits with `synchronous_commit` off: no wait for the WAL flush.
+        `live` is published in the same statement (see `CarriesLive`).
         """
         check_persistable(events)
         if not events:
@@ -528,9 +538,11 @@ class PostgresStore:
             async with self._append_order.hold(session_id):
                 return await self._append_state(session_id, lease, None, stored_nothing=False)
         params = _append_params(session_id, events, lease, durable)
-        live, taken = await self._take_live()
-        if live:
-            params["live"] = _json_text(live)
+        if carried := [p for n, e in live if (p := _live_payload(session_id, e, n))]:
+            params["carried"] = _json_text(carried)
+        queued, taken = await self._take_live()
+        if queued:
+            params["live"] = _json_text(queued)
         try:
             async with self._append_order.hold(session_id):
                 conflict = False
@@ -611,11 +623,10 @@ class PostgresStore:
         NOTIFY payloads are limited to 8000 bytes: a larger event (a long delta) is not sent;
         the stored message that follows it carries its text anyway.
         """
-        payload = f"{json.dumps([session_id, after, event.type])}\n{event.model_dump_json()}"
         if self._closed:
             raise RuntimeError("the store is closed")
-        if len(payload.encode()) >= _NOTIFY_LIMIT:
-            log.debug("ephemeral %s of %r too large to publish", event.type, session_id)
+        payload = _live_payload(session_id, event, after)
+        if payload is None:
             return
         loop = asyncio.get_running_loop()
         self._live.append(payload)
@@ -1021,7 +1032,17 @@ def _append_params(
         "parent": events[0].parent_id,
         "sync": None if durable else "off",
         "live": None,
+        "carried": None,
     }
+
+
+def _live_payload(session_id: str, event: Event, after: int) -> str | None:
+    """The live channel's payload of an ephemeral event; None when it is too large to send."""
+    payload = f"{json.dumps([session_id, after, event.type])}\n{event.model_dump_json()}"
+    if len(payload.encode()) >= _NOTIFY_LIMIT:
+        log.debug("ephemeral %s of %r too large to publish", event.type, session_id)
+        return None
+    return payload
 
 
 _json_text = json.JSONEncoder(
