@@ -574,6 +574,62 @@ async def test_r1_a_failed_remote_run_raises_session_error_on_the_follower(
             await remote.send_and_wait("hello", timeout=10)
 
 
+async def test_e5_a_follower_sees_a_turn_in_the_owners_order(
+    shared_store: Callable[[], Store | str],
+) -> None:
+    async with (
+        Client(store=shared_store(), poll_interval=0.02) as owner,
+        Client(store=shared_store(), poll_interval=0.02) as other,
+    ):
+        session = await open_session(owner, ScriptedModel(["one", "two"]))
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+        mine, seen = Recorder(session), Recorder(remote)
+
+        await remote.send_and_wait("first", timeout=10)
+        await session.send_and_wait("second", timeout=10)
+        await seen.wait_for("session.idle", 2)
+
+        # The usage info between a reply and its turn's end, and one idle per run, each
+        # where the owner delivered it.
+        assert seen.types == mine.types
+        assert seen.types.count("session.idle") == 2
+
+
+class PublishRecorder(MemoryStore):
+    """A store that records the type of every ephemeral event the runtime publishes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.published: list[str] = []
+
+    async def publish(self, session_id: str, event: Event, *, after: int) -> None:
+        self.published.append(event.type)
+        await super().publish(session_id, event, after=after)
+
+
+async def test_e5_the_owner_does_not_publish_the_idle_of_a_run_its_log_ended() -> None:
+    store = PublishRecorder()
+    async with Client(store=store) as client:
+        session = await open_session(client, ScriptedModel(["one"]))
+        await session.send_and_wait("plain")
+        started = asyncio.Event()
+
+        async def hold(request: Any) -> str:
+            started.set()
+            await asyncio.sleep(30)
+            return "never"
+
+        session_b = await open_session(client, ScriptedModel(then=lambda request: hold))
+        await session_b.send("held")
+        await started.wait()
+        await session_b.abort()
+
+        # Followers deliver both idles from the logged end (a turn's end, an abort); the
+        # rest of the live events are published.
+        assert "session.idle" not in store.published
+        assert "session.usage_info" in store.published
+
+
 class CutAfterCommit(MemoryStore):
     """A store whose connection drops once, right after an append committed: the caller
     cannot know the outcome (what a database restart does to an in-flight commit)."""

@@ -443,6 +443,53 @@ async def test_e6_a_dropped_listener_ends_a_subscription_s_wait_for_its_marker(
             assert contents(await first_events) == ["a"]
 
 
+async def test_issue20_3_live_events_among_a_batch_go_in_its_append_in_their_places(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    statements: list[str] = []
+    execute = psycopg.AsyncCursor.execute
+
+    async def counted(cursor: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        statements.append(str(query))
+        return await execute(cursor, query, params, **kwargs)
+
+    idle = SessionIdleEvent()
+
+    async def act(writer: PostgresStore) -> None:
+        monkeypatch.setattr(psycopg.AsyncCursor, "execute", counted)
+        # After the first of the batch's two events: 0 stored before it, so after 1.
+        await writer.append("s", [user("a"), user("b")], lease=None, live=[(1, idle)])
+
+    got = await heard_elsewhere(pg_dsn, 3, act)
+
+    assert [e.type for e in got] == ["user.message", "session.idle", "user.message"]
+    assert contents([got[0], got[2]]) == ["a", "b"]
+    # The events and the live one in one round trip (the reader's reads are counted too).
+    assert sum("pg_notify" in statement for statement in statements) == 1
+
+
+async def test_issue20_3_live_events_of_a_batch_not_stored_are_not_sent(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        lease = await store.acquire_lease("s", "me", 30)
+        assert lease is not None
+        stale = Lease(session_id="s", owner="me", token=lease.token + 1)
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener:
+            await listener.execute(f"LISTEN {postgres.LIVE_CHANNEL}")
+            with pytest.raises(LeaseLostError):
+                await store.append("s", [user("a")], lease=stale, live=[(1, SessionIdleEvent())])
+            await store.append("s", [user("b")], lease=lease)
+            delta = AssistantMessageDeltaEvent(
+                data=AssistantMessageDeltaData(message_id="m", delta_content="x")
+            )
+            await store.publish("s", delta, after=1)
+            heard = await take(aiter(listener.notifies()), 1, within=5)
+
+        # The first live event sent is the delta published after "b": the refused batch's
+        # idle never was.
+        assert [n.payload.split("\n")[0] for n in heard] == ['["s", 1, "assistant.message_delta"]']
+
+
 async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
