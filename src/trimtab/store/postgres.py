@@ -59,6 +59,7 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeAlias, TypeVar
 import psycopg
 from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from trimtab._durations import check_seconds
@@ -395,6 +396,9 @@ class PostgresStore:
         self._live_sending: asyncio.Future[None] | None = None
         """Done once the batch on its way is sent (or given up on)."""
         self._live_sender: asyncio.Task[None] | None = None
+        self._spare: list[_PooledConnection] = []
+        """Connections back from a call in good order, kept for the next call rather than
+        returned to the pool, whose checkout and return cost ~25 µs of CPU a statement."""
 
     # --- connections ----------------------------------------------------------------------
 
@@ -446,14 +450,28 @@ class PostgresStore:
         resets one left open by an error, or closes one left in the middle of a statement).
         """
         pool = self._pool or await self._open()
-        try:
-            conn = await pool.getconn()
-        except PoolClosed:
-            raise RuntimeError("the store is closed") from None
+        conn = await self._spare_connection(pool)
+        if conn is None:
+            try:
+                conn = await pool.getconn()
+            except PoolClosed:
+                raise RuntimeError("the store is closed") from None
         try:
             yield conn
         finally:
-            await pool.putconn(conn)
+            if not self._closed and conn.pgconn.transaction_status == TransactionStatus.IDLE:
+                self._spare.append(conn)
+            else:  # closing, or left in the middle of a statement (the pool closes it)
+                await pool.putconn(conn)
+
+    async def _spare_connection(self, pool: _Pool) -> _PooledConnection | None:
+        """A spare connection, checked as the pool checks one (`_check_connection`)."""
+        while self._spare:
+            conn = self._spare.pop()
+            if not conn.closed and not _readable(conn.fileno()):
+                return conn
+            await pool.putconn(conn)  # the server went away, or wrote: the pool checks it
+        return None
 
     async def _open(self) -> _Pool:
         """Migrate the schema and open the pool, once; a failed attempt is retried next call."""
@@ -928,6 +946,9 @@ class PostgresStore:
             if self._doorbell is not None:
                 await self._doorbell.close(self.timeout)
             if self._pool is not None:
+                spare, self._spare = self._spare, []
+                for conn in spare:
+                    await self._pool.putconn(conn)
                 await self._pool.close(timeout=self.timeout)
         if self._abandoned:
             await asyncio.wait(self._abandoned, timeout=self.timeout)
