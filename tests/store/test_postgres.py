@@ -666,6 +666,28 @@ async def test_p5_a_leased_append_after_an_event_the_log_lost_is_refused(pg_dsn:
         assert contents(await store.read("s")) == ["kept", "next"]
 
 
+async def test_more_concurrent_calls_than_connections_all_complete(pg_dsn: str) -> None:
+    store = PostgresStore(pg_dsn, max_connections=2, timeout=5)
+    try:
+        names = [f"s{n}" for n in range(3)]
+        for name in names:
+            await store.create(name)
+
+        async def busy(name: str) -> None:
+            for n in range(10):
+                await store.append(name, [user(f"{name}:{n}")], lease=None)
+                await store.read(name)
+
+        # Twelve callers at once over two connections: a connection back from a call goes
+        # to whoever waits for one, never kept aside while a call waits out its timeout.
+        async with asyncio.timeout(10):
+            await asyncio.gather(*(busy(name) for name in names for _ in range(4)))
+        for name in names:
+            assert len(await store.read(name)) == 40
+    finally:
+        await store.close()
+
+
 async def test_concurrent_appends_of_one_batch_from_two_stores_store_it_once(
     pg_dsn: str,
 ) -> None:

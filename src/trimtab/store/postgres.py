@@ -399,6 +399,8 @@ class PostgresStore:
         self._spare: list[_PooledConnection] = []
         """Connections back from a call in good order, kept for the next call rather than
         returned to the pool, whose checkout and return cost ~25 µs of CPU a statement."""
+        self._waiting = 0
+        """Calls waiting for the pool: a connection back from a call goes to them."""
 
     # --- connections ----------------------------------------------------------------------
 
@@ -452,16 +454,20 @@ class PostgresStore:
         pool = self._pool or await self._open()
         conn = await self._spare_connection(pool)
         if conn is None:
+            self._waiting += 1
             try:
                 conn = await pool.getconn()
             except PoolClosed:
                 raise RuntimeError("the store is closed") from None
+            finally:
+                self._waiting -= 1
         try:
             yield conn
         finally:
-            if not self._closed and conn.pgconn.transaction_status == TransactionStatus.IDLE:
+            idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
+            if idle and not self._waiting and not self._closed:
                 self._spare.append(conn)
-            else:  # closing, or left in the middle of a statement (the pool closes it)
+            else:  # someone waits for the pool, or closing, or left in a statement
                 await pool.putconn(conn)
 
     async def _spare_connection(self, pool: _Pool) -> _PooledConnection | None:
