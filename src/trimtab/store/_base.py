@@ -148,9 +148,10 @@ class LiveFeed(Protocol):
 
 
 class CarriesLive(Protocol):
-    """A store that sends a batch's trailing ephemeral events with the batch's append, in
-    one round trip, where publishing them after it would cost one more (PostgreSQL). An
-    optional capability: the runtime publishes them after the append on any other store."""
+    """A store that sends the ephemeral events among a batch (after its first stored event)
+    with the batch's append, in one round trip, where publishing them after it would cost
+    one more (PostgreSQL). An optional capability: on any other store the runtime appends up
+    to such an event and publishes it after that append."""
 
     carries_live: Literal[True]
 

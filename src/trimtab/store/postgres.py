@@ -28,8 +28,9 @@ numbers, refuses `\\u0000`), and the log must give back exactly what was appende
 still allows `payload->'data'` queries.
 
 Connections come from a `psycopg_pool.AsyncConnectionPool` in autocommit mode, opened on first
-use. A connection is checked when taken from the pool, so after a server restart the next call
-reconnects instead of failing on a dead socket.
+use. A connection is checked when taken from the pool (or from the store's spares, connections
+back from a call in good order), so after a server restart the next call reconnects instead
+of failing on a dead socket.
 
 Every call is bounded by the store's `timeout` (see `Store`): connecting, waiting for a pooled
 connection and each statement (`statement_timeout`, `lock_timeout`, a little under the store's
@@ -450,6 +451,8 @@ class PostgresStore:
         Taken and returned with `getconn` and `putconn`: `pool.connection()` also ends the
         connection's transaction, of which an autocommit connection has none (`putconn`
         resets one left open by an error, or closes one left in the middle of a statement).
+        One back in good order is kept as a spare for the next call instead, unless a call
+        waits for the pool.
         """
         pool = self._pool or await self._open()
         conn = await self._spare_connection(pool)
