@@ -491,6 +491,31 @@ async def test_issue20_3_live_events_of_a_batch_not_stored_are_not_sent(pg_dsn: 
         assert first.payload.split("\n")[0] == '["s", 1, "assistant.message_delta"]'
 
 
+async def test_issue20_3_a_retried_batch_does_not_send_its_live_events_again(pg_dsn: str) -> None:
+    async with stores(pg_dsn, 1) as (store,):
+        await store.create("s")
+        batch = [user("a")]
+        idle = SessionIdleEvent()
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener:
+            await listener.execute(f"LISTEN {postgres.LIVE_CHANNEL}")
+            # The repeat of an append whose outcome was unknown stores nothing, and sends
+            # nothing: its live events went with the first.
+            assert await store.append("s", batch, lease=None, live=[(1, idle)]) == 1
+            assert await store.append("s", batch, lease=None, live=[(1, idle)]) == 1
+            delta = AssistantMessageDeltaEvent(
+                data=AssistantMessageDeltaData(message_id="m", delta_content="x")
+            )
+            await store.publish("s", delta, after=1)
+            heard: list[str] = []
+            async with asyncio.timeout(5):
+                async for notification in listener.notifies():
+                    heard.append(notification.payload.split("\n")[0])
+                    if "assistant.message_delta" in heard[-1]:
+                        break
+
+        assert heard == ['["s", 1, "session.idle"]', '["s", 1, "assistant.message_delta"]']
+
+
 async def test_issue20_3_ephemeral_events_published_together_share_a_round_trip(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
