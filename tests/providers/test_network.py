@@ -1,5 +1,6 @@
-"""The Chat Completions client's connections (`providers/_network.py`): asyncio transports
-under httpcore2, over HTTP and HTTPS, against real servers on 127.0.0.1."""
+"""The Chat Completions client's HTTP (`providers/_http11.py`) and connections
+(`providers/_network.py`): h11 on asyncio transports, over HTTP and HTTPS, against real
+servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpcore2
+import httpx2
 import pytest
 import trustme
 
@@ -19,20 +20,21 @@ from trimtab.events import Message
 from trimtab.providers import _network as network
 from trimtab.providers._base import ModelRequest, ModelResponse, TextDelta
 from trimtab.providers._config import ProviderConfig
+from trimtab.providers._http11 import Transport
 from trimtab.providers.openai import OpenAIProvider
 
 
 @pytest.fixture
 def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """The connections `AsyncioBackend` opens, as (host, port)."""
+    """The connections `network.connect` opens, as (host, port)."""
     opened: list[tuple[str, int]] = []
-    connect = network.AsyncioBackend.connect_tcp
+    connect = network.connect
 
-    async def counted(self: network.AsyncioBackend, host: str, port: int, **options: Any) -> Any:
+    async def counted(host: str, port: int, *args: Any) -> Any:
         opened.append((host, port))
-        return await connect(self, host, port, **options)
+        return await connect(host, port, *args)
 
-    monkeypatch.setattr(network.AsyncioBackend, "connect_tcp", counted)
+    monkeypatch.setattr(network, "connect", counted)
     return opened
 
 
@@ -160,7 +162,7 @@ async def flood() -> AsyncIterator[_Flood]:
 
 
 async def test_a_connection_buffers_a_bounded_amount_unread(flood: _Flood) -> None:
-    stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", flood.port, timeout=5)
+    stream = await network.connect("127.0.0.1", flood.port, timeout=5)
     assert isinstance(stream, network.AsyncioStream)
     try:
         async with asyncio.timeout(10):
@@ -178,7 +180,7 @@ async def test_a_connection_buffers_a_bounded_amount_unread(flood: _Flood) -> No
             received += chunk
         assert bytes(received) == bytes(range(256)) * (flood.size // 256)
     finally:
-        await stream.aclose()
+        stream.close()
 
 
 class _Deaf(LocalServer):
@@ -192,36 +194,154 @@ class _Deaf(LocalServer):
 
 async def test_a_read_that_gets_nothing_times_out() -> None:
     async with _Deaf() as silent:
-        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", silent.port, timeout=5)
+        stream = await network.connect("127.0.0.1", silent.port, timeout=5)
         try:
-            with pytest.raises(httpcore2.ReadTimeout):
+            with pytest.raises(httpx2.ReadTimeout):
                 await stream.read(1024, timeout=0.1)
         finally:
-            await stream.aclose()
+            stream.close()
 
 
 async def test_a_refused_connection_is_a_connect_error() -> None:
     async with _Deaf() as closed:
         port = closed.port
-    with pytest.raises(httpcore2.ConnectError):
-        await network.AsyncioBackend().connect_tcp("127.0.0.1", port, timeout=5)
+    with pytest.raises(httpx2.ConnectError):
+        await network.connect("127.0.0.1", port, timeout=5)
 
 
 async def test_a_write_the_peer_does_not_take_times_out() -> None:
     async with _Deaf() as deaf:
-        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", deaf.port, timeout=5)
+        stream = await network.connect("127.0.0.1", deaf.port, timeout=5)
         try:
-            with pytest.raises(httpcore2.WriteTimeout):
+            with pytest.raises(httpx2.WriteTimeout):
                 # More than the kernel's buffers on both ends take: the rest waits here.
                 await stream.write(bytes(64 * 1024 * 1024), timeout=0.2)
         finally:
-            await stream.aclose()
+            stream.close()
 
 
 async def test_a_tls_handshake_nobody_answers_times_out() -> None:
     async with _Deaf() as deaf:
-        stream = await network.AsyncioBackend().connect_tcp("127.0.0.1", deaf.port, timeout=5)
-        with pytest.raises(httpcore2.ConnectTimeout):
+        stream = await network.connect("127.0.0.1", deaf.port, timeout=5)
+        with pytest.raises(httpx2.ConnectTimeout):
             await stream.start_tls(
                 ssl.create_default_context(), server_hostname="127.0.0.1", timeout=0.2
             )
+
+
+class _Plain(LocalServer):
+    """Answers every request on a connection with `body` (keep-alive), and counts the
+    connections; `hold` keeps each answer's end back until it is set."""
+
+    def __init__(self, body: bytes = b"ok", *, close: bool = False) -> None:
+        super().__init__()
+        self.body = body
+        self.close = close
+        self.connections = 0
+        self.hold: asyncio.Event | None = None
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.connections += 1
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n")  # (GETs: no body)
+            except asyncio.IncompleteReadError:
+                return
+            closing = b"Connection: close\r\n" if self.close else b""
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (len(self.body), closing)
+                + self.body[:1]
+            )
+            if self.hold is not None:
+                await self.hold.wait()
+            writer.write(self.body[1:])
+            await writer.drain()
+            if self.close:
+                writer.close()
+                return
+
+
+def _client(**limits: Any) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(transport=Transport(verify=True, limits=httpx2.Limits(**limits)))
+
+
+async def test_a_connection_is_reused_for_the_next_request() -> None:
+    async with _Plain() as server, _client(max_keepalive_connections=5) as client:
+        for _ in range(3):
+            assert (await client.get(server.root_url)).content == b"ok"
+
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize("close", [False, True])
+async def test_a_connection_is_not_reused_when_it_cannot_be(close: bool) -> None:
+    """Not after an answer abandoned half read, nor after the server said it closes."""
+    async with _Plain(b"x" * 100_000, close=close) as server, _client() as client:
+        for _ in range(2):
+            if close:
+                assert len((await client.get(server.root_url)).content) == 100_000
+            else:
+                async with client.stream("GET", server.root_url) as response:
+                    async for _ in response.aiter_raw():
+                        break  # the rest is never read
+
+    assert server.connections == 2
+
+
+async def test_no_more_connections_than_the_limit_and_the_wait_is_bounded() -> None:
+    async with _Plain() as server, _client(max_connections=1) as client:
+        server.hold = asyncio.Event()
+        first = asyncio.create_task(client.get(server.root_url))
+        await asyncio.sleep(0.1)
+        with pytest.raises(httpx2.PoolTimeout):
+            await client.get(server.root_url, timeout=httpx2.Timeout(5, pool=0.1))
+        server.hold.set()
+        assert (await first).content == b"ok"
+        # The slot came back: the next request gets the connection.
+        assert (await client.get(server.root_url)).content == b"ok"
+
+    assert server.connections == 1
+
+
+async def test_a_cancelled_request_gives_its_connection_slot_back() -> None:
+    async with _Plain() as server, _client(max_connections=1) as client:
+        server.hold = asyncio.Event()
+        first = asyncio.create_task(client.get(server.root_url))
+        await asyncio.sleep(0.1)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        server.hold.set()
+        async with asyncio.timeout(5):
+            assert (await client.get(server.root_url)).content == b"ok"
+
+    assert server.connections == 2  # the cancelled answer's connection was closed
+
+
+class _Truncates(LocalServer):
+    """Promises 10 bytes and closes after 2."""
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab")
+        await writer.drain()
+        writer.close()
+
+
+async def test_an_answer_cut_short_is_a_protocol_error() -> None:
+    async with _Truncates() as server, _client() as client:
+        with pytest.raises(httpx2.RemoteProtocolError):
+            await client.get(server.root_url)
+
+
+async def test_an_idle_connection_older_than_its_expiry_is_not_reused() -> None:
+    async with _Plain() as server, _client(keepalive_expiry=0.05) as client:
+        await client.get(server.root_url)
+        await asyncio.sleep(0.1)
+        await client.get(server.root_url)
+
+    assert server.connections == 2

@@ -1,10 +1,11 @@
-"""httpcore2's network backend on asyncio's own transports, for the Chat Completions client.
+"""Connections on asyncio's own transports, for the Chat Completions client's HTTP
+(`providers/_http11.py`).
 
-httpcore2 reaches the network through anyio on asyncio, which costs every read a cancel scope
-and two `epoll_ctl` calls (reading is resumed and paused around each one): ~20 µs of the
-~100 µs a streamed delta takes from the socket to an `on()` handler (docs/performance.md,
-streaming). Here a connection is an `asyncio.Protocol` that keeps reading, up to a bounded
-buffer, and a read only waits when nothing is buffered.
+Through anyio (httpcore2's way to the network), every read costs a cancel scope and two
+`epoll_ctl` calls (reading is resumed and paused around each one): ~20 µs of the ~100 µs a
+streamed delta takes from the socket to an `on()` handler (docs/performance.md, streaming).
+Here a connection is an `asyncio.Protocol` that keeps reading, up to a bounded buffer, and a
+read only waits when nothing is buffered.
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ import asyncio
 import ipaddress
 import ssl
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
 
-import httpcore2
 import httpx2
 
 READ_BUFFER_LIMIT = 256 * 1024
@@ -24,15 +22,6 @@ READ_BUFFER_LIMIT = 256 * 1024
 
 _HAPPY_EYEBALLS_DELAY = 0.25
 """Seconds before trying a host's next address in parallel (RFC 8305), as anyio does."""
-
-
-def transport(*, verify: ssl.SSLContext | bool, limits: httpx2.Limits) -> httpx2.AsyncHTTPTransport:
-    """httpx2's transport (no proxy) with its connections made by `AsyncioBackend`."""
-    result = httpx2.AsyncHTTPTransport(verify=verify, limits=limits)
-    # The transport takes no backend: its pool does, and reads it when it opens a connection
-    # (a test checks that the requests go through `AsyncioBackend`).
-    result._pool._network_backend = AsyncioBackend()
-    return result
 
 
 class _Connection(asyncio.Protocol):
@@ -86,7 +75,7 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
     async def received(self, timeout: float | None) -> None:
-        """Wait until bytes arrive or the connection ends; raise `httpcore2.ReadTimeout` after
+        """Wait until bytes arrive or the connection ends; raise `httpx2.ReadTimeout` after
         `timeout` seconds. (A timer on this future, not `asyncio.timeout` on the task: no
         cancellation to undo, at a third of the cost per read.)"""
         loop = asyncio.get_running_loop()
@@ -126,11 +115,11 @@ def _numeric(host: str) -> bool:
 
 def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
     if not waiter.done():
-        waiter.set_exception(httpcore2.ReadTimeout(f"no data within {timeout} s"))
+        waiter.set_exception(httpx2.ReadTimeout(f"no data within {timeout} s"))
 
 
-class AsyncioStream(httpcore2.AsyncNetworkStream):
-    """A connection as httpcore2 reads and writes it."""
+class AsyncioStream:
+    """A connection as the HTTP client reads and writes it."""
 
     def __init__(self, transport: asyncio.Transport, connection: _Connection) -> None:
         self._transport = transport
@@ -141,33 +130,41 @@ class AsyncioStream(httpcore2.AsyncNetworkStream):
         """Bytes received and not read yet (at most about `READ_BUFFER_LIMIT`)."""
         return self._connection.buffered
 
+    @property
+    def idle_and_open(self) -> bool:
+        """Nothing arrived unasked and the peer has not closed: an idle connection that may
+        be used again (bytes or an end on it mean the server closed it or broke the
+        protocol)."""
+        return not self._connection.chunks and not self._connection.ended
+
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        """Up to `max_bytes` received bytes, or `b""` once the peer closed its side."""
         connection = self._connection
         if not connection.chunks and not connection.ended:
             await connection.received(timeout)
         if connection.chunks:
             return connection.take(max_bytes)
         if connection.error is not None:
-            raise httpcore2.ReadError(str(connection.error)) from connection.error
-        return b""  # the peer closed the connection: httpcore2 tells what that means
+            raise httpx2.ReadError(str(connection.error)) from connection.error
+        return b""
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
             return
         if self._transport.is_closing():
-            raise httpcore2.WriteError("the connection is closed")
+            raise httpx2.WriteError("the connection is closed")
         try:
             self._transport.write(buffer)
             async with asyncio.timeout(timeout):
                 await self._connection.drained()
         except TimeoutError:
-            raise httpcore2.WriteTimeout(f"could not write within {timeout} s") from None
+            raise httpx2.WriteTimeout(f"could not write within {timeout} s") from None
         except (OSError, RuntimeError) as exc:
-            raise httpcore2.WriteError(str(exc)) from exc
+            raise httpx2.WriteError(str(exc)) from exc
         if self._connection.error is not None:
-            raise httpcore2.WriteError(str(self._connection.error))
+            raise httpx2.WriteError(str(self._connection.error))
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
         self._transport.abort()
 
     async def start_tls(
@@ -175,7 +172,7 @@ class AsyncioStream(httpcore2.AsyncNetworkStream):
         ssl_context: ssl.SSLContext,
         server_hostname: str | None = None,
         timeout: float | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
+    ) -> AsyncioStream:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
@@ -184,59 +181,32 @@ class AsyncioStream(httpcore2.AsyncNetworkStream):
                 )
         except TimeoutError:
             self._transport.abort()
-            raise httpcore2.ConnectTimeout(f"no TLS handshake within {timeout} s") from None
+            raise httpx2.ConnectTimeout(f"no TLS handshake within {timeout} s") from None
         except (OSError, ssl.SSLError) as exc:
             self._transport.abort()
-            raise httpcore2.ConnectError(str(exc)) from exc
+            raise httpx2.ConnectError(str(exc)) from exc
         if tls is None:  # the connection was closed meanwhile
-            raise httpcore2.ConnectError("the connection closed during the TLS handshake")
+            raise httpx2.ConnectError("the connection closed during the TLS handshake")
         assert isinstance(tls, asyncio.Transport)
         self._connection.transport = tls
         return AsyncioStream(tls, self._connection)
 
-    def get_extra_info(self, info: str) -> Any:
-        if info == "is_readable":
-            # Bytes or an end on an idle connection: the server closed it (or broke the
-            # protocol), so the pool does not reuse it.
-            return bool(self._connection.chunks) or self._connection.ended
-        name = {"client_addr": "sockname", "server_addr": "peername"}.get(info, info)
-        if name in ("ssl_object", "socket", "sockname", "peername"):
-            return self._transport.get_extra_info(name)
-        return None
 
-
-class AsyncioBackend(httpcore2.AsyncNetworkBackend):
-    """Opens `AsyncioStream` connections."""
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore2.AsyncNetworkStream:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(timeout):
-                transport, connection = await loop.create_connection(
-                    _Connection,
-                    host,
-                    port,
-                    local_addr=(local_address, 0) if local_address else None,
-                    # A numeric address has nothing to race (and the race costs tasks).
-                    happy_eyeballs_delay=None if _numeric(host) else _HAPPY_EYEBALLS_DELAY,
-                )
-        except TimeoutError:
-            raise httpcore2.ConnectTimeout(f"could not connect within {timeout} s") from None
-        except OSError as exc:
-            raise httpcore2.ConnectError(str(exc)) from exc
-        # asyncio sets TCP_NODELAY itself, as anyio does.
-        sock = transport.get_extra_info("socket")
-        for option in socket_options or ():
-            sock.setsockopt(*option)
-        assert isinstance(transport, asyncio.Transport)
-        return AsyncioStream(transport, connection)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
+async def connect(host: str, port: int, timeout: float | None = None) -> AsyncioStream:
+    """A TCP connection to `host`, within `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            transport, connection = await loop.create_connection(
+                _Connection,
+                host,
+                port,
+                # A numeric address has nothing to race (and the race costs tasks).
+                happy_eyeballs_delay=None if _numeric(host) else _HAPPY_EYEBALLS_DELAY,
+            )
+    except TimeoutError:
+        raise httpx2.ConnectTimeout(f"could not connect within {timeout} s") from None
+    except OSError as exc:
+        raise httpx2.ConnectError(str(exc)) from exc
+    assert isinstance(transport, asyncio.Transport)
+    return AsyncioStream(transport, connection)  # (asyncio sets TCP_NODELAY itself)

@@ -25,7 +25,6 @@ from urllib.parse import quote
 import httpx2
 
 from trimtab._errors import ProviderError
-from trimtab.providers import _network as network
 from trimtab.providers._bodies import ACCEPT_ENCODING, bounded_answers
 from trimtab.providers._common import (
     answer_within,
@@ -40,6 +39,7 @@ from trimtab.providers._common import (
     stream_error,
 )
 from trimtab.providers._config import ProviderConfig
+from trimtab.providers._http11 import Transport
 from trimtab.providers._origin import credentials_stay_home
 
 if TYPE_CHECKING:
@@ -51,10 +51,8 @@ _PLACEHOLDER_KEY = "unused"
 """Sent to keyless local servers: the client library refuses to start without some key."""
 
 # The `openai` client's defaults (its timeouts excepted: see `ProviderConfig.deadline`), but
-# for the idle connections kept: the pool probes every idle connection's socket each time a
-# request starts or ends, which with the `openai` client's 100 dominated the CPU of a server
-# with many sessions (docs/performance.md, many sessions). httpx's own default of 20 keeps the
-# probes cheap, while up to 1000 requests still run at once.
+# for the idle connections kept: httpx's own default of 20 rather than the `openai` client's
+# 100 (docs/performance.md, many sessions), while up to 1000 requests still run at once.
 _BASE_URL = "https://api.openai.com/v1"
 _LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=20)
 _MAX_RETRY_AFTER = 120.0
@@ -383,7 +381,7 @@ class ChatClient:
             follow_redirects=True,
             verify=verify,
             event_hooks=bounded_answers(credentials_stay_home(base_url, config.headers or ())),
-            transport=self._transport or network.transport(verify=verify, limits=_LIMITS),
+            transport=self._transport or Transport(verify=verify, limits=_LIMITS),
         )
 
 
