@@ -300,6 +300,25 @@ async def test_a_long_session_never_overflows_and_loses_nothing(client: Client) 
     assert sum(e.type == "assistant.message" for e in log) == 25
 
 
+async def test_e7_auto_compaction_comes_between_a_message_and_its_turn(client: Client) -> None:
+    """A run's first turn starts in the append of its message only when the window needs no
+    fitting; otherwise the compaction is logged between them."""
+    model = ScriptedModel(then=responder([]))
+    session = await open_session(
+        client, model, model_limits={"context_window": LIMIT, "max_output_tokens": 200}
+    )
+    for i in range(12):
+        await session.send_and_wait(f"paragraph {i}: " + "lorem ipsum " * 40)
+    log = [e.type for e in await session.get_events()]
+    compactions = [i for i, kind in enumerate(log) if kind == "session.compaction_start"]
+    assert compactions
+    for at in compactions:
+        assert log[at - 1] == "user.message"
+        done = log.index("session.compaction_complete", at)
+        assert "assistant.turn_start" not in log[at:done]
+        assert log[done + 1] == "assistant.turn_start"
+
+
 async def test_compaction_failure_falls_back_to_dropping_turns_with_a_warning(
     client: Client,
 ) -> None:

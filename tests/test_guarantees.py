@@ -416,6 +416,9 @@ async def test_e1_abort_right_after_send_aborts_that_run(client: Client) -> None
     assert rec.types[-2:] == ["abort", "session.idle"]
     assert rec.of("session.idle")[0].data.aborted is True
     assert ran == [] and model.requests == []
+    # Its turn, started with its message in one append, is closed before the abort.
+    logged = [e.type for e in await session.get_events()]
+    assert logged[-4:] == ["user.message", "assistant.turn_start", "assistant.turn_end", "abort"]
 
 
 async def test_r1_disconnect_from_inside_a_handler_completes_and_frees_the_session(

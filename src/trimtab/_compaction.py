@@ -118,19 +118,26 @@ def request_tokens(host: CompactionHost) -> int:
     return host.window_tokens() + tools
 
 
+def needs_fitting(host: CompactionHost, more: int = 0) -> bool:
+    """The next model request, with `more` tokens in the window, passes the threshold of
+    automatic compaction."""
+    return host.config.infinite_sessions.enabled and request_tokens(host) + more > _budget(host)
+
+
 async def fit_window(host: CompactionHost) -> None:
     """Before a model call: compact if the request would pass the threshold (auto compaction),
     then, if it still does not fit, drop the oldest whole units and say so."""
-    settings = host.config.infinite_sessions
-    if not settings.enabled:
-        return
-    budget = int(host.limits.context_window * settings.threshold)
-    if request_tokens(host) <= budget:
+    if not needs_fitting(host):
         return
     await compact(host, trigger="threshold")
-    overflow = request_tokens(host) - budget
+    overflow = request_tokens(host) - _budget(host)
     if overflow > 0:
         await _drop_oldest(host, overflow, "the window was still too large after compaction")
+
+
+def _budget(host: CompactionHost) -> int:
+    """The request size automatic compaction keeps under."""
+    return int(host.limits.context_window * host.config.infinite_sessions.threshold)
 
 
 async def compact(

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
 from trimtab._compaction import CompactionHost, fit_window, request_tokens
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
@@ -225,6 +225,7 @@ async def run(
     *,
     interrupted: Interrupted | None = None,
     aborted: bool = False,
+    started: str | None = None,
     parent: Context | None = None,
 ) -> RunEnd:
     """Run one `send`, whose `user.message` the host has logged, to its end, including any
@@ -233,8 +234,10 @@ async def run(
 
     With `interrupted`, the run continues a crashed one instead: its unfinished calls run
     again, its open turn is closed, and the loop goes on from there. With `aborted` (an
-    `abort()` that came before the run started) it ends at once, as an abort. `parent` is the
-    trace context of whoever sent (spec OT2).
+    `abort()` that came before the run started) it ends at once, as an abort. `started` is
+    the id of the run's first turn when the host logged its `assistant.turn_start` with the
+    `user.message` (nothing had to come between them). `parent` is the trace context of
+    whoever sent (spec OT2).
     """
     result = RunEnd(message_id)
     state = host.state
@@ -244,7 +247,7 @@ async def run(
     failure: str | None = None
     try:
         if aborted:
-            raise asyncio.CancelledError
+            await _stop_unstarted(host, started)
         step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
         turns, stopped = 0, False
         while step != "end":
@@ -262,8 +265,8 @@ async def run(
                     message_id,
                 )
                 break
-            step = await _turn(host, message_id, result)
-            turns += 1
+            step = await _turn(host, message_id, result, started)
+            turns, started = turns + 1, None
             if step == "end" and result.error is None and host.hooks:
                 # An `agentStop` hook may keep the run going, as a user message of the same
                 # run (the turns still count against max_turns).
@@ -299,6 +302,14 @@ async def run(
     return result
 
 
+async def _stop_unstarted(host: LoopHost, started: str | None) -> NoReturn:
+    """End a run an `abort()` stopped before it started: its turn, when it was logged with
+    its message, ends first."""
+    if started is not None:
+        await host.emit(_turn_end(started, host.config.model))
+    raise asyncio.CancelledError
+
+
 async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
     """Re-run the calls a crash interrupted (their start events are logged already), close
     the turn it left open, and go on as the log says (the seed of a clear committed before
@@ -330,16 +341,21 @@ _Step = Literal["end", "continue"] | _Seed
 """What follows a turn: the run ends, another turn, or the seeded run of a committed clear."""
 
 
-async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
-    """One model call and its batch, bracketed by turn_start / turn_end."""
-    await host.refresh_tools()
-    await fit_window(host)
+async def _turn(
+    host: LoopHost, message_id: str, result: RunEnd, started: str | None = None
+) -> _Step:
+    """One model call and its batch, bracketed by turn_start / turn_end (`started`: the
+    turn's start is logged already, with the run's user message)."""
+    if started is None:
+        await host.refresh_tools()
+        await fit_window(host)
     model = host.config.model
-    turn_id = host.next_turn_id()
+    turn_id = started or host.next_turn_id()
     closes = True
     try:
-        # (An emit is never half done: aborted during it, the turn is started, and ends.)
-        await host.emit(AssistantTurnStartEvent(data=TurnData(turn_id=turn_id, model=model)))
+        if started is None:
+            # (An emit is never half done: aborted during it, the turn is started, and ends.)
+            await host.emit(turn_start(turn_id, model))
         try:
             info = UsageInfoData(
                 token_limit=host.limits.context_window,
@@ -396,7 +412,7 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
         )
         if not calls:
             closes = False
-            answer += (AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model)),)
+            answer += (_turn_end(turn_id, model),)
         message = (await host.emit_all(answer))[0]
         assert isinstance(message, AssistantMessageEvent)
         result.last_message = message
@@ -410,8 +426,16 @@ async def _turn(host: LoopHost, message_id: str, result: RunEnd) -> _Step:
         raise
     finally:
         if closes:
-            await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model)))
+            await host.emit(_turn_end(turn_id, model))
     return _next_step(host)
+
+
+def turn_start(turn_id: str, model: str | None) -> AssistantTurnStartEvent:
+    return AssistantTurnStartEvent(data=TurnData(turn_id=turn_id, model=model))
+
+
+def _turn_end(turn_id: str, model: str | None) -> AssistantTurnEndEvent:
+    return AssistantTurnEndEvent(data=TurnData(turn_id=turn_id, model=model))
 
 
 def _cannot_write(exc: BaseException) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trimtab import _loop
+from trimtab._compaction import needs_fitting
 from trimtab._errors import LeaseLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
@@ -24,7 +25,9 @@ from trimtab._runs import RunEnd, RunLedger
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, ToolInvocation, valid_text
 from trimtab._tracing import Tracing
+from trimtab._window import estimate_tokens
 from trimtab.events import (
+    AssistantTurnStartEvent,
     Event,
     Image,
     ModelLimits,
@@ -72,6 +75,8 @@ class Pending:
     started: bool = False
     """Its run's task has begun (cancelling a task before that would skip its body, and the
     abort it logs)."""
+    turn: str | None = None
+    """Its run's first turn, when its `assistant.turn_start` was logged with the message."""
     ended: asyncio.Event | None = None
     """Set once the run ended (created for whoever waits for that)."""
     parent: Context | None = None
@@ -323,9 +328,12 @@ class Runner:
                 message = _message(prompt, message_id, attached)
                 if self._interrupted():
                     await log_.emit_unlocked((), first=_loop.end_of_interrupted_run)
-                await log_.emit_unlocked((message,), first=self._first())
+                start = self._turn_start(message)
+                events = (message,) if start is None else (message, start)
+                await log_.emit_unlocked(events, first=self._first())
                 self._store_failed = False
                 pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
+                pending.turn = start.data.turn_id if start else None
                 self._queue.append(pending)
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
@@ -439,10 +447,12 @@ class Runner:
                 # Stored from here, where no abort cancels: the input's message is logged
                 # (claiming it in the inbox) before its run can be stopped.
                 message = _message(item.prompt, item.message_id, item.attached)
-                events = (message, PendingMessagesModifiedEvent())
                 if self._interrupted():
                     await self.log.emit_all((), first=_loop.end_of_interrupted_run)
-                await self.log.emit_all(events, first=self._first())
+                start = self._turn_start(message)
+                events: tuple[Event, ...] = (message, PendingMessagesModifiedEvent())
+                await self.log.emit_all(events + (start,) if start else events, first=self._first())
+                item.turn = start.data.turn_id if start else None
                 self._store_failed = False
                 item.appended = True
         except Exception as exc:
@@ -475,6 +485,7 @@ class Runner:
             item.message_id,
             interrupted=item.interrupted,
             aborted=item.aborted,
+            started=item.turn,
             parent=item.parent,
         )
 
@@ -482,6 +493,19 @@ class Runner:
         """What a new input stores with its message: the end of the run the store failed
         under here (its error and idle were delivered then), in the same append."""
         return _loop.end_of_failed_run if self._store_failed else None
+
+    def _turn_start(self, message: UserMessageEvent) -> AssistantTurnStartEvent | None:
+        """The first `assistant.turn_start` of the run of `message`, to be stored with it in
+        one append, when nothing would come between them: no run's end to log first, no tool
+        source to refresh, no window to fit (spec P5: one statement less per run)."""
+        if self._store_failed or self._interrupted() or not self.toolbox.settled:
+            return None
+        data = message.data
+        images = tuple(data.images) if data.images else ()
+        more = estimate_tokens((Message(role="user", content=data.content, images=images),))
+        if needs_fitting(self, more):
+            return None
+        return _loop.turn_start(self.next_turn_id(), self.config.model)
 
     def _interrupted(self) -> bool:
         """The log holds a run nothing here runs or ran (a crash interrupted it, and the

@@ -85,6 +85,11 @@ class Toolbox:
         (the host's own tools win a name clash)."""
         self._offered = dict(tools)
 
+    @property
+    def settled(self) -> bool:
+        """`refresh` has nothing to take in: no tool source, nothing offered since."""
+        return self._source is None and self._offered is None
+
     async def refresh(self) -> Sequence[str]:
         """Take in what changed in the tool source (MCP servers started, their lists changed)
         and what was offered, before a turn, never during one, so that a batch sees one set
