@@ -253,6 +253,8 @@ class ChatClient:
         self._environment = environment
         self._transport = transport
         self._client: httpx2.AsyncClient | None = None
+        self._url: tuple[str, httpx2.URL] | None = None
+        """The last path requested, and its whole URL (on the client's base URL)."""
 
     def model(self, requested: str) -> str:
         """The model to name in the request: on Azure, the deployment when one is given;
@@ -288,10 +290,14 @@ class ChatClient:
         path = "/chat/completions"
         if self.config.type == "azure" and "/deployments" not in client.base_url.path:
             path = f"/deployments/{quote(model, safe='')}{path}"
+        if self._url is None or self._url[0] != path:
+            # Merged with the base URL once, not parsed again for every request.
+            base = client.base_url
+            self._url = path, base.copy_with(raw_path=base.raw_path + path[1:].encode())
         seconds = self.config.deadline(stream=stream)
         request = client.build_request(
             "POST",
-            path,
+            self._url[1],
             content=body,
             headers={"Content-Type": "application/json", **(headers or {})},
             timeout=httpx2.Timeout(**attempt_timeout(seconds)),
