@@ -5,7 +5,8 @@
 Needs a PostgreSQL server ($TRIMTAB_BENCH_PG_DSN or $TRIMTAB_TEST_PG_DSN, or --dsn): the bench
 works in a fresh database of its own, dropped at the end. A `trimtab.Client` on that database
 runs turns against the fake model, one at a time: plain turns, one-tool turns, and streaming
-turns of `--chunks` deltas. psycopg is wrapped to count, per turn:
+turns of `--chunks` deltas. psycopg is wrapped to count, per turn (over as many turns again
+as the timed ones: the wrapping costs CPU of its own):
 
 - statements: every `execute` (each one round trip to the server), by kind: appends (the
   statements that write), NOTIFYs alone (`SELECT pg_notify(...)`), and the rest (reads,
@@ -55,11 +56,14 @@ class Counts:
         self.counter: Counter[str] = Counter()
         self._open: dict[int, bool] = {}
         """Connections inside a transaction: whether it wrote yet."""
+        self._execute = psycopg.AsyncCursor.execute
+        self._transaction = psycopg.AsyncConnection.transaction
 
     def install(self) -> None:
+        """Count from now on (the wrappers cost CPU of their own: not while CPU is timed)."""
         counts = self
-        execute = psycopg.AsyncCursor.execute
-        transaction = psycopg.AsyncConnection.transaction
+        execute = self._execute
+        transaction = self._transaction
 
         async def counted_execute(cursor: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             text = query if isinstance(query, str) else str(query)
@@ -73,6 +77,10 @@ class Counts:
 
         psycopg.AsyncCursor.execute = counted_execute  # type: ignore[method-assign, assignment]
         psycopg.AsyncConnection.transaction = counted_transaction  # type: ignore[method-assign, assignment]
+
+    def uninstall(self) -> None:
+        psycopg.AsyncCursor.execute = self._execute  # type: ignore[method-assign]
+        psycopg.AsyncConnection.transaction = self._transaction  # type: ignore[method-assign]
 
     def statement(self, conn: int, text: str, asynchronous: bool) -> None:
         self.counter["statements"] += 1
@@ -110,7 +118,6 @@ class Counts:
 
 async def measure(args: argparse.Namespace, base_url: str, url: str, name: str) -> dict[str, Any]:
     counts = Counts()
-    counts.install()
     provider = {"type": "openai", "base_url": base_url, "api_key": common.API_KEY}
     admin = admin_dsn(args.dsn)
     assert admin is not None
@@ -128,18 +135,21 @@ async def measure(args: argparse.Namespace, base_url: str, url: str, name: str) 
             for _ in range(WARMUP):
                 await session.send_and_wait(prompt)
             backends = backend_pids(admin, name)
-            before = counts.snapshot()
             cpu = time.process_time()
             backend_cpu = [cpu_seconds(pid) or 0.0 for pid in backends]
             for _ in range(args.turns):
-                reply = await session.send_and_wait(prompt)
-                if reply is None or not reply.data.content:
-                    raise AssertionError(f"unexpected reply {reply!r}")
+                await turn(session, prompt)
             cpu = time.process_time() - cpu
             backend_cpu = [
                 (cpu_seconds(p) or 0.0) - c for p, c in zip(backends, backend_cpu, strict=True)
             ]
+            # The statements: counted over as many turns again, apart from the timed ones.
+            counts.install()
+            before = counts.snapshot()
+            for _ in range(args.turns):
+                await turn(session, prompt)
             counted = counts.snapshot() - before
+            counts.uninstall()
             per_turn = {key: counted[key] / args.turns for key in sorted(counted)}
             per_turn["round_trips"] = per_turn.get("statements", 0) + 2 * per_turn.get(
                 "transactions", 0
@@ -155,6 +165,12 @@ async def measure(args: argparse.Namespace, base_url: str, url: str, name: str) 
             await session.disconnect()
     result["memory_cpu_ms_per_turn"] = await memory_cpu(args, provider)
     return result
+
+
+async def turn(session: Any, prompt: str) -> None:
+    reply = await session.send_and_wait(prompt)
+    if reply is None or not reply.data.content:
+        raise AssertionError(f"unexpected reply {reply!r}")
 
 
 async def memory_cpu(args: argparse.Namespace, provider: dict[str, Any]) -> dict[str, float]:
