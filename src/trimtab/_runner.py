@@ -450,8 +450,12 @@ class Runner:
                 if self._interrupted():
                     await self.log.emit_all((), first=_loop.end_of_interrupted_run)
                 start = self._turn_start(message)
-                events: tuple[Event, ...] = (message, PendingMessagesModifiedEvent())
-                await self.log.emit_all(events + (start,) if start else events, first=self._first())
+                # (The queue's change, an ephemeral event, last: stores that do not carry one
+                # in their append store what comes before it in one.)
+                events = (message, start) if start else (message,)
+                await self.log.emit_all(
+                    events + (PendingMessagesModifiedEvent(),), first=self._first()
+                )
                 item.turn = start.data.turn_id if start else None
                 self._store_failed = False
                 item.appended = True
