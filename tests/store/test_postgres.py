@@ -811,3 +811,28 @@ async def test_store_recovers_after_a_server_restart_and_loses_nothing_acknowled
         assert contents(await take(events, 1, within=SUBSCRIBE_POLL + 5)) == ["after"]
         await writer.append("s", [user("later")], lease=None)
         assert contents(await take(events, 1, within=SUBSCRIBE_POLL / 5)) == ["later"]
+
+
+async def test_a_read_follows_the_appends_in_flight_to_its_session(pg_dsn: str) -> None:
+    """A read waits for this store's appends to the session still on their way, also one
+    whose caller stopped waiting (its time ran out: its cancellation is on its way too, and
+    a frozen server that wakes may still commit it). A session catching up with its log
+    (E3) then sees it rather than writing past it, which the next append's check would take
+    for appends the database lost."""
+    store = PostgresStore(pg_dsn, timeout=5.0)
+    try:
+        await store.create("s")
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as other:
+            await other.execute("SELECT 1 FROM sessions WHERE session_id = 's' FOR UPDATE")
+            late = UserMessageEvent(data=UserMessageData(content="late"))
+            appending = asyncio.ensure_future(store.append("s", [late], lease=None))
+            await asyncio.sleep(0.2)  # the append waits for the row
+            reading = asyncio.ensure_future(store.read("s"))
+            await asyncio.sleep(0.2)
+            assert not reading.done()
+            await other.rollback()
+        assert await appending == 1
+        events = await reading
+    finally:
+        await store.close()
+    assert [e.id for e in events] == [late.id]

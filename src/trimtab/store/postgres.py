@@ -633,8 +633,12 @@ class PostgresStore:
 
     @_bounded
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
-        """The events with sequence number > `after` (1-based), oldest first."""
-        async with self._connection() as conn:
+        """The events with sequence number > `after` (1-based), oldest first.
+
+        Read after this store's appends to the session, those whose caller stopped waiting
+        included: one given up on may still land (a frozen server that wakes), and a session
+        catching up with its log must see it before it appends again (E3)."""
+        async with self._append_order.hold(session_id), self._connection() as conn:
             rows = await (await conn.execute(_READ, (after, session_id))).fetchall()
         if not rows:
             raise SessionNotFoundError(session_id)
