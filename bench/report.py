@@ -502,13 +502,14 @@ def _postgres(results: dict[str, Any]) -> list[str]:
         " `trimtab.Client` session in process on a fresh PostgreSQL"
         f" {settings.get('server_version', '?').split()[0]} database"
         f" (fsync={settings.get('fsync', '?')},"
-        f" synchronous_commit={settings.get('synchronous_commit', '?')}), counted by wrapping"
-        " psycopg: every statement is a round trip, a transaction two more; a write in"
-        " autocommit, or a transaction holding one, is a commit: durable, unless trimtab made"
-        " it asynchronous (`synchronous_commit` off for that commit, spec P5: counted apart,"
-        " it waits for no WAL flush). A step is one model call; the floor is one durable"
-        " commit per step, which trimtab meets: the send's message and a tool call's start are"
-        " durable, the run's other appends asynchronous.",
+        f" synchronous_commit={settings.get('synchronous_commit', '?')}); statements counted"
+        " by wrapping psycopg over as many turns again (the wrappers cost CPU of their own,"
+        " so not while CPU is timed): every statement is a round trip, a transaction two"
+        " more; a write in autocommit, or a transaction holding one, is a commit: durable,"
+        " unless trimtab made it asynchronous (`synchronous_commit` off for that commit,"
+        " spec P5: counted apart, it waits for no WAL flush). A step is one model call; the"
+        " floor is one durable commit per step, which trimtab meets: the send's message and"
+        " a tool call's start are durable, the run's other appends asynchronous.",
         *_pg_reference(data),
     ]
     return ["### PostgreSQL per turn", "", *_table(header, rows), *notes]
@@ -762,8 +763,9 @@ def _store(results: dict[str, Any]) -> list[str]:
             *_table(["events per commit", "events/s"], rows),
             "",
             f"A plain run stores 5 events, a one-tool run {append['events_per_run']}; the runtime",
-            "appends them as they are emitted, the reply with its usage and the turn's end with"
-            " its usage info (4 appends for a plain run, 11 for a one-tool run).",
+            "appends them as they are emitted: the message with its turn's start, the reply with"
+            " its usage, the turn's end after its usage info (3 appends for a plain run, 10 for"
+            " a one-tool run).",
             "",
         ]
     context = results.get("context")
