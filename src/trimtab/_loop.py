@@ -346,8 +346,8 @@ async def _turn(
 ) -> _Step:
     """One model call and its batch, bracketed by turn_start / turn_end (`started`: the
     turn's start is logged already, with the run's user message)."""
+    await host.refresh_tools()  # (started: no tool source, so nothing it could log)
     if started is None:
-        await host.refresh_tools()
         await fit_window(host)
     model = host.config.model
     turn_id = started or host.next_turn_id()
