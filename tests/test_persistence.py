@@ -732,6 +732,35 @@ class DurabilityRecorder(MemoryStore):
         return await super().append(session_id, events, lease=lease, durable=durable)
 
 
+async def test_e7_a_queued_input_is_stored_with_its_turn_start_in_one_append() -> None:
+    """Sent while a run is in progress, the input waits in the inbox; when its run starts,
+    its message and its first turn's start go in one append, before the queue's change."""
+    store = DurabilityRecorder()
+    async with Client(store=store) as client:
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def slow(params: Any) -> str:
+            started.set()
+            await release.wait()
+            return "slow"
+
+        model = ScriptedModel([tool_call("slow"), "first done", "second done"])
+        session = await open_session(client, model, define_tool("slow", handler=slow))
+        rec = Recorder(session)
+        first = asyncio.ensure_future(session.send_and_wait("first"))
+        await asyncio.wait_for(started.wait(), 10)
+        await session.send("second")
+        del store.appends[:]
+        release.set()
+        await first
+        await rec.wait_for("session.idle", 2)
+
+    opening = ["user.message", "assistant.turn_start"]
+    assert [types for types, _ in store.appends].count(opening) == 1
+    queued = rec.types[rec.types.index("user.message", rec.types.index("session.idle")) :]
+    assert queued[:3] == [*opening, "pending_messages.modified"]
+
+
 async def test_p5_a_step_waits_for_the_disk_once_for_the_send_or_the_tool_start() -> None:
     store = DurabilityRecorder()
     async with Client(store=store) as client:

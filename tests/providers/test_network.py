@@ -345,3 +345,30 @@ async def test_an_idle_connection_older_than_its_expiry_is_not_reused() -> None:
         await client.get(server.root_url)
 
     assert server.connections == 2
+
+
+class _EndlessHead(LocalServer):
+    """Answers with a head that never ends (one header line after another)."""
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for n in range(100_000):
+            writer.write(b"X-Filler-%d: %s\r\n" % (n, b"x" * 100))
+            await writer.drain()
+
+
+async def test_a_head_that_never_ends_is_refused_not_buffered() -> None:
+    async with _EndlessHead() as server, _client() as client:
+        with pytest.raises(httpx2.RemoteProtocolError):
+            await client.get(server.root_url, timeout=5)
+
+
+async def test_a_body_that_stops_coming_times_out() -> None:
+    async with _Plain(b"0123456789") as server, _client() as client:
+        server.hold = asyncio.Event()  # the head and one byte, then nothing
+        with pytest.raises(httpx2.ReadTimeout):
+            await client.get(server.root_url, timeout=httpx2.Timeout(5, read=0.2))
+        server.hold.set()
