@@ -72,8 +72,9 @@ class _Connection:
                 assert not isinstance(event, type)  # (h11's PAUSED: a client never pipelines)
                 return event
 
-    def reusable(self) -> bool:
-        """Both sides ended their messages and keep the connection: ready for the next."""
+    def next_cycle(self) -> bool:
+        """Make the connection ready for its next exchange, if both sides ended their
+        messages and keep it open; whether it is."""
         wire = self.wire
         if wire.our_state is h11.DONE and wire.their_state is h11.DONE:
             wire.start_next_cycle()
@@ -156,7 +157,7 @@ class Transport(httpx2.AsyncBaseTransport):
     def release(self, origin: _Origin, connection: _Connection, *, ended: bool) -> None:
         """Take back a connection whose answer was read to its end (`ended`) or abandoned."""
         self._release_slot()
-        if ended and not self._closed and connection.reusable():
+        if ended and not self._closed and connection.next_cycle():
             if self._keep is None or self._idle_count < self._keep:
                 connection.idle_since = time.monotonic()
                 self._idle.setdefault(origin, []).append(connection)
