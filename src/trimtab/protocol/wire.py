@@ -7,6 +7,7 @@ Results are serialised with `dump`, which leaves out fields that are None.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Self
@@ -149,17 +150,27 @@ class WireTool(Wire):
     metadata: Json | None = None
 
     def definition(self) -> ToolDefinition:
-        """The runtime's definition of this tool."""
+        """The runtime's definition of this tool: one object for every session that declares
+        it alike (a client's thousand sessions would otherwise hold a thousand copies of its
+        schema, ~2 KB each)."""
+        key = self.model_dump_json(exclude_none=True)
+        if (known := _DEFINITIONS.get(key)) is not None:
+            return known
         fields = self.model_dump(exclude_none=True)
         parameters = fields.pop("parameters", None) or {"type": "object", "properties": {}}
         # zod-made schemas carry "$schema", which some model APIs refuse in a tool schema.
         fields["parameters"] = {k: v for k, v in parameters.items() if k != "$schema"}
-        return ToolDefinition.model_validate(fields)
+        definition = _DEFINITIONS[key] = ToolDefinition.model_validate(fields)
+        return definition
 
     @classmethod
     def of(cls, definition: ToolDefinition) -> WireTool:
         """How a client declares a tool it defined (its handler stays with the client)."""
         return cls.model_validate(definition.model_dump(include=set(cls.model_fields)))
+
+
+_DEFINITIONS: weakref.WeakValueDictionary[str, ToolDefinition] = weakref.WeakValueDictionary()
+"""The definitions in use, by the JSON of their declaration (frozen, so shared)."""
 
 
 class SectionOverride(Wire):
