@@ -357,13 +357,14 @@ async def _turn(
             # (An emit is never half done: aborted during it, the turn is started, and ends.)
             await host.emit(turn_start(turn_id, model))
         try:
-            info = UsageInfoData(
-                token_limit=host.limits.context_window,
-                current_tokens=request_tokens(host),
-                messages_length=len(host.window()),
+            # (The window as the request has it; `session.usage_info` made of it once answered.)
+            limit, tokens, length = (
+                host.limits.context_window,
+                request_tokens(host),
+                len(host.window()),
             )
             reply_id = new_id()
-            response, duration = await _call_model(host, reply_id, info.current_tokens)
+            response, duration = await _call_model(host, reply_id, tokens)
         except ProviderError as exc:
             result.error = _error_event(
                 exc.error_type, valid_text(exc.message), exc.status_code, exc.retryable, message_id
@@ -405,6 +406,7 @@ async def _turn(
         # The reply and its usage in one append: one round trip to the store, not two; a
         # reply that calls nothing ends the turn in the same append. An emit is never half
         # done: an abort during it still stores the end, which must then not be stored again.
+        info = UsageInfoData(token_limit=limit, current_tokens=tokens, messages_length=length)
         answer: tuple[Event, ...] = (
             AssistantMessageEvent(data=reply),
             AssistantUsageEvent(data=usage),
@@ -418,6 +420,9 @@ async def _turn(
         result.last_message = message
         if not calls:
             return _next_step(host)
+        # The batch may wait long (a client's tool, a user's approval): what only the answer
+        # needed is let go meanwhile (~3 KB a call; a thousand sessions' calls at once).
+        del response, reply, usage, answer, info
         await _run_batch(host, calls, turn_id)
     except BaseException as exc:
         # An abort or a failure still closes the turn; a store that failed is not asked
@@ -482,12 +487,18 @@ def _callable_name(name: str) -> str:
 _NAME = re.compile(TOOL_NAME)
 
 
+_REQUEST_FIELDS = set(ModelRequest.model_fields)
+
+
 async def _call_model(host: LoopHost, reply_id: str, tokens: int) -> tuple[ModelResponse, float]:
     """The model's response and how long it took (ms); streams deltas when configured, under
     the id the final `assistant.message` will carry (clients join them on it). `tokens` is the
     request's estimate, for its span."""
     config = host.config
-    request = ModelRequest(
+    # Built from validated parts, as the window's messages are (`_window._kept`): no copy of
+    # the window's tuple, and one set of fields for every request (~0.6 KB a call in flight).
+    request = ModelRequest.model_construct(
+        _REQUEST_FIELDS,
         model=config.model or "default",
         messages=tuple(host.window()),
         tools=tuple(host.model_tools()),
@@ -554,15 +565,7 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
         try:
             if not started:
                 # (An emit is never half done: cancelled during it, the start is stored.)
-                tool = host.tools.get(call.name)
-                start = ToolExecutionStartData(
-                    tool_call_id=call.id,
-                    tool_name=call.name,
-                    arguments=arguments,
-                    turn_id=turn_id,
-                    is_terminal=(tool is not None and tool.definition.is_terminal) or None,
-                )
-                await host.emit(ToolExecutionStartEvent(data=start))
+                await host.emit(_execution_start(host, call, arguments, turn_id))
             notes: list[str] = []
             outcome = await _decide(host, call, arguments, notes)
             if notes:
@@ -579,6 +582,21 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
             outcome = failed_call(call.name)
         await _complete(host, call, outcome, turn_id)
     return outcome
+
+
+def _execution_start(
+    host: LoopHost, call: ToolCall, arguments: object, turn_id: str
+) -> ToolExecutionStartEvent:
+    # (Made here, not in `_execute`, whose frame would keep it while the call runs.)
+    tool = host.tools.get(call.name)
+    start = ToolExecutionStartData(
+        tool_call_id=call.id,
+        tool_name=call.name,
+        arguments=arguments,
+        turn_id=turn_id,
+        is_terminal=(tool is not None and tool.definition.is_terminal) or None,
+    )
+    return ToolExecutionStartEvent(data=start)
 
 
 async def _decide(

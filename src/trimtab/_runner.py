@@ -444,21 +444,7 @@ class Runner:
         self._running = item
         try:
             if not item.appended:
-                # Stored from here, where no abort cancels: the input's message is logged
-                # (claiming it in the inbox) before its run can be stopped.
-                message = _message(item.prompt, item.message_id, item.attached)
-                if self._interrupted():
-                    await self.log.emit_all((), first=_loop.end_of_interrupted_run)
-                start = self._turn_start(message)
-                # (The queue's change, an ephemeral event, last: stores that do not carry one
-                # in their append store what comes before it in one.)
-                events = (message, start) if start else (message,)
-                await self.log.emit_all(
-                    events + (PendingMessagesModifiedEvent(),), first=self._first()
-                )
-                item.turn = start.data.turn_id if start else None
-                self._store_failed = False
-                item.appended = True
+                await self._log_input(item)
         except Exception as exc:
             self._running = None
             self._failed(exc, item.message_id)
@@ -480,6 +466,23 @@ class Runner:
             self._current = self._running = None
         # The run's one idle (E1), from here: an abort cancels the run's task, not this one.
         await self.log.emit(SessionIdleEvent(data=SessionIdleData(aborted=end.aborted or None)))
+
+    async def _log_input(self, item: Pending) -> None:
+        """Store the input's message, with its run's first turn start when it can go in the
+        same append (E7). From the run's waiter, where no abort cancels: the message is logged
+        (claiming it in the inbox) before its run can be stopped. (A frame of its own: the
+        events are not kept while the run goes on, ~2 KB each of a thousand runs at once.)"""
+        message = _message(item.prompt, item.message_id, item.attached)
+        if self._interrupted():
+            await self.log.emit_all((), first=_loop.end_of_interrupted_run)
+        start = self._turn_start(message)
+        # (The queue's change, an ephemeral event, last: stores that do not carry one in their
+        # append store what comes before it in one.)
+        events = (message, start) if start else (message,)
+        await self.log.emit_all(events + (PendingMessagesModifiedEvent(),), first=self._first())
+        item.turn = start.data.turn_id if start else None
+        self._store_failed = False
+        item.appended = True
 
     async def _body(self, item: Pending) -> RunEnd:
         """The run's task: it reads `item.aborted` only once it has started."""

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -160,14 +160,18 @@ class Tracing:
                 span.set_attribute("gen_ai.input.messages", _messages(request.messages))
         return ChatSpan(span, self.content)
 
-    @contextmanager
-    def tool(self, call: ToolCall, arguments: object, turn_id: str) -> Iterator[None]:
+    def tool(self, call: ToolCall, arguments: object, turn_id: str) -> AbstractContextManager[None]:
         """The `execute_tool` span of one call, current in the call's task, so that its
         handler's spans nest under it (OT4). Its outcome comes from the call's events."""
         tracer = self.tracer()
         if tracer is None:
-            yield
-            return
+            return _OFF_TOOL  # (a generator's frame per call otherwise, kept while it runs)
+        return self._tool_span(tracer, call, arguments, turn_id)
+
+    @contextmanager
+    def _tool_span(
+        self, tracer: Tracer, call: ToolCall, arguments: object, turn_id: str
+    ) -> Iterator[None]:
         from opentelemetry import trace
 
         span = tracer.start_span(
@@ -354,6 +358,7 @@ class RunTrace:
 
 
 _OFF_RUN = RunTrace(None, "", "", None)
+_OFF_TOOL: AbstractContextManager[None] = nullcontext()
 
 
 class ChatSpan:
