@@ -24,6 +24,7 @@ __all__ = [
     "ERROR_BODY_LIMIT",
     "MAX_ANSWER_BYTES",
     "MAX_EVENT_BYTES",
+    "bound_answer",
     "bounded_answers",
 ]
 
@@ -45,10 +46,11 @@ def bounded_answers(
 ) -> dict[str, list[Any]]:
     """The `event_hooks` of an httpx2 client whose answers' bodies are read with a limit,
     with `request` as its request hook, if given."""
-    return {"response": [_bound], "request": [request] if request else []}
+    return {"response": [bound_answer], "request": [request] if request else []}
 
 
-async def _bound(response: httpx2.Response) -> None:
+async def bound_answer(response: httpx2.Response) -> None:
+    """The response hook of `bounded_answers`: `response`'s body is read within the limits."""
     if isinstance(response.stream, httpx2.AsyncByteStream):  # an async client's always is
         content_type = response.headers.get("content-type", "")
         encodings = _encodings(response.headers)

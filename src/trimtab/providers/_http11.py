@@ -42,9 +42,7 @@ class _Connection:
     async def send(self, request: httpx2.Request, timeouts: _Timeouts) -> h11.Response:
         """Write `request` whole, then read its answer's head."""
         write = timeouts.get("write")
-        url = request.url
-        head = h11.Request(method=request.method, target=url.raw_path, headers=request.headers.raw)
-        await self.stream.write(self._bytes(head), write)
+        await self.stream.write(self._head(request), write)
         assert isinstance(request.stream, httpx2.AsyncByteStream)
         async for chunk in request.stream:
             await self.stream.write(self._bytes(h11.Data(data=chunk)), write)
@@ -71,6 +69,13 @@ class _Connection:
             else:
                 assert not isinstance(event, type)  # (h11's PAUSED: a client never pipelines)
                 return event
+
+    def _head(self, request: httpx2.Request) -> bytes:
+        # (Its own frame: h11's copy of the headers is not kept while the answer is awaited.)
+        head = h11.Request(
+            method=request.method, target=request.url.raw_path, headers=request.headers.raw
+        )
+        return self._bytes(head)
 
     def next_cycle(self) -> bool:
         """Make the connection ready for its next exchange, if both sides ended their
