@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.fake_model import LocalServer
 from trimtab._errors import ProviderError
 from trimtab.events import ToolDefinition
 from trimtab.providers._base import (
@@ -717,3 +719,50 @@ async def test_D9_request_headers_are_sent_with_that_request(
     await _response(make(headers={"X-Provider": "p"}), request)
     assert server.received[-1].headers["x-turn"] == "7"
     assert server.received[-1].headers["x-provider"] == "p"
+
+
+class _SetsACookie(LocalServer):
+    """Answers every completion; the first answer sets a cookie (as a load balancer's
+    affinity or a bot check does). Records each request's `Cookie` header."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cookies: list[str | None] = []
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        while True:
+            try:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode()
+            except asyncio.IncompleteReadError:
+                return
+            headers = {
+                name.lower(): value
+                for name, value in (line.split(": ", 1) for line in head.split("\r\n")[1:] if line)
+            }
+            await reader.readexactly(int(headers["content-length"]))
+            self.cookies.append(headers.get("cookie"))
+            setting = b"Set-Cookie: affinity=node-7; Path=/\r\n" if len(self.cookies) == 1 else b""
+            body = json.dumps(
+                {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}
+            ).encode()
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%s"
+                b"Content-Length: %d\r\n\r\n%s" % (setting, len(body), body)
+            )
+            await writer.drain()
+
+
+async def test_an_answers_cookie_goes_with_the_next_requests() -> None:
+    # As the `openai` client's: its httpx client keeps a cookie jar.
+    async with _SetsACookie() as server:
+        config = ProviderConfig(type="openai", base_url=f"{server.root_url}/v1", api_key="k")
+        provider = OpenAIProvider(config)
+        request = ModelRequest(model="m", messages=(Message(role="user", content="hi"),))
+        try:
+            for _ in range(3):
+                assert [e async for e in provider.stream(request)][-1].content == "ok"
+        finally:
+            await provider.aclose()
+    assert server.cookies == [None, "affinity=node-7", "affinity=node-7"]

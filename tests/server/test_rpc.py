@@ -173,6 +173,45 @@ async def test_notifications_arrive_in_order(wired: Any) -> None:
     assert [p["n"] for _, p in service.notifications] == list(range(20))
 
 
+async def test_frames_sent_past_the_transports_mark_arrive_whole_and_in_order(
+    wired: Any,
+) -> None:
+    # Written straight to the transport while it takes more, queued behind once it is past
+    # its high-water mark (the peer reads nothing meanwhile): ~2 MB, more than the socket's
+    # buffer and the transport's together, so both ways are taken, in one go.
+    # The peer then reads one at a time, with a frame sent after each: the transport takes
+    # more again before the queue is written, and no frame may pass those waiting.
+    conn, raw, _ = wired
+    filler = "x" * 10_000
+    for n in range(200):
+        conn.notify("tick", {"n": n, "filler": filler})
+    received = []
+    for n in range(200, 400):
+        received.append(await raw.receive())
+        conn.notify("tick", {"n": n, "filler": filler})
+    received += [await raw.receive() for _ in range(200)]
+    assert [m["params"]["n"] for m in received] == list(range(400))
+    assert all(m["params"]["filler"] == filler for m in received)
+
+
+async def test_a_frame_never_passes_one_queued_before_it(wired: Any) -> None:
+    # The first is queued (the transport takes nothing: its mark is 0); the mark is back up
+    # before the writer's turn comes, and the second must still go behind the first.
+    conn, raw, _ = wired
+    transport = raw_transport(conn)
+    transport.set_write_buffer_limits(high=0)
+    conn.notify("tick", {"n": 1})
+    transport.set_write_buffer_limits()
+    conn.notify("tick", {"n": 2})
+    assert [(await raw.receive())["params"]["n"] for _ in range(2)] == [1, 2]
+
+
+def raw_transport(conn: Connection) -> asyncio.WriteTransport:
+    transport = conn._writer.transport
+    assert isinstance(transport, asyncio.WriteTransport)
+    return transport
+
+
 async def test_cancel_request_stops_a_cancellable_request(wired: Any) -> None:
     _, raw, _ = wired
     raw.send(request("w", "wait"))
