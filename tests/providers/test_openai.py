@@ -762,7 +762,8 @@ async def test_an_answers_cookie_goes_with_the_next_requests() -> None:
         request = ModelRequest(model="m", messages=(Message(role="user", content="hi"),))
         try:
             for _ in range(3):
-                assert [e async for e in provider.stream(request)][-1].content == "ok"
+                answer = [e async for e in provider.stream(request)][-1]
+                assert isinstance(answer, ModelResponse) and answer.content == "ok"
         finally:
             await provider.aclose()
     assert server.cookies == [None, "affinity=node-7", "affinity=node-7"]

@@ -27,6 +27,10 @@ _HAPPY_EYEBALLS_DELAY = 0.25
 class _Connection(asyncio.Protocol):
     """One connection's received bytes, and whether writing must wait."""
 
+    __slots__ = (
+        "_drained", "_waiter", "buffered", "chunks", "ended", "error", "paused", "transport"
+    )  # fmt: skip
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.chunks: deque[bytes] = deque()
@@ -120,6 +124,8 @@ def _expire(waiter: asyncio.Future[None], timeout: float) -> None:
 
 class AsyncioStream:
     """A connection as the HTTP client reads and writes it."""
+
+    __slots__ = ("_connection", "_transport")
 
     def __init__(self, transport: asyncio.Transport, connection: _Connection) -> None:
         self._transport = transport
