@@ -255,8 +255,8 @@ class ChatClient:
         self._client: httpx2.AsyncClient | None = None
         self._wire: httpx2.AsyncBaseTransport | None = None
         """The client's transport, which `_exchange` sends through itself."""
-        self._url: tuple[str, httpx2.URL] | None = None
-        """The last path requested, and its whole URL (on the client's base URL)."""
+        self._url: tuple[str, httpx2.URL, httpx2.Headers] | None = None
+        """The last path requested, its whole URL, and the headers each request has."""
 
     def model(self, requested: str) -> str:
         """The model to name in the request: on Azure, the deployment when one is given;
@@ -293,17 +293,33 @@ class ChatClient:
         if self.config.type == "azure" and "/deployments" not in client.base_url.path:
             path = f"/deployments/{quote(model, safe='')}{path}"
         if self._url is None or self._url[0] != path:
-            # Merged with the base URL once, not parsed again for every request.
+            # What `build_request` would merge for every request, merged once: the URL on the
+            # client's base URL with its parameters, and the headers every request has, which
+            # each request's headers then share (~0.7 KB less a call in flight).
             base = client.base_url
-            self._url = path, base.copy_with(raw_path=base.raw_path + path[1:].encode())
+            url = base.copy_with(raw_path=base.raw_path + path[1:].encode())
+            url = url.copy_merge_params(client.params)
+            shared = httpx2.Headers(client.headers)
+            shared["Content-Type"] = "application/json"
+            if "Host" not in shared:
+                shared = httpx2.Headers([(b"Host", url.netloc), *shared.raw])
+            self._url = path, url, shared
+        _, url, shared = self._url
+        own = httpx2.Headers(shared)  # (a copy of the list: the headers themselves are shared)
+        own.update(headers or {})
+        own["Content-Length"] = str(len(body))
         seconds = self.config.deadline(stream=stream)
-        request = client.build_request(
+        timeout = httpx2.Timeout(**attempt_timeout(seconds)).as_dict()
+        request = httpx2.Request(
             "POST",
-            self._url[1],
-            content=body,
-            headers={"Content-Type": "application/json", **(headers or {})},
-            timeout=httpx2.Timeout(**attempt_timeout(seconds)),
+            url,
+            headers=own,
+            stream=httpx2.ByteStream(body),
+            extensions={"timeout": timeout},
         )
+        request.read()  # (`request.content` is the body, as `build_request` makes it)
+        if client.cookies:
+            client.cookies.set_cookie_header(request)
         return request, seconds
 
     async def _send(self, request: httpx2.Request) -> httpx2.Response:
