@@ -332,7 +332,14 @@ class Connection:
         key = None
         if isinstance(message, dict) and message.get("method") in self._cancellable:
             key = _id_key(message.get("id"))
-        self._spawn(self._answer_single(message), key, 1)
+        try:
+            method, params, request_id = _parse_request(message)
+        except RpcError as exc:
+            self._send(_error_response(_valid_id(message), exc))
+            return
+        # The request's parts, not the message: it is not kept while the request runs (a
+        # thousand sessions' `sendAndWait` at once).
+        self._spawn(self._answer_single(method, params, request_id), key, 1)
 
     def _over_limit(self, message: Any) -> bool:
         """Refuse a request (or batch) beyond `max_requests`, rather than queue it: a peer that
@@ -363,8 +370,8 @@ class Connection:
 
         task.add_done_callback(done)
 
-    async def _answer_single(self, message: Any) -> None:
-        response = await self._answer(message)
+    async def _answer_single(self, method: str, params: Any, request_id: Any) -> None:
+        response = await self._respond(method, params, request_id)
         if response is not None:
             self._send(response)
 
@@ -383,6 +390,10 @@ class Connection:
             method, params, request_id = _parse_request(message)
         except RpcError as exc:
             return _error_response(_valid_id(message), exc)
+        return await self._respond(method, params, request_id)
+
+    async def _respond(self, method: str, params: Any, request_id: Any) -> dict[str, Any] | None:
+        """The response to a request (None for a notification: `request_id` is absent)."""
         log.debug(
             "%s: %.60s (id %.40r)", self.peer, method, None if request_id is _ABSENT else request_id
         )
