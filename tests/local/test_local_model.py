@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -304,3 +306,28 @@ async def test_providers_of_one_model_file_share_one_loaded_model(
         session = await client.create_session(provider=Recording(local_provider))
         reply = await session.send_and_wait("Say hello.")
     assert reply is not None and reply.data.content.strip()
+
+
+def test_a_long_first_prompt_is_answered_in_a_process_of_its_own() -> None:
+    # llama.cpp's AMX kernel crashed the process at a first prompt of a few dozen tokens on
+    # Sapphire Rapids machines (ggml-org/llama.cpp#20824): the model is loaded without it
+    # there. In a process of its own, so that a crash fails this test, not the whole run.
+    code = (
+        "import asyncio\n"
+        "from trimtab.providers import Message, ModelRequest, ProviderConfig\n"
+        "from trimtab.providers.local import LocalProvider\n"
+        "async def main():\n"
+        "    provider = LocalProvider(ProviderConfig(type='local'))\n"
+        "    text = 'Tell me a long story about a cat and a dog who become friends. ' * 12\n"
+        "    request = ModelRequest(model='local', messages=(Message(role='user', content=text),),"
+        " max_tokens=4)\n"
+        "    events = [e async for e in provider.stream(request)]\n"
+        "    await provider.aclose()\n"
+        "    print(type(events[-1]).__name__)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ModelResponse"

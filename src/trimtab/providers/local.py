@@ -43,7 +43,7 @@ import os
 import re
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, assert_never, cast
@@ -163,6 +163,38 @@ class LocalProvider:
             if self._engine is None:
                 self._engine = _ENGINES.acquire(_model_file(self._model_path))
             return self._engine
+
+
+_DEFAULTS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_amx_buffers() -> Iterator[None]:
+    """Load a model whose weights stay out of llama.cpp's AMX buffers, on a build that has
+    them: its AMX matrix kernel crashes the process on some Sapphire Rapids machines, at the
+    first prompt of a few dozen tokens (ggml-org/llama.cpp#20824, unfixed). The model's
+    `use_extra_bufts`, which llama-cpp-python does not expose, is turned off through the
+    defaults it starts from, for this load only. (Other extra buffers, the repacked layouts
+    of AVX2 and ARM builds, are kept where there is no AMX.)"""
+    import llama_cpp  # type: ignore[import-not-found, unused-ignore]
+
+    module = llama_cpp.llama_cpp
+    defaults = module.llama_model_default_params
+    if b"AMX_INT8 = 1" not in module.llama_print_system_info():
+        yield
+        return
+
+    def without_extra_buffers() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    with _DEFAULTS_LOCK:
+        module.llama_model_default_params = without_extra_buffers
+        try:
+            yield
+        finally:
+            module.llama_model_default_params = defaults
 
 
 class _Engines:
@@ -302,14 +334,15 @@ class _Engine:
             ) from exc
         cores = _cores()
         try:
-            self._llama: Llama = Llama(
-                model_path=str(path),
-                n_ctx=_CONTEXT_TOKENS,
-                n_threads=cores,
-                n_threads_batch=cores,
-                seed=_SEED,
-                verbose=False,
-            )
+            with _no_amx_buffers():
+                self._llama: Llama = Llama(
+                    model_path=str(path),
+                    n_ctx=_CONTEXT_TOKENS,
+                    n_threads=cores,
+                    n_threads_batch=cores,
+                    seed=_SEED,
+                    verbose=False,
+                )
         except ValueError as exc:  # what llama-cpp-python raises for an unreadable file
             raise ProviderError("provider_unavailable", f"cannot load {path}: {exc}") from exc
         self.lock = threading.Lock()
