@@ -95,7 +95,8 @@ class SessionHost:
                 f"cannot open the session store {where}: {exc}",
                 hint="check --store, TRIMTAB_STORE or TRIMTAB_HOME",
             ) from None
-        self._client = Client(store=self._store)
+        # The command line chooses the provider itself (`choice`), in its own words.
+        self._client = Client(store=self._store, provider=None)
         self._portal.call(self._client.start())
         return self
 
