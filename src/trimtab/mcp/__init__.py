@@ -50,7 +50,7 @@ def check(servers: Mapping[str, Any]) -> dict[str, ServerConfig]:
     """
     configs = parse_servers(servers)
     if configs and importlib.util.find_spec("mcp") is None:
-        raise ImportError(f"MCP servers need the mcp package: {install_command('mcp')}")
+        raise ImportError(f"MCP servers need the mcp package: {install_command('mcp')}", name="mcp")
     return configs
 
 
