@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,29 @@ async def _events(path: Path) -> list[Event]:
         return await store.read(record.session_id)
     finally:
         await store.close()
+
+
+def test_issue33_install_commands_install_trimtab_from_its_checkout() -> None:
+    # trimtab is not on a package index: `pip install 'trimtab[extra]'` would fail.
+    for path in [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("examples/*.py")]:
+        for command in re.findall(r"pip install[^`\n]*", path.read_text(encoding="utf-8")):
+            assert "trimtab[" not in command, f"{path.name}: {command}"
+
+
+def test_issue33_the_tracing_examples_command_installs_the_sdk_it_imports() -> None:
+    example = (ROOT / "examples" / "04_tracing.py").read_text(encoding="utf-8")
+    assert "from opentelemetry.sdk" in example
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    [paragraph] = [p for p in readme.split("\n\n") if "python examples/04_tracing.py" in p]
+    [command] = re.findall(r"`(pip install [^`]*python examples/04_tracing\.py)`", paragraph)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    named = set(command.split()) | {
+        requirement.split(">")[0].split("=")[0]
+        for extra in re.findall(r"'\.\[([a-z,]+)\]'", command)
+        for name in extra.split(",")
+        for requirement in extras[name]
+    }
+    assert {"opentelemetry-api", "opentelemetry-sdk"} <= named, command
+    assert command in example  # the example's own docstring says the same
