@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
 from tests.cli.conftest import Cli, json_lines, no_traceback, tool_call
 from trimtab import Client
@@ -141,7 +142,7 @@ def test_rm_refuses_a_session_in_use_and_ctrl_c_ends_a_run_cleanly(cli: Cli) -> 
 
 
 def test_issue33_show_says_what_the_provider_settings_are(cli: Cli) -> None:
-    providers = [
+    providers: list[dict[str, Any]] = [
         {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-never-shown"},
         {"type": "openai", "wire_api": "responses", "max_retries": 1, "timeout": 30},
         {"type": "anthropic", "headers": {"X-Team": "a", "X-Api-Key": "secret"}},
