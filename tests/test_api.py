@@ -197,6 +197,8 @@ async def test_provider_is_required_when_the_client_chooses_none() -> None:
     async with Client(store="memory", provider=None) as client:
         with pytest.raises(ValueError, match="no provider"):
             await client.create_session()
+    with pytest.raises(ValueError, match="a config dict, a Provider, 'auto' or None, not 'openai'"):
+        Client(store="memory", provider="openai")  # type: ignore[arg-type]
 
 
 async def test_unknown_provider_key_is_an_error_naming_it(client: Client) -> None:

@@ -7,6 +7,7 @@ Ollama on 11434)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import in_ci
 from tests.fake_ollama import FakeOllama, ollama  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,11 +75,8 @@ def _shown(result: subprocess.CompletedProcess[str]) -> list[list[Any]]:
     return shown
 
 
-def test_s6_keys_then_ollama_then_the_embedded_model_announced_once(
-    ollama: FakeOllama,  # noqa: F811
-    closed_url: str,
-) -> None:
-    up, down = {"TRIMTAB_OLLAMA_URL": ollama.url}, {"TRIMTAB_OLLAMA_URL": closed_url}
+def test_s6_keys_then_ollama_announced_once(ollama: FakeOllama) -> None:  # noqa: F811
+    up = {"TRIMTAB_OLLAMA_URL": ollama.url}
     cases: list[tuple[dict[str, str], dict[str, Any], str | None, str]] = [
         (
             {"OPENAI_API_KEY": "sk-o", "ANTHROPIC_API_KEY": "sk-a", **up},
@@ -97,13 +96,6 @@ def test_s6_keys_then_ollama_then_the_embedded_model_announced_once(
             "fake-model:1b",  # the first model the server has
             f"using ollama with model fake-model:1b: Ollama answers at {ollama.url}",
         ),
-        (
-            down,
-            {"type": "local"},
-            None,
-            "using the embedded model (local):"
-            " found no OPENAI_API_KEY, ANTHROPIC_API_KEY or running Ollama",
-        ),
     ]
     for env, provider, model, notice in cases:
         probes = ollama.tags_requests
@@ -117,6 +109,25 @@ def test_s6_keys_then_ollama_then_the_embedded_model_announced_once(
         assert result.stderr == f"trimtab: {notice}{NOTICE_END}\n"
         # Ollama is asked once at most, and only when no key decided.
         assert ollama.tags_requests - probes == (1 if env is up else 0)
+
+
+def test_s6_the_embedded_model_is_the_last_resort(closed_url: str) -> None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        # Without it, the next test's case: the choice fails in one line.
+        message = "needs llama-cpp-python: pip install -e '.[local]'"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+
+    result = _run(SHOW, {"TRIMTAB_OLLAMA_URL": closed_url})
+
+    assert (
+        _shown(result) == [[{"type": "local", "maxRetries": 2, "wireApi": "completions"}, None]] * 2
+    )
+    assert result.stderr == (
+        "trimtab: using the embedded model (local): found no OPENAI_API_KEY, ANTHROPIC_API_KEY"
+        f" or running Ollama{NOTICE_END}\n"
+    )
 
 
 def test_s6_a_turn_with_the_ollama_it_found(ollama: FakeOllama) -> None:  # noqa: F811
@@ -230,23 +241,22 @@ def test_s6_a_resumed_session_keeps_the_provider_its_log_names(
 
 
 def test_s6_the_notice_goes_through_logging(closed_url: str) -> None:
+    env = {"OPENAI_API_KEY": "sk-o", "TRIMTAB_OLLAMA_URL": closed_url}
     silenced = _run(
-        SHOW,
-        {"TRIMTAB_OLLAMA_URL": closed_url},
-        setup="import logging\nlogging.getLogger('trimtab').setLevel(logging.ERROR)\n",
+        SHOW, env, setup="import logging\nlogging.getLogger('trimtab').setLevel(logging.ERROR)\n"
     )
     _shown(silenced)
     assert silenced.stderr == ""
 
     configured = _run(
         SHOW,
-        {"TRIMTAB_OLLAMA_URL": closed_url},
+        env,
         setup="import logging\nlogging.basicConfig(format='%(levelname)s %(name)s: %(message)s')\n",
     )
     _shown(configured)
     assert configured.stderr == (
-        "WARNING trimtab: trimtab: using the embedded model (local): found no OPENAI_API_KEY,"
-        f" ANTHROPIC_API_KEY or running Ollama{NOTICE_END}\n"
+        "WARNING trimtab: trimtab: using openai with model gpt-4.1-mini: OPENAI_API_KEY is set"
+        f"{NOTICE_END}\n"
     )
 
 

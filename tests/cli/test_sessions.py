@@ -12,7 +12,9 @@ import time
 from typing import Any
 
 from tests.cli.conftest import Cli, json_lines, no_traceback, tool_call
-from trimtab import Client
+from trimtab.events import SessionConfigData, SessionStartData, SessionStartEvent
+from trimtab.providers import ProviderConfig
+from trimtab.store import open_store
 
 
 def _run(cli: Cli, prompt: str, *steps: object) -> str:
@@ -149,14 +151,21 @@ def test_issue33_show_says_what_the_provider_settings_are(cli: Cli) -> None:
         {"type": "local", "model_path": "/models/m.gguf"},
     ]
 
-    async def create() -> list[str]:
-        async with Client(store=cli.home / "trimtab.db", provider=None) as client:
-            return [
-                (await client.create_session(provider=provider, model="m")).session_id
-                for provider in providers
-            ]
+    ids = [f"s{number}" for number in range(len(providers))]
 
-    ids = asyncio.run(create())
+    async def create() -> None:
+        # The logs as the runtime writes them (the config without secrets), with no provider
+        # built: the embedded model's and Anthropic's packages need not be installed.
+        store = open_store(cli.home / "trimtab.db")
+        for session_id, provider in zip(ids, providers, strict=True):
+            config = SessionConfigData(
+                model="m", provider=ProviderConfig.model_validate(provider).public_dict()
+            )
+            start = SessionStartData(session_id=session_id, config=config)
+            await store.create(session_id, [SessionStartEvent(data=start)])
+        await store.close()
+
+    asyncio.run(create())
     shown = cli.many(*(["sessions", "show", session_id] for session_id in ids))
 
     lines = []
