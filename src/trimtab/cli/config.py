@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from trimtab.cli.errors import EXIT_USAGE, CliError, read_input
 from trimtab.events import DEFAULT_MAX_TURNS
+from trimtab.providers._choice import DEFAULT_OLLAMA_URL
 
 __all__ = [
     "CONFIG_FILE",
@@ -71,7 +72,7 @@ class CliConfig(BaseModel):
     both (None: their defaults, 300 s and 120 s)."""
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)
     """Model calls one run may make before it ends in a `max_turns` error."""
-    ollama_url: str = "http://127.0.0.1:11434"
+    ollama_url: str = DEFAULT_OLLAMA_URL
     """Where to look for a local Ollama server when no provider is named."""
     home: Path = Field(default=Path("~/.trimtab"), validate_default=True)
     """trimtab's data directory (`TRIMTAB_HOME`); only the environment sets it."""

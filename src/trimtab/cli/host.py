@@ -95,7 +95,8 @@ class SessionHost:
                 f"cannot open the session store {where}: {exc}",
                 hint="check --store, TRIMTAB_STORE or TRIMTAB_HOME",
             ) from None
-        self._client = Client(store=self._store)
+        # The command line chooses the provider itself (`choice`), in its own words.
+        self._client = Client(store=self._store, provider=None)
         self._portal.call(self._client.start())
         return self
 
@@ -257,9 +258,23 @@ class SessionHost:
     def _open_session(self, opening: Any, provider: str, progress: str) -> Session:
         try:
             session: Session = self._portal.call(opening, progress=progress)
-        except (ValueError, ImportError) as exc:
+        except ImportError as exc:
+            if exc.name == "mcp":  # the MCP servers' SDK, not the provider's
+                raise self._no_mcp() from None
+            raise _unavailable(provider, exc) from None
+        except ValueError as exc:
             raise _unavailable(provider, exc) from None
         return session
+
+    def _no_mcp(self) -> CliError:
+        from trimtab.providers._install import install_command
+
+        where = self._resolved.sources.get("mcp_servers", "--mcp")
+        drop = "run without --mcp" if where == "--mcp" else f"remove [mcp_servers] from {where}"
+        return CliError(
+            f"MCP servers ({where}) need the mcp package",
+            hint=f"install it with {install_command('mcp')}, or {drop}",
+        )
 
     def find(self, given: str) -> str:
         """The id of the one session whose id is or starts with `given`.

@@ -210,7 +210,7 @@ class _Pages:
         log = await self.logs.load(session_id)
         view = window_view(log.events, call) if call >= 1 else None
         if view is None:
-            calls = len(log.timeline.turns)
+            calls = log.timeline.digest.model_calls
             message = f"session {session_id!r} has {calls} model calls, not {call}"
             return self.render("error.html", 404, message=message)
         turn = log.timeline.turns[call - 1]
@@ -220,7 +220,7 @@ class _Pages:
             record=record,
             view=view,
             turn=turn,
-            calls=len(log.timeline.turns),
+            calls=log.timeline.digest.model_calls,
             timeline_page=index // ENTRIES_PER_PAGE + 1,
         )
 
