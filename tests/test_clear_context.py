@@ -26,6 +26,7 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
+from trimtab._tools import SessionHandle
 from trimtab.testing import ScriptedModel, tool_call
 
 SEED = "Reply with exactly FRESH_CONTEXT."
@@ -448,7 +449,7 @@ async def test_c1_a_permission_handler_or_hook_is_not_a_tool_handler(
     # batch (which knows nothing of it) must not carry it.
     refusals: list[str] = []
 
-    def clear(session: Session) -> None:
+    def clear(session: SessionHandle) -> None:
         try:
             session.history.clear_context(SEED)
         except ClearContextError as exc:

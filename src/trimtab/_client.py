@@ -25,7 +25,7 @@ from trimtab._errors import SessionNotFoundError, TrimtabError
 from trimtab._hooks import Hooks, SessionHooks
 from trimtab._log import SessionLog, chained
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._session import Session
+from trimtab._session import Session, ownership_of
 from trimtab._state import SessionState, StateSnapshot, state_of
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
@@ -300,6 +300,9 @@ class Client:
         """
         if (open_session := self._sessions.get(session_id)) is not None:
             if not open_session.closed:
+                # Open already: shared as it is (the options are not applied), and its
+                # resume logged all the same (spec D5).
+                await ownership_of(open_session).reopened(continue_pending=continue_pending_work)
                 return open_session
             await open_session.disconnect()  # let it finish closing, then open it anew
         opts = _checked(options)
@@ -318,7 +321,7 @@ class Client:
             config = _started(config, await hooks.session_start("resume"))
         session = self._session(session_id, store, lease, replayed, provider, opts, hooks)
         if lease is None:
-            session.ownership.follow()
+            ownership_of(session).follow()
             return session
         try:
             data = SessionResumeData(
@@ -327,8 +330,8 @@ class Client:
                 config=config if config != replayed.config else None,
                 continue_pending_work=continue_pending_work,
             )
-            await session.ownership.resumed(SessionResumeEvent(data=data))
-            await session.ownership.recover(continue_pending=continue_pending_work)
+            await ownership_of(session).resumed(SessionResumeEvent(data=data))
+            await ownership_of(session).recover(continue_pending=continue_pending_work)
         except BaseException:
             await session.disconnect()
             raise
@@ -384,8 +387,8 @@ class Client:
 
     def _tool_table(self, tools: tuple[Tool, ...]) -> dict[str, Tool]:
         """The tools by name for a new session: one dict for every open session given the
-        same tools, as an app's sessions usually are (~140 bytes less per idle session;
-        nothing changes it), kept while one of them is open (`_forget`)."""
+        same tools, as an app's sessions usually are (nothing changes it), kept while one of
+        them is open (`_forget`)."""
         key = tuple(map(id, tools))
         shared = self._tool_tables.get(key)
         if shared is None:
@@ -514,11 +517,11 @@ class Client:
                     kept = set(await store.renew_leases(self._owner, self._lease_ttl))
                     for session in self._sessions.values():
                         if not session.is_remote and session.session_id not in kept:
-                            session.ownership.lost()
+                            ownership_of(session).lost()
                 # One read for all: a read per session would cost every idle one each tick.
                 waiting = await store.sessions_with_inputs()
                 for session in list(self._sessions.values()):
-                    ownership = session.ownership
+                    ownership = ownership_of(session)
                     if not ownership.owned:
                         lease = await store.acquire_lease(
                             session.session_id, self._owner, self._lease_ttl

@@ -90,7 +90,7 @@ class SessionLog:
         self.subscribers = Subscribers()
         self.claimed: set[str] | None = None
         """Inputs queued here from the store's inbox whose user message is not stored yet
-        (None, not an empty set, in every idle session)."""
+        (None rather than an empty set while there are none)."""
         self._writing = asyncio.Lock()
         """Held while events are stamped, stored and delivered: one chain (E3) however many
         tool calls finish at once, whatever the store awaits."""
@@ -115,7 +115,7 @@ class SessionLog:
             # A streamed delta's path to the handlers: with nothing to store there is nothing
             # to leave half done (the stores' `publish` does not wait), and a free writer is
             # taken at once, in this task, so the delta goes out without a task of its own
-            # and the loop cycle it would wait for (17 -> 5 µs an emit, docs/performance.md).
+            # and the loop cycle it would wait for.
             async with self._writing:
                 return (await self.emit_unlocked((event,)))[0]
         return (await self.emit_all((event,)))[0]

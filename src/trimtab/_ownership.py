@@ -92,6 +92,18 @@ class Ownership:
         """Log the session's opening by this runtime (the first event it writes)."""
         await self._log.emit(event)
 
+    async def reopened(self, *, continue_pending: bool) -> None:
+        """Log a resume of the session while it is open here already (spec D5): every
+        resume has its `session.resume`. A session another runtime runs is logged there."""
+        log = self._log
+        if log.writable:
+            data = SessionResumeData(
+                event_count=log.state.event_count,
+                selected_model=log.state.config.model,
+                continue_pending_work=continue_pending,
+            )
+            await log.emit(SessionResumeEvent(data=data))
+
     async def take_inputs(self) -> None:
         """Queue the inputs other runtimes stored for the session (spec R1, P4)."""
         await self._runner.take_inputs()

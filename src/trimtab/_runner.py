@@ -1,16 +1,16 @@
-"""`Runner`: runs a session's inputs one after another, each to its one idle, and is the host
-the loop runs in.
+"""`Runner`: runs a session's inputs one after another, each to its one idle.
 
 It owns the queue (inputs and window operations, in order), the task of the run in progress
-(what `abort` cancels) and the one way to wait for a run's end (`RunLedger`, from the events
-the session delivers: the same whether the run is here or in another runtime).
+(what `abort` cancels), the one way to wait for a run's end (`RunLedger`, from the events
+the session delivers: the same whether the run is here or in another runtime), and builds
+the `RunContext` each turn of the loop works with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,9 +21,11 @@ from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._run_context import RunContext
 from trimtab._runs import RunEnd, RunLedger
+from trimtab._state import SessionState
 from trimtab._toolbox import Toolbox
-from trimtab._tools import Tool, ToolInvocation, valid_text
+from trimtab._tools import SessionHandle, valid_text
 from trimtab._tracing import Tracing
 from trimtab._window import estimate_tokens
 from trimtab.events import (
@@ -39,18 +41,15 @@ from trimtab.events import (
     SessionIdleData,
     SessionIdleEvent,
     SessionWarningEvent,
-    ToolDefinition,
     UserMessageData,
     UserMessageEvent,
     WarningData,
 )
-from trimtab.providers import Message, Provider, ToolCall
+from trimtab.providers import Message, Provider
 from trimtab.providers._limits import limits_for
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-
-    from trimtab._session import Session
 
 __all__ = ["Attached", "Pending", "Runner"]
 
@@ -118,15 +117,15 @@ class _Operation:
 
 
 class Runner:
-    """The runs of one session, and what the loop sees of it (`LoopHost`)."""
+    """The runs of one session; the host the loop runs in (`LoopHost`)."""
 
     __slots__ = (
         "_current",
+        "_handle",
+        "_lease_lost",
         "_ledger",
         "_ledger_users",
         "_stop_ledger",
-        "_permission_handler",
-        "_provider",
         "_queue",
         "_running",
         "_store_failed",
@@ -134,35 +133,41 @@ class Runner:
         "approve_all",
         "closed",
         "hooks",
+        "live",
         "log",
-        "session",
+        "permission_handler",
+        "provider",
         "session_id",
-        "state",
         "toolbox",
+        "tracing",
     )
 
     def __init__(
         self,
-        session: Session,
         log: SessionLog,
         *,
+        handle: SessionHandle,
         provider: Provider,
         toolbox: Toolbox,
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
+        tracing: Tracing,
+        lease_lost: Callable[[], None],
     ) -> None:
-        self.session = session
-        self.session_id = session.session_id
+        self.session_id = log.session_id
         self.log = log
-        self.state = LoopState()
+        self.live = LoopState()
         self.toolbox = toolbox
         self.hooks = hooks
-        self._provider = provider
-        self._permission_handler = permission_handler
+        self.provider = provider
+        self.permission_handler = permission_handler
+        self.tracing = tracing
         self.approve_all = False
         """Approve every call without asking the handler, or anyone (spec K6)."""
-        # A list, not a deque: an idle session holds an empty queue (a deque is much bigger),
-        # and a queue holds a message or two.
+        self._handle = handle
+        """The session, as the tool handlers of its runs get it."""
+        self._lease_lost = lease_lost
+        """Called when a run finds the session's lease gone: another runtime may own it."""
         self._queue: list[Pending | _Operation] = []
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunEnd] | None = None
@@ -178,22 +183,28 @@ class Runner:
     # --- what the loop sees (LoopHost) ---------------------------------------------------
 
     @property
-    def config(self) -> SessionConfigData:
-        return self.log.state.config
+    def state(self) -> SessionState:
+        return self.log.state
 
-    @property
-    def provider(self) -> Provider:
-        return self._provider
-
-    @property
-    def tools(self) -> Mapping[str, Tool]:
-        return self.toolbox.callable(self.config)
-
-    def deferred(self) -> frozenset[str]:
-        return self.toolbox.deferred(self.config)
-
-    def model_tools(self) -> list[ToolDefinition]:
-        return self.toolbox.shown(self.config, self.state.discovered)
+    def context(self) -> RunContext:
+        """What a turn (or a window operation) works with, as things stand now."""
+        config = self.log.state.config
+        toolbox = self.toolbox
+        running = self._running
+        return RunContext(
+            session=self._handle,
+            config=config,
+            provider=self.provider,
+            limits=limits(config),
+            tools=toolbox.callable(config),
+            deferred=toolbox.deferred(config),
+            shown=tuple(toolbox.shown(config, self.live.discovered)),
+            permission_handler=self.permission_handler,
+            approve_all=self.approve_all,
+            hooks=self.hooks,
+            tracing=self.tracing,
+            request_headers=running.headers if running is not None else None,
+        )
 
     async def refresh_tools(self) -> None:
         warnings = await self.toolbox.refresh()
@@ -205,77 +216,12 @@ class Runner:
                 ]
             )
 
-    @property
-    def limits(self) -> ModelLimits:
-        """The model's context window and output limit (the session's override, else the table)."""
-        config = self.config
-        model = config.model
-        if model is None and (config.provider or {}).get("type") == "local":
-            model = "smollm2"  # the embedded default model, whose window is small
-        return limits_for(model, config.model_limits)
-
-    @property
-    def permission_handler(self) -> PermissionHandlerFn | None:
-        return self._permission_handler
-
-    @property
-    def approved_tools(self) -> frozenset[str]:
-        return self.log.state.approved_tools
-
-    @property
-    def running(self) -> bool:
-        return self.log.state.run_id is not None
-
-    @property
-    def request_headers(self) -> dict[str, str] | None:
-        return self._running.headers if self._running is not None else None
-
-    @property
-    def pending_seed(self) -> tuple[str, bool] | None:
-        state = self.log.state
-        if state.pending_seed is None:
-            return None
-        return state.pending_seed, state.seed_recorded
-
-    @property
-    def tracing(self) -> Tracing:
-        return self.session.tracing
-
-    @property
-    def epoch(self) -> int:
-        return self.log.state.epoch
-
-    def next_turn_id(self) -> str:
-        return str(self.log.state.turns)
-
-    def invocation(
-        self, call: ToolCall, arguments: object, request_id: str | None = None
-    ) -> ToolInvocation:
-        return ToolInvocation(
-            session_id=self.session_id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-            arguments=arguments,
-            session=self.session,
-            request_id=request_id,
-        )
-
-    def window(self) -> list[Message]:
-        return self.log.state.window()
-
-    def window_tokens(self) -> int:
-        return self.log.state.window_tokens()
-
-    def conversation(self) -> list[Message]:
-        return self.log.state.conversation()
-
-    async def emit(self, event: Event) -> Event:
-        stored = await self.log.emit(event)
-        self.tracing.note((stored,))
-        return stored
-
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
-        stored = await self.log.emit_all(events)
+        # One event goes through `emit`, whose path for a streamed delta is the short one.
+        if len(events) == 1:
+            stored = [await self.log.emit(events[0])]
+        else:
+            stored = await self.log.emit_all(events)
         self.tracing.note(stored)
         return stored
 
@@ -321,30 +267,25 @@ class Runner:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
         log_ = self.log
-        parent = self.tracing.parent()
+        pending = Pending(
+            prompt,
+            message_id,
+            False,
+            parent=self.tracing.parent(),
+            headers=headers,
+            attached=attached,
+        )
         async with log_.exclusive():
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
-                message = _message(prompt, message_id, attached)
-                if self._interrupted():
-                    await log_.emit_unlocked((), first=_loop.end_of_interrupted_run)
-                start = self._turn_start(message)
-                events = (message,) if start is None else (message, start)
-                await log_.emit_unlocked(events, first=self._first())
-                self._store_failed = False
-                pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
-                pending.turn = start.data.turn_id if start else None
-                self._queue.append(pending)
+                await self._store_message(pending, log_.emit_unlocked)
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
                 # acknowledged may be lost to a crash); its run stores its message.
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
-                pending = Pending(
-                    prompt, message_id, False, parent=parent, headers=headers, attached=attached
-                )
-                self._queue.append(pending)
                 await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
+            self._queue.append(pending)
             self._start_worker()
 
     async def take_inputs(self) -> None:
@@ -444,7 +385,9 @@ class Runner:
         self._running = item
         try:
             if not item.appended:
-                await self._log_input(item)
+                # From the run's waiter, where no abort cancels: the message is logged
+                # (claiming it in the inbox) before its run can be stopped.
+                await self._store_message(item, self.log.emit_all, queued=True)
         except Exception as exc:
             self._running = None
             self._failed(exc, item.message_id)
@@ -467,22 +410,30 @@ class Runner:
         # The run's one idle (E1), from here: an abort cancels the run's task, not this one.
         await self.log.emit(SessionIdleEvent(data=SessionIdleData(aborted=end.aborted or None)))
 
-    async def _log_input(self, item: Pending) -> None:
-        """Store the input's message, with its run's first turn start when it can go in the
-        same append (E7). From the run's waiter, where no abort cancels: the message is logged
-        (claiming it in the inbox) before its run can be stopped. (A frame of its own: the
-        events are not kept while the run goes on, ~2 KB each of a thousand runs at once.)"""
+    async def _store_message(
+        self,
+        item: Pending,
+        emit: Callable[..., Awaitable[list[Event]]],
+        *,
+        queued: bool = False,
+    ) -> None:
+        """Store the input's `user.message` with `emit`, and its run's first turn start in
+        the same append when nothing comes between them (E7): the end of a run a crash
+        interrupted goes first, in an append of its own; the end of one the store failed
+        under, in the same. A queued input's message also tells watchers the queue changed
+        (an ephemeral event, last: stores that do not carry one in their append store what
+        comes before it in one)."""
         message = _message(item.prompt, item.message_id, item.attached)
         if self._interrupted():
-            await self.log.emit_all((), first=_loop.end_of_interrupted_run)
+            await emit((), first=_loop.end_of_interrupted_run)
         start = self._turn_start(message)
-        # (The queue's change, an ephemeral event, last: stores that do not carry one in their
-        # append store what comes before it in one.)
-        events = (message, start) if start else (message,)
-        await self.log.emit_all(events + (PendingMessagesModifiedEvent(),), first=self._first())
+        events: tuple[Event, ...] = (message,) if start is None else (message, start)
+        if queued:
+            events += (PendingMessagesModifiedEvent(),)
+        await emit(events, first=self._first())
         item.turn = start.data.turn_id if start else None
+        item.appended, item.attached = True, None
         self._store_failed = False
-        item.appended = True
 
     async def _body(self, item: Pending) -> RunEnd:
         """The run's task: it reads `item.aborted` only once it has started."""
@@ -510,9 +461,9 @@ class Runner:
         data = message.data
         images = tuple(data.images) if data.images else ()
         more = estimate_tokens((Message(role="user", content=data.content, images=images),))
-        if needs_fitting(self, more):
+        if needs_fitting(self.context(), self.log.state, more):
             return None
-        return _loop.turn_start(self.next_turn_id(), self.config.model)
+        return _loop.turn_start(str(self.log.state.turns), self.log.state.config.model)
 
     def _interrupted(self) -> bool:
         """The log holds a run nothing here runs or ran (a crash interrupted it, and the
@@ -527,7 +478,7 @@ class Runner:
         cause = _cause(exc)
         lost = isinstance(cause, LeaseLostError)
         if lost:
-            self.session.ownership.lost()
+            self._lease_lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
         if self._ledger is not None:
             self._ledger.fail(message_id, cause)
@@ -620,6 +571,14 @@ def _cause(exc: BaseException) -> Exception:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def limits(config: SessionConfigData) -> ModelLimits:
+    """The model's context window and output limit (the session's override, else the table)."""
+    model = config.model
+    if model is None and (config.provider or {}).get("type") == "local":
+        model = "smollm2"  # the embedded default model, whose window is small
+    return limits_for(model, config.model_limits)
 
 
 def _retrieve(task: asyncio.Task[RunEnd]) -> None:

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from trimtab._history import SessionOwner
     from trimtab.store import Lease
 
-__all__ = ["LogLevel", "QueuedMessage", "Session"]
+__all__ = ["LogLevel", "QueuedMessage", "Session", "ownership_of"]
 
 LogLevel = Literal["info", "warning", "error"]
 
@@ -94,7 +94,7 @@ MAX_NAME_LENGTH = 100
 class _Rpc:
     __slots__ = ("history",)
 
-    def __init__(self, history: History) -> None:
+    def __init__(self, history: History[Session]) -> None:
         self.history = history
 
 
@@ -109,10 +109,10 @@ class Session:
         "_hooks",
         "_log",
         "_owner",
+        "_ownership",
         "_runner",
         "_shutting",
         "history",
-        "ownership",
         "session_id",
     )
 
@@ -124,22 +124,25 @@ class Session:
         toolbox: Toolbox,
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
-        owner: SessionOwner | None = None,
+        owner: SessionOwner[Session] | None = None,
     ) -> None:
         self.session_id = log.session_id
         self._log = log
         self._hooks = hooks
         self._runner = Runner(
-            self,
             log,
+            handle=self,
             provider=provider,
             toolbox=toolbox,
             permission_handler=permission_handler,
             hooks=hooks,
+            tracing=owner.tracing if owner is not None else OFF,
+            lease_lost=self._lease_lost,
         )
-        self.ownership = Ownership(log, self._runner)
-        """Who runs the session: what the runtime that opened it (`Client`) drives."""
-        self.history = History(self._runner, owner)
+        self._ownership = Ownership(log, self._runner)
+        """Who runs the session: what the runtime that opened it (`Client`) drives, through
+        `ownership_of`."""
+        self.history: History[Session] = History(self, self._runner, owner)
         self._owner = owner
         self._closing: asyncio.Task[None] | None = None
         self._shutting: asyncio.Task[None] | None = None
@@ -147,12 +150,15 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
 
+    def _lease_lost(self) -> None:
+        self._ownership.lost()
+
     # --- what the session is -------------------------------------------------------------
 
     @property
     def rpc(self) -> _Rpc:
         """`session.rpc.history.*`: the Copilot SDK's spelling of `session.history.*`."""
-        return _Rpc(self.history)  # made on use: one object less in every idle session
+        return _Rpc(self.history)  # made on use: an idle session holds none
 
     def options(self) -> dict[str, Any]:
         """What the host gave this session that its log does not keep (provider, tools,
@@ -174,7 +180,7 @@ class Session:
     @property
     def tools(self) -> Mapping[str, Tool]:
         """Every tool the model may call, the built-in `tool_search` included."""
-        return self._runner.tools
+        return self._runner.toolbox.callable(self.config)
 
     def offer_tools(self, tools: Sequence[Tool]) -> None:
         """Offer the model `tools` too while the session is open, in place of those offered
@@ -201,7 +207,7 @@ class Session:
     @property
     def tracing(self) -> Tracing:
         """How this session traces: its client's setting (spec OT1)."""
-        return self._owner.tracing if self._owner is not None else OFF
+        return self._runner.tracing
 
     @property
     def context_epoch(self) -> int:
@@ -214,8 +220,8 @@ class Session:
 
     def get_context(self) -> ContextWindow:
         """What the model will see next, with token counts, so a host can inspect its budget."""
-        runner = self._runner
-        return context_window(self.window(), runner.model_tools(), runner.limits.context_window)
+        ctx = self._runner.context()
+        return context_window(self.window(), list(ctx.shown), ctx.limits.context_window)
 
     async def get_events(self, *, after: int = 0) -> list[Event]:
         """The persisted log, oldest first; with `after`, the events past its first `after`."""
@@ -519,7 +525,7 @@ class Session:
 
     async def _close(self) -> None:
         log = self._log
-        await self.ownership.unfollow()
+        await self._ownership.unfollow()
         reason = TrimtabError(
             f"session {self.session_id} was disconnected before this ran"
             " (a queued message stays in the store, and runs when the session is resumed)"
@@ -561,6 +567,11 @@ class Session:
     def closed(self) -> bool:
         """`disconnect()` was called: the session can no longer be used."""
         return self._closing is not None
+
+
+def ownership_of(session: Session) -> Ownership:
+    """The session's lease, as the runtime that opened it drives it (not the host's API)."""
+    return session._ownership
 
 
 class SendOptions(TypedDict, total=False):

@@ -50,9 +50,8 @@ from trimtab.providers import Usage
 __all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
 
 _NOTHING: frozenset[str] = frozenset()
-"""One empty set for every session (docs/performance.md, memory per idle session)."""
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
-"""Likewise, one empty mapping of unfinished calls."""
+"""Shared empties: most sessions have no approvals and no unfinished calls."""
 
 
 class Batch(BaseModel):
@@ -122,9 +121,7 @@ class SessionState:
     projection: Projection = field(default_factory=Projection, repr=False, compare=False)
     """The conversation since the base."""
     tokens: tuple[int, int] | None = field(default=None, repr=False)
-    """Input and output tokens summed over every `assistant.usage`; None before the first.
-
-    Two ints rather than a `Usage` model (docs/performance.md, memory per idle session)."""
+    """Input and output tokens summed over every `assistant.usage`; None before the first."""
     unfinished_calls: Mapping[str, ToolExecutionStartData] = field(
         default_factory=lambda: _NO_CALLS
     )
@@ -334,7 +331,7 @@ def _shared(config: SessionConfigData) -> SessionConfigData:
     """An equal configuration already in memory, if any, else `config`.
 
     Configurations are immutable and most sessions of one process share theirs (same model,
-    prompt and tools): interning them saves ~1.5 KB per idle session.
+    prompt and tools): one copy serves them all.
     """
     key = config.model_dump_json()
     shared = _configs.get(key)

@@ -110,8 +110,8 @@ ToolOutcome: TypeAlias = Literal[
 
 def new_id() -> str:
     """A fresh UUID4 string: the Copilot clients parse every event id as a UUID."""
-    # What `str(uuid.uuid4())` gives, without the `UUID` object made only to be printed:
-    # 0.8 µs against 1.9 for every event (a streamed delta's path, docs/performance.md).
+    # What `str(uuid.uuid4())` gives, without the `UUID` object made only to be printed
+    # (every event needs one, a streamed delta's too).
     digits = os.urandom(16).hex()
     variant = "89ab"[int(digits[16], 16) & 3]  # RFC 4122: the top two bits are 10
     return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"

@@ -28,6 +28,7 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
+from trimtab._session import ownership_of
 from trimtab._state import state_of
 from trimtab._window import estimate_tokens
 from trimtab.events import Event, PermissionRequestData
@@ -250,7 +251,7 @@ class World:
             runtime.store.timeout = 0.0  # its appends give up at once, with no sleep
             self.crashes.append((runtime.store.writes, runtime.store.durable))
             runner = runtime.session._runner
-            for task in (runner._worker, runner._current, runtime.session.ownership._follower):
+            for task in (runner._worker, runner._current, ownership_of(runtime.session)._follower):
                 if task is not None:
                     task.cancel()
 
@@ -269,7 +270,7 @@ class World:
             self.SESSION, follower.client._owner, follower.client._lease_ttl
         )
         assert lease is not None
-        await follower.session.ownership.adopt(lease)
+        await ownership_of(follower.session).adopt(lease)
 
     async def follow(self) -> None:
         """A second runtime opens the session while its owner runs it: remote (R1)."""
@@ -318,7 +319,7 @@ class World:
                 if self.owner.dead:
                     continue
                 if await self.durable.pending_inputs(self.SESSION):
-                    await session.ownership.take_inputs()  # as the upkeep would
+                    await ownership_of(session).take_inputs()  # as the upkeep would
                 elif not session.busy:
                     break
         self.gates.opened = asyncio.Event()

@@ -151,8 +151,7 @@ class WireTool(Wire):
 
     def definition(self) -> ToolDefinition:
         """The runtime's definition of this tool: one object for every session that declares
-        it alike (a client's thousand sessions would otherwise hold a thousand copies of its
-        schema, ~2 KB each)."""
+        it alike (a client's sessions usually declare the same tools)."""
         key = self.model_dump_json(exclude_none=True)
         if (known := _DEFINITIONS.get(key)) is not None:
             return known
@@ -262,7 +261,7 @@ class SessionOptionsParams(SessionParams):
         if self.infinite_sessions is not None:
             options["infinite_sessions"] = self.infinite_sessions.options()
         if self.mcp_servers:
-            # Imported here: most sessions name no MCP server (docs/performance.md, server RSS).
+            # Imported here: most sessions name no MCP server.
             from trimtab.mcp import wire_servers
 
             options["mcp_servers"] = wire_servers(self.mcp_servers)

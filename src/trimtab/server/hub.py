@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 from trimtab import Client, Session, Tool
-from trimtab.events import Event, SessionResumeData, SessionResumeEvent, UserMessageEvent
+from trimtab.events import Event, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
@@ -234,7 +234,9 @@ class SessionHub:
                     raise ValueError(f"a session with id {session_id!r} already exists")
                 if shared.peers not in ([], [peer]) or shared.session.busy:
                     shared.attach(peer, params)
-                    await _log_resume(shared.session, params)
+                    pending = isinstance(params, ResumeParams) and params.continue_pending_work
+                    # Shared as it is (its options are not applied); the resume is logged.
+                    await self.client.resume_session(session_id, continue_pending_work=pending)
                     shared.redeliver(peer)
                     return shared
                 # Nobody else uses it and nothing runs: opened again, so that this resume's
@@ -338,19 +340,6 @@ class SessionHub:
             await shared.session.disconnect()
         finally:
             shared.close()
-
-
-async def _log_resume(session: Session, params: SessionOptionsParams) -> None:
-    """Log a resume of a session that was open already: every resume has its
-    `session.resume` event (spec D5), as one opened from the store gets from `Client`."""
-    if session.is_remote:
-        return  # the runtime that runs it writes its log
-    data = SessionResumeData(
-        event_count=len(await session.get_events()),
-        selected_model=session.config.model,
-        continue_pending_work=isinstance(params, ResumeParams) and params.continue_pending_work,
-    )
-    await session.ownership.resumed(SessionResumeEvent(data=data))
 
 
 async def _transform(peer: Connection, session_id: str, sections: dict[str, str]) -> dict[str, str]:

@@ -43,9 +43,8 @@ configured otherwise (`timeout=` of the backends and `open_store`, `Client(store
 class Lease:
     """Proof that one runtime runs a session's loop (spec R1).
 
-    A slotted dataclass, not a model: every open session holds one, and a frozen pydantic
-    model of three fields is ~480 bytes against 64 (docs/performance.md, memory per idle
-    session). Nothing serialises it."""
+    A slotted dataclass, not a model: every open session holds one, and nothing serialises
+    it."""
 
     session_id: str
     owner: str
