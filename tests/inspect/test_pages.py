@@ -23,12 +23,12 @@ from trimtab.testing import ScriptedModel, ScriptStep, tool_call
 
 require_extra()
 
-from trimtab.inspect.app import ENTRIES_PER_PAGE, SESSIONS_PER_PAGE  # noqa: E402
+from trimtab.inspect.app import ENTRIES_PER_PAGE, SESSIONS_PER_PAGE, session_segment  # noqa: E402
 from trimtab.inspect.windows import window_view  # noqa: E402
 
 
 def url(session_id: str, rest: str = "") -> str:
-    return f"/sessions/{quote(session_id, safe='')}{rest}"
+    return f"/sessions/{session_segment(session_id)}{rest}"
 
 
 async def page(inspector: httpx.AsyncClient, path: str, status: int = 200) -> str:
