@@ -42,7 +42,7 @@ __all__ = [
     "serve_command",
 ]
 
-EXIT_ERROR, EXIT_USAGE = 1, 2
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 LOG_LEVELS = {
     "none": logging.CRITICAL + 1,
@@ -247,6 +247,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m trimtab.se
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except click.Abort:  # Ctrl-C before the server ran
+        return EXIT_INTERRUPTED
     return 0
 
 
