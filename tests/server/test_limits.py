@@ -25,7 +25,7 @@ from tests.server.conftest import ServerProcess, StartServer
 from tests.server.raw import RawClient, rss_kb, unestablished
 from trimtab.protocol.errors import AUTHENTICATION_FAILED, SERVER_BUSY
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, PARSE_ERROR
-from trimtab.server import serve
+from trimtab.server import ServerOptions, serve
 from trimtab.server.copilot import CopilotConnection
 
 TOKEN = "s3cret-token"
@@ -71,7 +71,7 @@ def test_issue15_2_an_empty_token_does_not_open_a_public_address(
 
 async def test_issue15_2_an_empty_token_is_refused_in_process() -> None:
     with pytest.raises(ValueError, match="without a connection token"):
-        await serve(host="0.0.0.0", token="", store="memory")
+        await serve(ServerOptions(host="0.0.0.0", token="", store="memory"))
     with pytest.raises(ValueError, match="empty connection token"):
         CopilotConnection(None, None, token="")  # type: ignore[arg-type]
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from trimtab import __version__
+from trimtab.server.command import serve_command
 
 if TYPE_CHECKING:
     from trimtab.cli.config import Resolved
@@ -162,20 +163,8 @@ def config(as_json: bool, **settings: Any) -> int:
     return show_config(_resolve(settings), as_json=as_json)
 
 
-@cli.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    add_help_option=False,
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def serve(args: tuple[str, ...]) -> int:
-    """Serve sessions to Copilot SDK clients over JSON-RPC.
-
-    The server's own options: trimtab serve --help.
-    """
-    # The server owns its flags (and the Copilot clients' extra ones it tolerates).
-    from trimtab.server.__main__ import main as serve_main
-
-    return serve_main(list(args), prog="trimtab serve")
+# The server owns its command: its flags are `trimtab.server.ServerOptions`'s.
+cli.add_command(serve_command)
 
 
 @cli.command("inspect")

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from trimtab.cli.errors import EXIT_USAGE, CliError, read_input
 from trimtab.events import DEFAULT_MAX_TURNS
+from trimtab.providers import PROVIDER_NAMES
 from trimtab.providers._choice import DEFAULT_OLLAMA_URL
 
 __all__ = [
@@ -38,7 +39,7 @@ __all__ = [
 ProviderName: TypeAlias = Literal["openai", "anthropic", "ollama", "local", "scripted"]
 """`scripted` is a testing aid (replies from `--script FILE`), left out of the help."""
 
-PUBLIC_PROVIDERS = ("openai", "anthropic", "ollama", "local")
+PUBLIC_PROVIDERS = PROVIDER_NAMES
 
 CONFIG_FILE = "trimtab.toml"
 

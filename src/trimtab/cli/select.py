@@ -10,16 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, assert_never
+from typing import Any
 
 from trimtab.cli.config import CliConfig, ProviderName, Resolved
 from trimtab.cli.errors import EXIT_USAGE, CliError
-from trimtab.providers import Provider
+from trimtab.providers import Provider, named_provider
 from trimtab.providers._choice import (
     DEFAULT_MODELS,
     AutomaticChoice,
     choose_automatically,
-    ollama_config,
     ollama_model,
 )
 
@@ -85,26 +84,19 @@ def provider_spec(choice: ProviderChoice, config: CliConfig) -> dict[str, Any] |
     Raises:
         CliError: The scripted provider's script is missing or invalid.
     """
-    key = config.api_key_value
-    match choice.name:
-        case "openai":
-            spec: dict[str, Any] = {"type": "openai", "base_url": config.base_url, "api_key": key}
-        case "ollama":
-            spec = ollama_config(config.ollama_url)
-            spec["base_url"] = config.base_url or spec["base_url"]
-            spec["api_key"] = key or spec["api_key"]
-        case "anthropic":
-            spec = {"type": "anthropic", "base_url": config.base_url, "api_key": key}
-        case "local":
-            # The weights are the model: a --model for the embedded provider is a GGUF file.
-            spec = {"type": "local", "model_path": config.model}
-        case "scripted":
-            return _scripted(config.script)
-        case _:
-            assert_never(choice.name)
+    if choice.name == "scripted":
+        return _scripted(config.script)
+    spec = named_provider(
+        choice.name,
+        base_url=config.base_url,
+        api_key=config.api_key_value,
+        # The weights are the model: a --model for the embedded provider is a GGUF file.
+        model_path=config.model if choice.name == "local" else None,
+        ollama_url=config.ollama_url,
+    )
     if choice.name != "local":  # the embedded model is no HTTP server: nothing to wait for
         spec |= timeouts(config)
-    return {name: value for name, value in spec.items() if value is not None}
+    return spec
 
 
 def timeouts(config: CliConfig) -> dict[str, float]:

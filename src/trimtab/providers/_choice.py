@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
+from trimtab.providers._names import DEFAULT_OLLAMA_URL, named_provider
+
 __all__ = [
     "DEFAULT_MODELS",
     "DEFAULT_OLLAMA_URL",
@@ -24,7 +26,6 @@ __all__ = [
     "AutomaticChoice",
     "AutomaticProvider",
     "choose_automatically",
-    "ollama_config",
     "ollama_model",
     "ollama_url",
     "probe_ollama",
@@ -40,8 +41,6 @@ DEFAULT_MODELS: dict[str, str] = {
 }
 """The model asked for when none is given; the embedded model (`local`) has its default
 weights, and an Ollama server that lists its models is asked for the first of them."""
-
-DEFAULT_OLLAMA_URL = "http://127.0.0.1:11434"
 
 OLLAMA_URL_VARIABLE = "TRIMTAB_OLLAMA_URL"
 """Where to look for Ollama instead of `DEFAULT_OLLAMA_URL`."""
@@ -76,9 +75,7 @@ class AutomaticChoice:
 
     def config(self) -> dict[str, Any]:
         """The provider config of the choice, as `create_session(provider=...)` takes it."""
-        if self.name == "ollama":
-            return ollama_config(self.ollama_url)
-        return {"type": self.name}
+        return named_provider(self.name, ollama_url=self.ollama_url)
 
 
 def choose_automatically(
@@ -119,12 +116,6 @@ def ollama_url(env: Mapping[str, str]) -> str:
             " such as http://127.0.0.1:11434"
         )
     return value.rstrip("/")
-
-
-def ollama_config(url: str) -> dict[str, Any]:
-    """The provider config of the Ollama server at `url`: its OpenAI-compatible API, which
-    takes any key."""
-    return {"type": "openai", "base_url": f"{url}/v1", "api_key": "ollama"}
 
 
 def ollama_model(url: str) -> str:

@@ -23,6 +23,7 @@ from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
 from trimtab.server.hooks import ClientHooks
+from trimtab.server.options import PENDING_TIMEOUT
 from trimtab.server.prompt import system_prompt
 from trimtab.server.questions import ClientQuestions
 
@@ -30,9 +31,12 @@ __all__ = ["SessionHub", "SharedSession"]
 
 log = logging.getLogger("trimtab.server")
 
-PENDING_TIMEOUT = 120.0
-"""Default seconds the tool calls of a client whose connection dropped wait for a client that
-resumes the session to answer them (spec D6)."""
+NO_PROVIDER = (
+    "no provider: the session names none and this server has no default; start it with"
+    " `trimtab serve --provider NAME` (openai, anthropic, ollama, local, or a JSON config),"
+    " or give the session a provider"
+)
+"""Why `session.create` without a provider fails on a server without `--provider` (spec S7)."""
 
 TRANSFORM_TIMEOUT = 30.0
 """Seconds a client has to rewrite the system message's sections at create or resume."""
@@ -179,10 +183,18 @@ class SharedSession:
 class SessionHub:
     """Opens, shares and closes the sessions of one server's `Client`."""
 
-    def __init__(self, client: Client, *, pending_timeout: float = PENDING_TIMEOUT) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        pending_timeout: float = PENDING_TIMEOUT,
+        has_provider: bool = False,
+    ) -> None:
         self.client = client
         self.pending_timeout = pending_timeout
         """Seconds a dropped client's unanswered tool calls wait for another client."""
+        self.has_provider = has_provider
+        """The server has a default provider (`--provider`) for sessions that bring none."""
         self._open: dict[str, SharedSession] = {}
         self._connections: set[Connection] = set()
         self._locks = _KeyedLocks()
@@ -246,6 +258,8 @@ class SessionHub:
             questions = ClientQuestions(session_id)
             hooks = ClientHooks(session_id, peer) if params.hooks else None
             options = params.options()
+            if not resume and "provider" not in options and not self.has_provider:
+                raise ValueError(NO_PROVIDER)
             if params.creates or params.system_message is not None:
                 # Resumed without one, a session keeps the system message it was created with.
                 transform = partial(_transform, peer, session_id)
