@@ -52,6 +52,8 @@ async def retrying(
 
 
 def _should_retry(response: httpx2.Response) -> bool:
+    if not response.is_error:
+        return False
     should_retry = response.headers.get("x-should-retry")
     if should_retry in ("true", "false"):
         return bool(should_retry == "true")
