@@ -78,7 +78,10 @@ _DEADLINE: ContextVar[float | None] = ContextVar("trimtab_provider_deadline", de
 class answer_within:  # noqa: N801 (used as the function it was)
     """Bound the wait for a call's answer, retries and their pauses included (see
     `ProviderConfig.deadline`): past it, the block fails with `timeout`. Inside the block,
-    `time_left()` tells how long is left (the retries' waits fit in it)."""
+    `time_left()` tells how long is left (the retries' waits fit in it).
+
+    A class rather than a generator's context manager: it holds less for every call in
+    flight (a thousand sessions' calls at once)."""
 
     __slots__ = ("_seconds", "_stream", "_timeout", "_token")
 
@@ -201,8 +204,8 @@ class _StallWatch(Generic[_Event]):
     consumer takes between events does not count, and a keep-alive comment is no event).
 
     One timer per `seconds`, not per event: it cancels the wait once it has lasted that
-    long, as `asyncio.timeout` would, but a timeout per event cost each streamed delta ~4 µs
-    (docs/performance.md, streaming). The timer fires only while the stream is waited for,
+    long, as `asyncio.timeout` would, without a timeout's setting up and undoing for every
+    event (docs/performance.md, streaming). The timer fires only while the stream is waited for,
     so its cancellation reaches the wait, which turns it into a `timeout`; a cancellation
     from anyone else (an abort) still wins.
     """

@@ -5,9 +5,10 @@ OpenAI, where the deployment names the model and an API version is required).
 
 Chat Completions bodies are plain JSON, sent with trimtab's HTTP client (`ChatClient`) as the
 `openai` client would send them: that library walks every message of a request through its
-typed models, and importing it takes ~0.3 s, which a server that only speaks Chat Completions
-would pay for nothing. Responses goes through the `openai` client itself (`OpenAIClient`,
-`map_openai_error`), imported on first use, given the same HTTP client (`_http`).
+typed models, and importing its hundreds of models takes long, which a server that only
+speaks Chat Completions would pay for nothing. Responses goes through the `openai` client
+itself (`OpenAIClient`, `map_openai_error`), imported on first use, given the same HTTP
+client (`_http`).
 """
 
 from __future__ import annotations
