@@ -1,8 +1,9 @@
 """`RemoteClient`: the `Client` API for a runtime in another process (`trimtab serve`).
 
 It speaks the same Copilot-protocol JSON-RPC as the official SDK clients, so everything a
-remote client does, an official client can do too; trimtab adds only `developerMessages`
-and a few fields in results.
+remote client does, an official client can do too; trimtab adds only the session options it
+has and the protocol has not (`developerMessages`, `maxTurns`, `modelLimits`, spec D15) and a
+few fields in results.
 """
 
 from __future__ import annotations
