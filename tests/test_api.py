@@ -164,7 +164,7 @@ async def test_tool_without_a_model_gets_a_dict(client: Client) -> None:
 
 async def test_unknown_session_option_is_an_error_naming_it(client: Client) -> None:
     with pytest.raises(ValueError, match="systemmessage"):
-        await client.create_session(provider=ScriptedModel(), systemmessage="typo")  # type: ignore[call-arg]
+        await client.create_session(provider=ScriptedModel(), systemmessage="typo")
 
 
 @pytest.mark.parametrize("name", ["get weather", "a.b", "x" * 65, "naïve", "tool/1"])

@@ -1,6 +1,6 @@
 """trimtab: an open agent session runtime whose context window the host controls."""
 
-from trimtab._client import Client, SessionOptions
+from trimtab._client import Client
 from trimtab._errors import (
     ClearContextError,
     LeaseLostError,
@@ -14,6 +14,7 @@ from trimtab._errors import (
 )
 from trimtab._history import ClearContextResult, CompactResult, History, TruncateResult
 from trimtab._metrics import SessionMetrics
+from trimtab._options import SessionOptions
 from trimtab._permissions import PermissionDecision, PermissionHandler
 from trimtab._session import QueuedMessage, Session
 from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool

@@ -13,7 +13,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Unpack, get_args, overload
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast, get_args, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -32,6 +32,7 @@ from trimtab._history import History
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
 from trimtab._metrics import SessionMetrics, metrics_of
+from trimtab._options import SessionOptions
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._runner import Attached, Runner
@@ -160,17 +161,18 @@ class Session:
         """`session.rpc.history.*`: the Copilot SDK's spelling of `session.history.*`."""
         return _Rpc(self.history)  # made on use: an idle session holds none
 
-    def options(self) -> dict[str, Any]:
+    def options(self) -> SessionOptions:
         """What the host gave this session that its log does not keep (provider, tools,
         handlers, hooks, MCP servers): what a fork of it is given again."""
         runner = self._runner
-        return {
-            "provider": runner.provider,
-            "tools": list(runner.toolbox.own.values()),
-            "on_permission_request": runner.permission_handler,
-            "hooks": self._hooks.handlers,
-            "mcp_servers": runner.toolbox.source_options,
-        }
+        # Not validated again: each part was, when the session was opened.
+        return SessionOptions.model_construct(
+            provider=runner.provider,
+            tools=list(runner.toolbox.own.values()),
+            on_permission_request=runner.permission_handler,
+            hooks=self._hooks.handlers,
+            mcp_servers=cast("dict[str, dict[str, Any]] | None", runner.toolbox.source_options),
+        )
 
     @property
     def config(self) -> SessionConfigData:

@@ -110,7 +110,7 @@ class SharedSession:
         if peer not in self.peers:
             self.peers.append(peer)
         self._tools[peer] = frozenset(t.name for t in params.tools or ())
-        own = {tool.name for tool in self.session.options()["tools"]}
+        own = {tool.name for tool in self.session.options().tools or ()}
         offered: list[Tool] = [
             self.questions.tool(t.definition())
             for t in params.tools or ()
@@ -239,6 +239,7 @@ class SessionHub:
         tool set is fixed while open). Otherwise it is opened again with the new options.
         """
         session_id = params.session_id
+        options = params.options()  # checked before anything is closed or opened
         async with self._locks.hold(session_id):
             shared = self._open.get(session_id)
             if shared is not None:
@@ -257,26 +258,31 @@ class SessionHub:
             since = await self._event_count(session_id) if resume else 0
             questions = ClientQuestions(session_id)
             hooks = ClientHooks(session_id, peer) if params.hooks else None
-            options = params.options()
-            if not resume and "provider" not in options and not self.has_provider:
+            if not resume and options.provider is None and not self.has_provider:
                 raise ValueError(NO_PROVIDER)
+            # What the server makes of the client's: its tools and permissions are asked of
+            # the client, and its system message is composed here.
+            made: dict[str, Any] = {
+                "tools": [
+                    questions.tool(t.definition())
+                    for t in params.tools or ()
+                    if params.offers(t.name)
+                ],
+                "on_permission_request": questions.ask_permission,
+                "hooks": None if hooks is None else hooks.handlers(),
+            }
             if params.creates or params.system_message is not None:
                 # Resumed without one, a session keeps the system message it was created with.
                 transform = partial(_transform, peer, session_id)
                 message = params.system_message_config()
-                options["system_message"] = await system_prompt(message, transform)
-            tools = [t for t in params.tools or () if params.offers(t.name)]
-            options["tools"] = [questions.tool(t.definition()) for t in tools]
-            options["on_permission_request"] = questions.ask_permission
-            if hooks is not None:
-                options["hooks"] = hooks.handlers()
+                made["system_message"] = await system_prompt(message, transform)
             if resume:
                 pending = isinstance(params, ResumeParams) and params.continue_pending_work
                 session = await self.client.resume_session(
-                    session_id, continue_pending_work=pending, **options
+                    session_id, options, continue_pending_work=pending, **made
                 )
             else:
-                session = await self.client.create_session(session_id=session_id, **options)
+                session = await self.client.create_session(options, session_id=session_id, **made)
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
             shared = self._open[session_id] = SharedSession(session, questions, hooks)
