@@ -65,6 +65,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from trimtab._durations import check_seconds
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
+from trimtab._keyed_locks import KeyedLocks
 from trimtab.events import Event, event_from_json, new_id
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
@@ -386,7 +387,7 @@ class PostgresStore:
         self._pool: _Pool | None = None
         self._opening = asyncio.Lock()
         self._closed = False
-        self._append_order = _KeyedLock()
+        self._append_order = KeyedLocks()
         self._doorbell: _Doorbell | None = None
         self._abandoned: set[asyncio.Task[Any]] = set()
         """Calls the caller stopped waiting for, until their cancellation is done."""
@@ -1088,29 +1089,6 @@ _json_text = json.JSONEncoder(
 def _text(value: str | None) -> str | None:
     """`value` fit for a `text` column, which cannot hold NUL: U+FFFD stands in for it."""
     return value.replace("\x00", "\ufffd") if value else value
-
-
-class _KeyedLock:
-    """One FIFO lock per key, dropped when unused: concurrent appends to one session from
-    this store are stored in call order, as with the other backends."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (None, 0))
-        lock = lock or asyncio.Lock()
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
 
 
 class _Doorbell:
