@@ -29,7 +29,6 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeAlias, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from trimtab._errors import StoreUnavailableError
@@ -81,11 +80,6 @@ class Calls:
         self.closed = False
         self._abandoned: set[asyncio.Task[Any]] = set()
         """Calls the caller stopped waiting for, until their cancellation is done."""
-        self._spare: list[PooledConnection] = []
-        """Connections back from a call in good order, kept for the next call rather than
-        returned to the pool, whose checkout and return cost ~25 µs of CPU a statement."""
-        self._waiting = 0
-        """Calls waiting for the pool: a connection back from a call goes to them."""
 
     async def within_timeout(self, what: str, work: Coroutine[Any, Any, _R]) -> _R:
         """The result of `work`, run in a task of its own so that the caller can stop waiting
@@ -133,36 +127,16 @@ class Calls:
         Taken and returned with `getconn` and `putconn`: `pool.connection()` also ends the
         connection's transaction, of which an autocommit connection has none (`putconn`
         resets one left open by an error, or closes one left in the middle of a statement).
-        One back in good order is kept as a spare for the next call instead, unless a call
-        waits for the pool.
         """
         pool = self._pool or await self._open()
-        conn = await self._spare_connection(pool)
-        if conn is None:
-            self._waiting += 1
-            try:
-                conn = await pool.getconn()
-            except PoolClosed:
-                raise RuntimeError("the store is closed") from None
-            finally:
-                self._waiting -= 1
+        try:
+            conn = await pool.getconn()
+        except PoolClosed:
+            raise RuntimeError("the store is closed") from None
         try:
             yield conn
         finally:
-            idle = conn.pgconn.transaction_status == TransactionStatus.IDLE
-            if idle and not self._waiting and not self.closed:
-                self._spare.append(conn)
-            else:  # someone waits for the pool, or closing, or left in a statement
-                await pool.putconn(conn)
-
-    async def _spare_connection(self, pool: _Pool) -> PooledConnection | None:
-        """A spare connection, checked as the pool checks one (`_check_connection`)."""
-        while self._spare:
-            conn = self._spare.pop()
-            if not conn.closed and not _readable(conn.fileno()):
-                return conn
-            await pool.putconn(conn)  # the server went away, or wrote: the pool checks it
-        return None
+            await pool.putconn(conn)
 
     async def _open(self) -> _Pool:
         """Migrate the schema and open the pool, once; a failed attempt is retried next call."""
@@ -207,9 +181,6 @@ class Calls:
         self.closed = True
         async with self._opening:  # not while a first call is still opening the pool
             if self._pool is not None:
-                spare, self._spare = self._spare, []
-                for conn in spare:
-                    await self._pool.putconn(conn)
                 await self._pool.close(timeout=self.timeout)
         if self._abandoned:
             await asyncio.wait(self._abandoned, timeout=self.timeout)
