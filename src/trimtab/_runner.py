@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import needs_fitting
-from trimtab._errors import LeaseLostError, TrimtabError
+from trimtab._errors import LeaseLostError, LogTailLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._runs import RunEnd, RunLedger
+from trimtab._state import SessionState
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, ToolInvocation, valid_text
 from trimtab._tracing import Tracing
@@ -326,14 +327,8 @@ class Runner:
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
                 message = _message(prompt, message_id, attached)
-                if self._interrupted():
-                    await log_.emit_unlocked((), first=_loop.end_of_interrupted_run)
-                start = self._turn_start(message)
-                events = (message,) if start is None else (message, start)
-                await log_.emit_unlocked(events, first=self._first())
-                self._store_failed = False
                 pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
-                pending.turn = start.data.turn_id if start else None
+                pending.turn = await self._log_message(message, queued=False)
                 self._queue.append(pending)
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
@@ -468,21 +463,40 @@ class Runner:
         await self.log.emit(SessionIdleEvent(data=SessionIdleData(aborted=end.aborted or None)))
 
     async def _log_input(self, item: Pending) -> None:
-        """Store the input's message, with its run's first turn start when it can go in the
-        same append (E7). From the run's waiter, where no abort cancels: the message is logged
-        (claiming it in the inbox) before its run can be stopped. (A frame of its own: the
-        events are not kept while the run goes on, ~2 KB each of a thousand runs at once.)"""
+        """Store a queued input's message. From the run's waiter, where no abort cancels: the
+        message is logged (claiming it in the inbox) before its run can be stopped. (A frame
+        of its own: the events are not kept while the run goes on, ~2 KB each of a thousand
+        runs at once.)"""
         message = _message(item.prompt, item.message_id, item.attached)
-        if self._interrupted():
-            await self.log.emit_all((), first=_loop.end_of_interrupted_run)
-        start = self._turn_start(message)
-        # (The queue's change, an ephemeral event, last: stores that do not carry one in their
-        # append store what comes before it in one.)
-        events = (message, start) if start else (message,)
-        await self.log.emit_all(events + (PendingMessagesModifiedEvent(),), first=self._first())
-        item.turn = start.data.turn_id if start else None
-        self._store_failed = False
+        item.turn = await self._log_message(message, queued=True)
         item.appended = True
+
+    async def _log_message(self, message: UserMessageEvent, *, queued: bool) -> str | None:
+        """Store an input's message (`_log_message_once`). Refused because the database lost
+        the log's last appends in a crash, it is stored once more, after what the log kept,
+        which the session has read again meanwhile (spec P6)."""
+        try:
+            return await self._log_message_once(message, queued=queued)
+        except LogTailLostError:
+            return await self._log_message_once(message, queued=queued)
+
+    async def _log_message_once(self, message: UserMessageEvent, *, queued: bool) -> str | None:
+        """Store an input's message, with its run's first turn start when it can go in the
+        same append (E7; returns that turn's id), after the end of a run the log holds open.
+        `queued`: from the input's run, which takes the writer and tells the queue's change;
+        else the caller holds the writer (`submit`)."""
+        emit = self.log.emit_all if queued else self.log.emit_unlocked
+        if self._interrupted():
+            await emit((), first=self._end_of_interrupted_run)
+        start = self._turn_start(message)
+        events: tuple[Event, ...] = (message, start) if start else (message,)
+        if queued:
+            # (The queue's change, an ephemeral event, last: stores that do not carry one in
+            # their append store what comes before it in one.)
+            events += (PendingMessagesModifiedEvent(),)
+        await emit(events, first=self._first())
+        self._store_failed = False
+        return start.data.turn_id if start else None
 
     async def _body(self, item: Pending) -> RunEnd:
         """The run's task: it reads `item.aborted` only once it has started."""
@@ -514,18 +528,30 @@ class Runner:
             return None
         return _loop.turn_start(self.next_turn_id(), self.config.model)
 
+    def _end_of_interrupted_run(self, state: SessionState) -> list[Event]:
+        """`_loop.end_of_interrupted_run`, without the idle of a run whose idle was delivered
+        here already (its end was in a tail the database lost, P6: E1)."""
+        events = _loop.end_of_interrupted_run(state)
+        if events and state.run_id == self.log.idle_given:
+            self.log.idle_given = None
+            return events[:-1]
+        return events
+
     def _interrupted(self) -> bool:
-        """The log holds a run nothing here runs or ran (a crash interrupted it, and the
-        session was resumed without continuing it, P3): a new input ends it first, with its
-        idle, in an append of their own (the idle comes right after the run's end there, for
-        whoever follows the log: after a batch's stored events, it would come late)."""
+        """The log holds a run nothing here runs (a crash interrupted it, and the session was
+        resumed without continuing it, P3; or the database lost its end, P6): a new input ends
+        it first, with its idle unless delivered already, in an append of their own (the idle
+        comes right after the run's end there, for whoever follows the log: after a batch's
+        stored events, it would come late)."""
         return not self._store_failed and self.log.state.run_id is not None
 
     def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
         """A run that could not go on (`logged`: its `user.message` is in the log)."""
         self._store_failed = True
         cause = _cause(exc)
-        lost = isinstance(cause, LeaseLostError)
+        # (A log that lost its tail is still this runtime's to write: the run ends as under a
+        # failed store, and the session goes on from the log, P6.)
+        lost = isinstance(cause, LeaseLostError) and not isinstance(cause, LogTailLostError)
         if lost:
             self.session.ownership.lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)

@@ -32,7 +32,12 @@ from typing import Any, Literal
 from psycopg import errors
 
 from trimtab._durations import check_seconds
-from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
+from trimtab._errors import (
+    LeaseLostError,
+    LogTailLostError,
+    SessionNotFoundError,
+    StoreUnavailableError,
+)
 from trimtab._keyed_locks import KeyedLocks
 from trimtab.events import Event, event_from_json
 from trimtab.store._base import (
@@ -131,8 +136,8 @@ class PostgresStore:
         by another runtime can never let a stale write through. A batch whose first event is
         stored already is a retry and stores nothing (see `Store`). With a lease, a batch
         whose first event follows one (`parent_id`) that is not the log's last is refused with
-        `LeaseLostError`: the server lost the last appends in a crash (spec P5), so this
-        runtime's view of the log is no longer the log.
+        `LogTailLostError` (a `LeaseLostError`): the server lost the last appends in a crash
+        (spec P5), so this runtime's view of the log is no longer the log (P6).
 
         `durable=False` commits with `synchronous_commit` off: no wait for the WAL flush.
         `live` is published in the same statement (see `CarriesLive`).
@@ -188,10 +193,10 @@ class PostgresStore:
         if first is None or duplicate:
             return int(last_seq)
         if lease is not None and first.parent_id is not None and first.parent_id != last_id:
-            raise LeaseLostError(
+            raise LogTailLostError(
                 f"the log of {session_id!r} no longer ends with the events this runtime"
                 f" stored (it ends at event {last_seq}): the database lost its last"
-                " appends in a crash; resume the session to recover it (spec P5)"
+                " appends in a crash (spec P5)"
             )
         if conflict:
             raise ValueError(f"an event of the batch is already in {session_id!r}")
