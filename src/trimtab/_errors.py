@@ -10,6 +10,7 @@ __all__ = [
     "ClearContextError",
     "ClearContextErrorCode",
     "LeaseLostError",
+    "LogTailLostError",
     "PromptBlockedError",
     "ProviderError",
     "ProviderErrorType",
@@ -115,6 +116,12 @@ class SessionNotFoundError(TrimtabError, KeyError):
 
 class LeaseLostError(TrimtabError):
     """This runtime no longer holds the lease of the session it tried to write (spec R1)."""
+
+
+class LogTailLostError(LeaseLostError):
+    """The append was refused because the log no longer ends with the events this runtime
+    stored: the database lost its last commits in a crash (spec P5). The lease is still
+    this runtime's: the session goes on from the log as it is (P6)."""
 
 
 class StoreUnavailableError(TrimtabError):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import needs_fitting
-from trimtab._errors import LeaseLostError, TrimtabError
+from trimtab._errors import LeaseLostError, LogTailLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
@@ -417,22 +417,32 @@ class Runner:
         *,
         queued: bool = False,
     ) -> None:
-        """Store the input's `user.message` with `emit`, and its run's first turn start in
-        the same append when nothing comes between them (E7): the end of a run a crash
-        interrupted goes first, in an append of its own; the end of one the store failed
-        under, in the same. A queued input's message also tells watchers the queue changed
-        (an ephemeral event, last: stores that do not carry one in their append store what
-        comes before it in one)."""
+        """Store the input's `user.message` with `emit` (`_store_message_once`). Refused
+        because the database lost the log's last appends in a crash, it is stored once more,
+        after what the log kept, which the session has read again meanwhile (spec P6)."""
+        try:
+            await self._store_message_once(item, emit, queued=queued)
+        except LogTailLostError:
+            await self._store_message_once(item, emit, queued=queued)
+        item.appended, item.attached = True, None
+
+    async def _store_message_once(
+        self, item: Pending, emit: Callable[..., Awaitable[list[Event]]], *, queued: bool
+    ) -> None:
+        """Store the input's message, and its run's first turn start in the same append when
+        nothing comes between them (E7): the end of a run the log holds open goes first, in
+        an append of its own; the end of one the store failed under, in the same. A queued
+        input's message also tells watchers the queue changed (an ephemeral event, last:
+        stores that do not carry one in their append store what comes before it in one)."""
         message = _message(item.prompt, item.message_id, item.attached)
         if self._interrupted():
-            await emit((), first=_loop.end_of_interrupted_run)
+            await emit((), first=self._end_of_interrupted_run)
         start = self._turn_start(message)
         events: tuple[Event, ...] = (message,) if start is None else (message, start)
         if queued:
             events += (PendingMessagesModifiedEvent(),)
         await emit(events, first=self._first())
         item.turn = start.data.turn_id if start else None
-        item.appended, item.attached = True, None
         self._store_failed = False
 
     async def _body(self, item: Pending) -> RunEnd:
@@ -465,18 +475,30 @@ class Runner:
             return None
         return _loop.turn_start(str(self.log.state.turns), self.log.state.config.model)
 
+    def _end_of_interrupted_run(self, state: SessionState) -> list[Event]:
+        """`_loop.end_of_interrupted_run`, without the idle of a run whose idle was delivered
+        here already (its end was in a tail the database lost, P6: E1)."""
+        events = _loop.end_of_interrupted_run(state)
+        if events and state.run_id == self.log.idle_given:
+            self.log.idle_given = None
+            return events[:-1]
+        return events
+
     def _interrupted(self) -> bool:
-        """The log holds a run nothing here runs or ran (a crash interrupted it, and the
-        session was resumed without continuing it, P3): a new input ends it first, with its
-        idle, in an append of their own (the idle comes right after the run's end there, for
-        whoever follows the log: after a batch's stored events, it would come late)."""
+        """The log holds a run nothing here runs (a crash interrupted it, and the session was
+        resumed without continuing it, P3; or the database lost its end, P6): a new input ends
+        it first, with its idle unless delivered already, in an append of their own (the idle
+        comes right after the run's end there, for whoever follows the log: after a batch's
+        stored events, it would come late)."""
         return not self._store_failed and self.log.state.run_id is not None
 
     def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
         """A run that could not go on (`logged`: its `user.message` is in the log)."""
         self._store_failed = True
         cause = _cause(exc)
-        lost = isinstance(cause, LeaseLostError)
+        # (A log that lost its tail is still this runtime's to write: the run ends as under a
+        # failed store, and the session goes on from the log, P6.)
+        lost = isinstance(cause, LeaseLostError) and not isinstance(cause, LogTailLostError)
         if lost:
             self._lease_lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)

@@ -10,14 +10,14 @@ lets go, the session is disconnected: its run is aborted and its lease released.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from trimtab import Client, Session, Tool
+from trimtab._keyed_locks import KeyedLocks
 from trimtab.events import Event, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
@@ -197,7 +197,7 @@ class SessionHub:
         """The server has a default provider (`--provider`) for sessions that bring none."""
         self._open: dict[str, SharedSession] = {}
         self._connections: set[Connection] = set()
-        self._locks = _KeyedLocks()
+        self._locks = KeyedLocks()
 
     def join(self, peer: Connection) -> None:
         """Tell `peer` of sessions created, updated and deleted from now on."""
@@ -379,23 +379,3 @@ async def _transform(peer: Connection, session_id: str, sections: dict[str, str]
         for section, value in rewritten.items()
         if isinstance(value, dict) and isinstance(value.get("content"), str)
     }
-
-
-class _KeyedLocks:
-    """One lock per session id, serialising open, release and delete of that session; a lock
-    lives only while someone holds or waits for it, so arbitrary ids leave nothing behind."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._entries.setdefault(key, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._entries[key]

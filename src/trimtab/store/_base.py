@@ -95,8 +95,11 @@ class EventLog(Protocol):
         commits never wait for the disk (SQLite: WAL with `synchronous = NORMAL`), ignore it.
 
         With a lease, the append is fenced: it raises `LeaseLostError` unless the lease is
-        still the session's current, unexpired one. Raises `SessionNotFoundError` for an
-        unknown session, and `StoreUnavailableError` when the outcome is unknown.
+        still the session's current, unexpired one. A store whose database may lose the
+        log's last appends (P5: PostgreSQL) also refuses a leased batch whose first event
+        follows one (`parent_id`) that is not the log's last, with `LogTailLostError`. Raises
+        `SessionNotFoundError` for an unknown session, and `StoreUnavailableError` when the
+        outcome is unknown.
 
         Idempotent by event id: a batch whose first event is already in the log is the retry
         of an append that went through, and is not stored again. A `user.message` whose
