@@ -99,6 +99,22 @@ def test_a_failed_test_ends_the_commands_the_cli_fixture_started(tmp_path: Path)
     assert descendants() == []
 
 
+def test_a_test_that_times_out_fails_and_its_commands_end(tmp_path: Path) -> None:
+    marker = f"hung-{uuid.uuid4().hex}"
+    source = (
+        "def test_hangs(cli):\n"
+        "    script = cli.scripted({'reply': 'slow', 'delay': 300})\n"
+        f"    slow = cli.start('run', *script, '{marker}')\n"
+        "    slow.wait()\n"
+    )
+    done = inner_pytest(tmp_path, "-p", "tests.cli.conftest", "--timeout=5", test_hung=source)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 failed" in done.stdout and "Failed: Timeout" in done.stdout
+    assert "left processes running" not in done.stdout  # the fixture ended it, not the net
+    assert running(marker) == []
+
+
 MISSING = "needs a thing: apt-get install thing"
 REQUIRES = (
     "import pytest\n\n"
