@@ -10,18 +10,17 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 
-from tests.conftest import clear_tool, in_ci, open_session
+from tests.conftest import clear_tool, open_session
+from tests.requirements import require_import
 from trimtab import Client, Session
 from trimtab.store import Store, open_store
 from trimtab.testing import ScriptedModel, tool_call
 
 
 def require_extra() -> None:
-    """Skip the calling test module without the `inspect` extra, except in CI (which installs
-    every extra: there, the import fails)."""
-    if not in_ci():
-        for module in ("starlette", "uvicorn", "jinja2"):
-            pytest.importorskip(module, reason="needs the trimtab[inspect] extra")
+    """Skip the calling test module without the `inspect` extra."""
+    for module in ("starlette", "uvicorn", "jinja2"):
+        require_import(module, "needs the trimtab[inspect] extra")
 
 
 SEED = "Reply with exactly FRESH_CONTEXT."

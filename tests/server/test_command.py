@@ -18,6 +18,7 @@ from copilot._jsonrpc import JsonRpcError
 from copilot.session import PermissionHandler
 from pydantic import Field
 
+from tests.requirements import LLAMA_CPP, unmet
 from tests.server.conftest import ServerProcess, StartServer
 from tests.server.raw import RawClient
 from trimtab.providers import ProviderConfig
@@ -119,7 +120,7 @@ def test_s9_serve_provider_local_starts_the_embedded_model(tmp_path: Path) -> No
         # Not "not JSON": the name is understood, and the missing library is said once.
         assert done.returncode == 1 and done.stdout == "", done.stderr
         assert done.stderr.startswith("error: provider type 'local' needs llama-cpp-python")
-        pytest.skip("the embedded model needs llama-cpp-python: pip install -e '.[local]'")
+        unmet(LLAMA_CPP)
     server = ServerProcess(tmp_path / "local.db", "--provider", "local")
     try:
         client = RawClient(server.port)
