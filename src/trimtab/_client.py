@@ -460,28 +460,33 @@ class Client:
             store = self._store
             if store is None:
                 return
+            renew = loop.time() - last_renewal >= renew_every
+            if renew:
+                last_renewal = loop.time()
             try:
-                if loop.time() - last_renewal >= renew_every:
-                    last_renewal = loop.time()
-                    kept = set(await store.renew_leases(self._owner, self._lease_ttl))
-                    for session in self._sessions.values():
-                        if not session.is_remote and session.session_id not in kept:
-                            ownership_of(session).lost()
-                # One read for all: a read per session would cost every idle one each tick.
-                waiting = await store.sessions_with_inputs()
-                for session in list(self._sessions.values()):
-                    ownership = ownership_of(session)
-                    if not ownership.owned:
-                        lease = await store.acquire_lease(
-                            session.session_id, self._owner, self._lease_ttl
-                        )
-                        if lease is not None:
-                            await ownership.adopt(lease)
-                    elif session.session_id in waiting:
-                        await ownership.take_inputs()
+                await self._upkeep(store, renew=renew)
             except Exception:
                 # Upkeep must survive a transient store error; the next tick retries.
                 log.exception("lease upkeep failed")
+
+    async def _upkeep(self, store: Store, *, renew: bool) -> None:
+        """One tick of `_maintain` (its own frame: a session it went through is not held
+        until the next tick, after the session closed)."""
+        if renew:
+            kept = set(await store.renew_leases(self._owner, self._lease_ttl))
+            for session in self._sessions.values():
+                if not session.is_remote and session.session_id not in kept:
+                    ownership_of(session).lost()
+        # One read for all: a read per session would cost every idle one each tick.
+        waiting = await store.sessions_with_inputs()
+        for session in list(self._sessions.values()):
+            ownership = ownership_of(session)
+            if not ownership.owned:
+                lease = await store.acquire_lease(session.session_id, self._owner, self._lease_ttl)
+                if lease is not None:
+                    await ownership.adopt(lease)
+            elif session.session_id in waiting:
+                await ownership.take_inputs()
 
 
 async def _undo_create(store: Store, session_id: str) -> None:
