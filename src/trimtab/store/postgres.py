@@ -75,6 +75,7 @@ from trimtab.store._base import (
     claimed_input,
     follow,
     holds_lease,
+    owner_of,
     record_of,
     summarize,
 )
@@ -189,6 +190,10 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX session_inputs_pending ON session_inputs (session_id, id)
         WHERE claimed_seq IS NULL;
     """,
+    # 4: who each session belongs to (its `session.start`'s owner), for a server's listings.
+    """
+    ALTER TABLE sessions ADD COLUMN owner text;
+    """,
 )
 
 # The fenced append (scale-out.md 4.3). With no lease (`token` NULL) it is unfenced. It stores
@@ -273,7 +278,7 @@ _APPEND_STATE = """
 # The lease owner is reported only while the lease is live.
 _RECORD_COLUMNS = """
     session_id, created_at, updated_at, last_seq,
-    CASE WHEN lease_expires_at > now() THEN lease_owner END, summary, lease_expires_at
+    CASE WHEN lease_expires_at > now() THEN lease_owner END, summary, lease_expires_at, owner
 """
 
 # One row per session id: NULL when another runtime holds the lease; no row for an unknown
@@ -530,7 +535,8 @@ class PostgresStore:
             try:
                 async with conn.transaction():
                     await conn.execute(
-                        "INSERT INTO sessions (session_id) VALUES (%s)", (session_id,)
+                        "INSERT INTO sessions (session_id, owner) VALUES (%s, %s)",
+                        (session_id, _text(owner_of(events))),
                     )
                     if events:
                         await conn.execute(_APPEND, _append_params(session_id, events, None))
