@@ -4,6 +4,7 @@ from trimtab._client import Client, SessionOptions
 from trimtab._errors import (
     ClearContextError,
     LeaseLostError,
+    PolicyRefusedError,
     PromptBlockedError,
     ProviderError,
     SessionError,
@@ -34,6 +35,7 @@ __all__ = [
     "LeaseLostError",
     "PermissionDecision",
     "PermissionHandler",
+    "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
     "QueuedMessage",

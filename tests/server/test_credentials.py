@@ -34,8 +34,7 @@ async def test_s1_the_servers_key_goes_only_to_its_own_provider(
         server = start_server(None, "--provider", json.dumps(own), env=env)
 
         def first_server() -> list[dict[str, Any]]:
-            client = RawClient(server.port)
-            client.result("connect")
+            client = server.raw()
             return [
                 _turn(client, "default"),  # the server's provider
                 _turn(client, "keyless", provider=own),  # the client's URL, no key
@@ -50,8 +49,7 @@ async def test_s1_the_servers_key_goes_only_to_its_own_provider(
         plain = start_server(None, env=env)
 
         def second_server() -> list[dict[str, Any]]:
-            client = RawClient(plain.port)
-            client.result("connect")
+            client = plain.raw()
             return [_turn(client, name, resume=True) for name in ("default", "keyed")]
 
         resumed = await asyncio.to_thread(second_server)
@@ -60,8 +58,7 @@ async def test_s1_the_servers_key_goes_only_to_its_own_provider(
         model.fail_next(401, message="Incorrect API key provided")
 
         def refused() -> dict[str, Any]:
-            client = RawClient(plain.port)
-            client.result("connect")
+            client = plain.raw()
             return _turn(client, "refused", provider=own)
 
         error = (await asyncio.to_thread(refused))["error"]

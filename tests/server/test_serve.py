@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from tests.server.conftest import StartServer
-from tests.server.raw import RawClient
 from trimtab.protocol.framing import encode_frame
 from trimtab.server import ServerOptions, serve
 
@@ -263,10 +262,10 @@ def test_issue15_7_both_entry_points_share_flags_defaults_and_help(tmp_path: Pat
 
 def test_issue15_7_log_level_debug_logs(start_server: StartServer) -> None:
     server = start_server(None, "--log-level", "debug")
-    client = RawClient(server.port)
+    client = server.raw()
     client.result("ping", {"message": "traced"})
     client.close()
     server.stop()
     log = server.log.read_text()
     assert " DEBUG trimtab.server: listening on 127.0.0.1 port " in log
-    assert "connected (1 open)" in log and ": ping (id 1)" in log
+    assert "connected (1 open)" in log and ": ping (id 2)" in log  # after `connect`
