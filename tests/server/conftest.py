@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,8 @@ class ServerProcess:
     as the official SDKs pass one (`COPILOT_CONNECTION_TOKEN`), unless the arguments or the
     environment choose how it authenticates, or `give_token` is False: then the server makes
     its own, read from its file under `env`'s `TRIMTAB_HOME` (which must be given). `token`
-    is the token its clients present.
+    is the token its clients present. `prefix` runs the server through a command that
+    `exec`s it (`setpriv ... --`), so that `process.pid` is still the server's.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         log: Path | None = None,
         give_token: bool = True,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.log = log or Path(store).with_suffix(f".{time.monotonic_ns()}.log")
@@ -106,7 +108,7 @@ class ServerProcess:
             self.token = env[TOKEN_VARIABLE] = secrets.token_urlsafe(16)
         started = time.perf_counter()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trimtab.server", "--store", str(store), *args],
+            [*prefix, sys.executable, "-m", "trimtab.server", "--store", str(store), *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self.log.open("wb"),
