@@ -140,6 +140,8 @@ def test_s10_serve_help_states_the_boundary() -> None:
     text = "".join(done.stdout.split())  # as wrapped by click, which may cut at a hyphen
     assert "".join(BOUNDARY.split()) in text
     assert BOUNDARY.count(". ") == 1 and BOUNDARY.endswith(".")  # two sentences
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert "".join(BOUNDARY.split()) in "".join(readme.replace("`", "").split())
     no_auth = " ".join((ServerOptions.model_fields["no_auth"].description or "").split())
     assert "every account of this machine can then drive every session" in no_auth
     assert "".join(no_auth.split()) in text

@@ -107,14 +107,11 @@ async def test_s12_a_tcp_clients_mcp_command_is_refused_and_nothing_is_stored(
     client = await official(connection=server.connection())
 
     def logged(session_id: str) -> int:
-        return int(
-            server.raw().result("session.getMetadata", {"sessionId": session_id})["session"][
-                "eventCount"
-            ]
-        )
+        metadata = server.raw().result("session.getMetadata", {"sessionId": session_id})
+        return int(metadata["session"]["eventCount"])
 
     marker = tmp_path / "ran"
-    attack = {"x": demo("/bin/sh", "-c", f"touch {marker}")}
+    attack: Any = {"x": demo("/bin/sh", "-c", f"touch {marker}")}
     async with ReplayServer() as model:
         options: dict[str, Any] = {
             "provider": provider(model),
