@@ -432,6 +432,12 @@ def test_s14_an_allowed_host_names_a_host_or_its_subdomains() -> None:
             policy.check_url(url, "url")
 
 
+@pytest.mark.parametrize("entry", ["https://api.example.com", "api.example.com:443", "", "*"])
+def test_s14_an_allowed_host_that_names_no_host_stops_the_start(entry: str) -> None:
+    with pytest.raises(ValueError, match="is not a host: give its name or address alone"):
+        HostPolicy.of(ServerOptions(allowed_host=[entry], store="memory"))
+
+
 # --- S15: the refusal as trimtab's own client sees it -------------------------------------
 
 

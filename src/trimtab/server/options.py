@@ -97,13 +97,13 @@ class ServerOptions(BaseModel):
     allowed_host: Annotated[list[str], Flag("HOST")] = []
     """A host a client-named provider base_url or MCP server url may reach (repeatable;
     *.example.com for its subdomains). None given: any."""
-    api_key_file: Annotated[Path | None, Flag("FILE")] = None
-    """Read the --provider's API key from FILE (or api_key_file in its JSON), so that it
-    need not be in this process's environment."""
     provider: Annotated[ProviderConfig | None, Flag("NAME|JSON")] = None
     """Provider of sessions that bring none: openai, anthropic, ollama, local (the embedded
     model), or a JSON config such as '{"type": "openai", "base_url": "..."}'. Only it gets API
     keys from this process's environment for a base URL it names."""
+    api_key_file: Annotated[Path | None, Flag("FILE")] = None
+    """Read the --provider's API key from FILE (or api_key_file in its JSON), so that it
+    need not be in this process's environment."""
     lease_ttl: Seconds = 30.0
     """How long a crashed server's sessions stay locked before another server sharing the
     store takes them over."""

@@ -13,6 +13,7 @@ anything is stored.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 from collections.abc import Mapping
@@ -104,7 +105,7 @@ class HostPolicy(BaseModel):
             mcp_allowed=allowed,
             files=files,
             files_root=root,
-            allowed_hosts=tuple(_host(entry) for entry in options.allowed_host),
+            allowed_hosts=tuple(map(_allowed_host, options.allowed_host)),
             builtin_tools=not socket,
         )
 
@@ -293,6 +294,25 @@ def _root(directory: Path) -> Path:
 
 def _host(name: str) -> str:
     return name.strip().strip("[]").rstrip(".").lower()
+
+
+def _allowed_host(entry: str) -> str:
+    host = _host(entry)
+    name = host.removeprefix("*.")
+    if not name or any(c in name for c in "/@*?# ") or (":" in name and not _is_ip(name)):
+        raise ValueError(
+            f"--allowed-host {entry!r} is not a host: give its name or address alone, such as"
+            " api.openai.com, 10.0.0.5 or *.example.com"
+        )
+    return host
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _matches(host: str, allowed: str) -> bool:
