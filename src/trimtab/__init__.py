@@ -4,6 +4,7 @@ from trimtab._client import Client
 from trimtab._errors import (
     ClearContextError,
     LeaseLostError,
+    PolicyRefusedError,
     PromptBlockedError,
     ProviderError,
     SessionError,
@@ -35,6 +36,7 @@ __all__ = [
     "LeaseLostError",
     "PermissionDecision",
     "PermissionHandler",
+    "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
     "QueuedMessage",

@@ -193,6 +193,7 @@ class Client:
         options: SessionOptions | None = None,
         *,
         session_id: str | None = None,
+        owner: str | None = None,
         **keywords: Any,
     ) -> Session:
         """Create a session and hold its lease.
@@ -202,9 +203,13 @@ class Client:
 
         Atomic: options, text and configuration are checked before anything is stored, and a
         create that fails later (a store error) removes what it stored, so the id stays free.
+        `owner` names who the session belongs to, in its `session.start` and its store record
+        (a server with several tokens records the token's name, spec S16); its forks keep it.
         """
         opts = _checked(options, keywords)
         session_id = _checked_id(new_id() if session_id is None else session_id)
+        if owner is not None:
+            owner = _checked_id(owner, "owner")  # a store's key too, as the id
         spec, operators, model = await self._provider_spec(opts.provider)
         if model is not None and opts.model is None:
             opts = opts.model_copy(update={"model": model})
@@ -213,7 +218,9 @@ class Client:
         hooks = Hooks(session_id, opts.hooks)
         config = _started(config, await hooks.session_start("new"))
         start = SessionStartEvent(
-            data=SessionStartData(session_id=session_id, selected_model=config.model, config=config)
+            data=SessionStartData(
+                session_id=session_id, selected_model=config.model, config=config, owner=owner
+            )
         )
         return await self._created(session_id, [start], provider, opts, hooks)
 
@@ -364,6 +371,8 @@ class Client:
         transaction, so that it never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
         opts = source.options()
+        # The fork belongs to whom its source does (spec S16).
+        owner = (await (await self._open_store()).get(source.session_id)).owner
         hooks = Hooks(session_id, opts.hooks)
         config = _started(source.config, await hooks.session_start("new"))
         start = SessionStartEvent(
@@ -372,6 +381,7 @@ class Client:
                 selected_model=config.model,
                 config=config,
                 forked_from=source.session_id,
+                owner=owner,
             )
         )
         copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
@@ -511,14 +521,14 @@ _MAX_ID_LENGTH = 200
 """The longest session id: it is a key of every store (PostgreSQL indexes keys up to ~2.7 KB)."""
 
 
-def _checked_id(session_id: str) -> str:
+def _checked_id(session_id: str, what: str = "session_id") -> str:
     """`session_id` if it can name a session in any store, else `ValueError`."""
     if not isinstance(session_id, str) or not session_id.strip():
-        raise ValueError("session_id must be a non-empty string")
+        raise ValueError(f"{what} must be a non-empty string")
     if len(session_id) > _MAX_ID_LENGTH:
-        raise ValueError(f"session_id is longer than {_MAX_ID_LENGTH} characters")
+        raise ValueError(f"{what} is longer than {_MAX_ID_LENGTH} characters")
     if valid_text(session_id) != session_id or not session_id.isprintable():
-        raise ValueError("session_id holds a control character or a lone surrogate")
+        raise ValueError(f"{what} holds a control character or a lone surrogate")
     return session_id
 
 

@@ -11,6 +11,7 @@ __all__ = [
     "ClearContextErrorCode",
     "LeaseLostError",
     "LogTailLostError",
+    "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
     "ProviderErrorType",
@@ -133,3 +134,20 @@ class StoreUnavailableError(TrimtabError):
 class PromptBlockedError(TrimtabError):
     """A `userPromptSubmitted` hook blocked the prompt: no run, no user message (its reason
     is this error's message)."""
+
+
+class PolicyRefusedError(TrimtabError):
+    """A server's operator does not let its clients make the host do this: run a command a
+    client named, read a file outside the directory allowed, reach a host not allowed (spec
+    S11). Nothing was stored.
+
+    Args:
+        policy: Which policy refused (`mcp_commands`, `files`, `hosts`).
+        flag: The `trimtab serve` flag with which the operator would allow it.
+        message: What was refused, and why.
+    """
+
+    def __init__(self, policy: str, flag: str, message: str) -> None:
+        super().__init__(f"{policy}: {message} (the server's operator allows it with {flag})")
+        self.policy = policy
+        self.flag = flag

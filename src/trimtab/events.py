@@ -252,6 +252,9 @@ class SessionStartData(WireModel):
     config: SessionConfigData = Field(default_factory=SessionConfigData)
     forked_from: str | None = None
     """For a fork: the id of the session it was copied from."""
+    owner: str | None = None
+    """Who the session belongs to: on a server with several connection tokens, the name of
+    the token that created it (a fork keeps its source's); None otherwise (spec S16)."""
 
 
 class SessionResumeData(WireModel):

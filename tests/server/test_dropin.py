@@ -45,7 +45,7 @@ HELLO = conversation(user("Say hello"), assistant("Hello!"))
 
 @pytest.fixture
 async def official(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    client = CopilotClient(connection=shared_server.connection())
     await client.start()
     yield client
     await client.force_stop()
@@ -199,7 +199,7 @@ async def test_D1_trimtab_remote_sessions_have_no_default(
     shared_server: ServerProcess, model: ReplayServer
 ) -> None:
     # trimtab's own client behaves as in-process sessions do: no system message unless given.
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model))
         reply = await session.send_and_wait("Say hello", timeout=30)
         assert reply is not None and reply.data.content == "Hello!"
@@ -271,7 +271,7 @@ async def test_D5_every_resume_logs_one_resume_event_with_continue_pending_work(
     cold = await official.resume_session(session.session_id, continue_pending_work=True, **options)
     assert resumes(await cold.get_events()) == [True]
     # Warm: a second client resumes the session while the first still has it open.
-    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    second = CopilotClient(connection=shared_server.connection())
     await second.start()
     try:
         warm = await second.resume_session(session.session_id, **options)
@@ -300,8 +300,8 @@ LOOKUP = conversation(
 class Blocked:
     """A client whose `lookup` tool never answers, stopped once the call reached it."""
 
-    def __init__(self, port: int) -> None:
-        self.client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{port}"))
+    def __init__(self, server: ServerProcess) -> None:
+        self.client = CopilotClient(connection=server.connection())
         self.started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.requests: list[str] = []
 
@@ -352,7 +352,7 @@ async def test_D6_a_resuming_client_answers_a_call_by_request_id(
     official: CopilotClient, shared_server: ServerProcess
 ) -> None:
     async with ReplayServer([LOOKUP]) as model:
-        blocked = Blocked(shared_server.port)
+        blocked = Blocked(shared_server)
         session_id = await blocked.start_call(model)
         resumed = await official.resume_session(
             session_id,
@@ -373,7 +373,7 @@ async def test_D6_a_pending_call_is_redelivered_to_a_resuming_client_with_the_to
     official: CopilotClient, shared_server: ServerProcess
 ) -> None:
     async with ReplayServer([LOOKUP]) as model:
-        session_id = await Blocked(shared_server.port).start_call(model)
+        session_id = await Blocked(shared_server).start_call(model)
         resumed = await official.resume_session(
             session_id,
             provider=provider(model),  # type: ignore[arg-type]
@@ -389,14 +389,14 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
 ) -> None:
     server = start_server(None, "--pending-timeout", "1")
     async with ReplayServer([LOOKUP]) as model:
-        session_id = await Blocked(server.port).start_call(model)
+        session_id = await Blocked(server).start_call(model)
         for _ in range(300):  # nobody resumes: the call fails and the run goes on
             if len(model.requests) > 1:
                 break
             await asyncio.sleep(0.1)
         [*_, last] = model.requests[1]["messages"]
         assert last["role"] == "tool" and "Failed to execute `lookup`" in last["content"]
-    async with trimtab.Client.connect(server.url) as client:
+    async with server.remote() as client:
         events = await (await client.resume_session(session_id)).get_events()
     completed = [e for e in events if e.type == "external_tool.completed"]
     assert len(completed) == 1
@@ -408,7 +408,7 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
 async def test_D8_clients_hear_of_sessions_created_updated_and_deleted(
     official: CopilotClient, shared_server: ServerProcess
 ) -> None:
-    watcher = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    watcher = CopilotClient(connection=shared_server.connection())
     await watcher.start()
     seen: list[tuple[str, str]] = []
     created: list[str] = []
@@ -584,7 +584,7 @@ async def test_D12_reasoning_effort_of_create_switch_and_set_is_sent(
 async def test_D12_a_trimtab_remote_session_sends_its_reasoning_effort(
     shared_server: ServerProcess, model: ReplayServer
 ) -> None:
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model), reasoning_effort="low")
         await session.send_and_wait("Say hello", timeout=30)
         await session.disconnect()
@@ -820,7 +820,7 @@ async def test_D14_a_trimtab_remote_session_sends_images_and_request_headers(
     shared_server: ServerProcess, model: ReplayServer
 ) -> None:
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(24)).decode()
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model))
         with pytest.raises(ValueError, match="mime_type"):
             await session.send("Look", images=[{"mime_type": "image/bmp", "data": png}])
@@ -845,7 +845,7 @@ async def test_D11_a_trimtab_remote_session_sends_attachments(
 ) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("line one\nline two\n")
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model))
         for bad in ({"type": "github_reference", "number": 1}, {"type": "file"}):
             with pytest.raises(ValueError, match="invalid send"):
@@ -978,7 +978,7 @@ async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_opti
         user("Again"),
         assistant("Done."),
     )
-    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    second = CopilotClient(connection=shared_server.connection())
     await second.start()
     try:
         async with ReplayServer([recorded]) as model:

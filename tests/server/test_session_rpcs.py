@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot._jsonrpc import JsonRpcError
 from copilot.generated.rpc import (
     EventLogReadRequest,
@@ -50,7 +50,7 @@ from trimtab.testing import ReplayServer
 
 @pytest.fixture
 async def client(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
-    connection = RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}")
+    connection = shared_server.connection()
     official = CopilotClient(connection=connection, log_level="warning")
     await official.start()
     yield official

@@ -99,11 +99,12 @@ async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
     await store.create("s")
     await store.close()
     db = sqlite3.connect(path)
-    # Back to version 1: no snapshots (2), no idempotent appends nor claimed inputs (3).
+    # Back to version 1: no snapshots (2), no idempotent appends nor claimed inputs (3), no
+    # owners (5).
     db.executescript(
         "DROP TABLE snapshots; DROP INDEX events_by_id; DROP INDEX inputs_by_message;"
         " DROP INDEX inputs_pending; ALTER TABLE inputs DROP COLUMN claimed_seq;"
-        " PRAGMA user_version = 1;"
+        " ALTER TABLE sessions DROP COLUMN owner; PRAGMA user_version = 1;"
     )
     db.close()
     store = SqliteStore(path)
@@ -113,4 +114,5 @@ async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
     await store.enqueue_input("s", "hi", "m1")
     assert await store.pending_inputs("s") == [("hi", "m1")]
     assert await store.sessions_with_inputs() == {"s"}
+    assert (await store.get("s")).owner is None  # a session from before owners: nobody's
     await store.close()

@@ -746,7 +746,12 @@ async def test_schema_is_created_once_by_concurrent_first_calls(pg_dsn: str) -> 
     async with stores(pg_dsn, 4) as opened:
         await asyncio.gather(*(store.list_sessions() for store in opened))
 
-    assert await column(pg_dsn, "SELECT version FROM trimtab_schema ORDER BY version") == [1, 2, 3]
+    assert await column(pg_dsn, "SELECT version FROM trimtab_schema ORDER BY version") == [
+        1,
+        2,
+        3,
+        4,
+    ]
 
 
 async def test_a_newer_schema_is_refused(pg_dsn: str) -> None:

@@ -17,6 +17,7 @@ import binascii
 import mimetypes
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
@@ -30,7 +31,14 @@ from trimtab.protocol.wire import (
     SelectionAttachment,
 )
 
-__all__ = ["MAX_BLOB_BYTES", "MAX_ENTRIES", "MAX_TEXT_BYTES", "Composed", "with_attachments"]
+__all__ = [
+    "MAX_BLOB_BYTES",
+    "MAX_ENTRIES",
+    "MAX_TEXT_BYTES",
+    "Composed",
+    "Opener",
+    "with_attachments",
+]
 
 MAX_TEXT_BYTES = 256 * 1024
 """Bytes of a file (or text blob) the model is given; the rest is cut, with a note."""
@@ -42,6 +50,16 @@ MAX_BLOB_BYTES = 10 * 1024 * 1024
 """The largest blob, or image file, accepted (decoded)."""
 
 _IMAGE_TYPES = frozenset(get_args(Image.model_fields["mime_type"].annotation))
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+Opener = Callable[[Path, int, str], int]
+"""Opens a path a client named, with `os.open` flags, for the attachment kind it names: a
+descriptor, or an error (`HostPolicy.open` decides which files a server's clients may read)."""
+
+
+def _open_any(path: Path, flags: int, what: str) -> int:
+    return os.open(path, flags)
 
 
 @dataclass
@@ -55,22 +73,28 @@ class Composed:
     """What was attached, in the shapes of the protocol's `user.message` (spec D14)."""
 
 
-async def with_attachments(prompt: str, attachments: list[Attachment]) -> Composed:
+async def with_attachments(
+    prompt: str, attachments: list[Attachment], *, opener: Opener = _open_any
+) -> Composed:
     """`prompt` followed by each attachment as text, and the images among them.
+
+    Every file and directory is opened through `opener` (by default, any the server's user
+    can read).
 
     Raises:
         ValueError: An attachment that cannot be read, or is too large.
+        PolicyRefusedError: `opener` refused a path.
     """
     composed = Composed(prompt)
     parts = [prompt]
     for attachment in attachments:
         match attachment:
             case FileAttachment():
-                parts.append(await asyncio.to_thread(_file, attachment, composed))
+                parts.append(await asyncio.to_thread(_file, attachment, composed, opener))
             case DirectoryAttachment():
-                parts.append(await asyncio.to_thread(_directory, attachment, composed))
+                parts.append(await asyncio.to_thread(_directory, attachment, composed, opener))
             case SelectionAttachment():
-                parts.append(await asyncio.to_thread(_selection, attachment, composed))
+                parts.append(await asyncio.to_thread(_selection, attachment, composed, opener))
             case BlobAttachment():
                 parts.append(_blob(attachment, composed))
     composed.prompt = "\n\n".join(parts)
@@ -89,21 +113,22 @@ def _path(given: str, what: str) -> Path:
     return path
 
 
-def _read(path: Path, what: str, whole: int | None = None) -> bytes:
-    """The first `MAX_TEXT_BYTES` (plus one, to tell a cut) of a file; with `whole`, all of
-    it, refused when larger."""
+def _read(path: Path, what: str, opener: Opener, whole: int | None = None) -> tuple[bytes, int]:
+    """The first `MAX_TEXT_BYTES` (plus one, to tell a cut) of a file, and its size; with
+    `whole`, all of it, refused when larger."""
     try:
         # Non-blocking, and regular files only: opening a FIFO would wait for a writer for
         # ever, and a device or a descriptor of the server's own (`/dev/stdin`: on stdio,
         # the JSON-RPC stream itself) is no file to show the model.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = opener(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC, f"attachment {what}")
         with os.fdopen(fd, "rb") as file:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
                 raise ValueError(f"attachment {what} is not a regular file: {path}")
             data = file.read((whole or MAX_TEXT_BYTES) + 1)
             if whole is not None and len(data) > whole:
                 raise ValueError(f"attachment {what} is larger than {whole} bytes: {path}")
-            return data
+            return data, info.st_size
     except FileNotFoundError:
         raise ValueError(f"attachment {what} not found: {path}") from None
     except IsADirectoryError:
@@ -124,7 +149,7 @@ def _text(data: bytes, size: int) -> str | None:
     return text + (f"\n[cut: the first {MAX_TEXT_BYTES} of {size} bytes]" if cut else "")
 
 
-def _file(attachment: FileAttachment, composed: Composed) -> str:
+def _file(attachment: FileAttachment, composed: Composed, opener: Opener) -> str:
     path = _path(attachment.path, "file")
     name = attachment.display_name or path.name
     described: dict[str, Any] = {"type": "file", "path": str(path), "displayName": name}
@@ -133,13 +158,13 @@ def _file(attachment: FileAttachment, composed: Composed) -> str:
     composed.attachments.append(described)
     mime = mimetypes.guess_type(path.name)[0]
     if mime is not None and mime in _IMAGE_TYPES:
-        data = _read(path, "file", MAX_BLOB_BYTES)
+        data, _ = _read(path, "file", opener, MAX_BLOB_BYTES)
         described |= {"mimeType": mime, "byteLength": len(data)}
         return _wrap("file", name, str(path), _image(mime, data, composed))
-    data = _read(path, "file")
-    text = _text(data, _size(path))
+    data, size = _read(path, "file", opener)
+    text = _text(data, size)
     if text is None:
-        return _wrap("file", name, str(path), f"[binary file, {_size(path)} bytes]")
+        return _wrap("file", name, str(path), f"[binary file, {size} bytes]")
     if attachment.line_range is not None:
         lines = text.splitlines()
         start, end = attachment.line_range.start, attachment.line_range.end
@@ -147,10 +172,10 @@ def _file(attachment: FileAttachment, composed: Composed) -> str:
     return _wrap("file", name, str(path), text)
 
 
-def _directory(attachment: DirectoryAttachment, composed: Composed) -> str:
+def _directory(attachment: DirectoryAttachment, composed: Composed, opener: Opener) -> str:
     path = _path(attachment.path, "directory")
     try:
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
+        entries = _entries(path, opener)
     except FileNotFoundError:
         raise ValueError(f"attachment directory not found: {path}") from None
     except NotADirectoryError:
@@ -165,14 +190,29 @@ def _directory(attachment: DirectoryAttachment, composed: Composed) -> str:
     return _wrap("directory", name, str(path), "\n".join(listed) or "[empty]")
 
 
-def _selection(attachment: SelectionAttachment, composed: Composed) -> str:
+def _entries(path: Path, opener: Opener) -> list[os.DirEntry[str]]:
+    """The directory's entries, sorted by name, read from the directory `opener` opened
+    (where the system lists a directory by descriptor; elsewhere by its path, once opened)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+    fd = opener(path, flags, "attachment directory")
+    try:
+        with os.scandir(fd if os.scandir in os.supports_fd else path) as listing:
+            return sorted(listing, key=lambda e: e.name)
+    finally:
+        os.close(fd)
+
+
+def _selection(attachment: SelectionAttachment, composed: Composed, opener: Opener) -> str:
     path = _path(attachment.file_path, "selection's file")
     name = attachment.display_name or path.name
     selection = attachment.selection
     where = str(path)
     if selection is not None:
         where += f":{selection.start.line + 1}-{selection.end.line + 1}"
-    text = attachment.text if attachment.text is not None else _selected(path, attachment)
+    # With its text given, the selection reads no file.
+    text = attachment.text
+    if text is None:
+        text = _selected(path, attachment, opener)
     # The protocol's selection names its range: none given is the whole text.
     lines = text.split("\n")
     whole = {"start": {"line": 0, "character": 0}}
@@ -184,10 +224,10 @@ def _selection(attachment: SelectionAttachment, composed: Composed) -> str:
     return _wrap("selection", name, where, text)
 
 
-def _selected(path: Path, attachment: SelectionAttachment) -> str:
+def _selected(path: Path, attachment: SelectionAttachment, opener: Opener) -> str:
     """The selection's text, read from its file."""
     selection = attachment.selection
-    text = _text(_read(path, "selection's file"), _size(path))
+    text = _text(*_read(path, "selection's file", opener))
     if text is None:
         raise ValueError(f"attachment selection's file is not text: {path}")
     if selection is not None:
@@ -227,10 +267,3 @@ def _image(mime: str, data: bytes, composed: Composed) -> str:
         Image.model_validate({"mime_type": mime, "data": base64.b64encode(data).decode()})
     )
     return f"[image: {mime}, {len(data)} bytes]"
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0

@@ -152,11 +152,12 @@ class _SessionRpc:
         return ForkResult(session_id=fork.session_id, name=fork.name)
 
     async def _stored(self, session_id: str) -> bool:
+        """Whether the session is stored, for this client (another's is not, spec S16)."""
         try:
-            await self._hub.client.get_session_record(session_id)
+            record = await self._hub.client.get_session_record(session_id)
         except SessionNotFoundError:
             return False
-        return True
+        return self._hub.sees(self._conn, record.owner)
 
     # --- notes, usage, activity ------------------------------------------------------------
 

@@ -76,6 +76,10 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX session_inputs_pending ON session_inputs (session_id, id)
         WHERE claimed_seq IS NULL;
     """,
+    # 4: who each session belongs to (its `session.start`'s owner), for a server's listings.
+    """
+    ALTER TABLE sessions ADD COLUMN owner text;
+    """,
 )
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "append_params",
     "json_text",
     "live_payload",
+    "text",
 ]
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ NOTIFY_ALL = "SELECT pg_notify(%s, payload) FROM json_array_elements_text(%s::js
 # The lease owner is reported only while the lease is live.
 _RECORD_COLUMNS = """
     session_id, created_at, updated_at, last_seq,
-    CASE WHEN lease_expires_at > now() THEN lease_owner END, summary, lease_expires_at
+    CASE WHEN lease_expires_at > now() THEN lease_owner END, summary, lease_expires_at, owner
 """
 
 GET = f"SELECT {_RECORD_COLUMNS} FROM sessions WHERE session_id = %s"
@@ -232,7 +233,7 @@ def append_params(
     return {
         "session_id": session_id,
         "count": len(events),
-        "summary": _text(summarize(events)),
+        "summary": text(summarize(events)),
         "token": lease.token if lease else None,
         "owner": lease.owner if lease else None,
         "lease_session": lease.session_id if lease else None,
@@ -260,6 +261,6 @@ json_text = json.JSONEncoder(ensure_ascii=False, check_circular=False, separator
 """JSON text for a `::json` parameter (a list of strings, no cycles; non-ASCII kept as is)."""
 
 
-def _text(value: str | None) -> str | None:
+def text(value: str | None) -> str | None:
     """`value` fit for a `text` column, which cannot hold NUL: U+FFFD stands in for it."""
     return value.replace("\x00", "\ufffd") if value else value

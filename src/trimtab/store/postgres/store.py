@@ -47,6 +47,7 @@ from trimtab.store._base import (
     check_persistable,
     follow,
     holds_lease,
+    owner_of,
     record_of,
 )
 from trimtab.store.postgres import _listener
@@ -112,7 +113,8 @@ class PostgresStore:
             try:
                 async with conn.transaction():
                     await conn.execute(
-                        "INSERT INTO sessions (session_id) VALUES (%s)", (session_id,)
+                        "INSERT INTO sessions (session_id, owner) VALUES (%s, %s)",
+                        (session_id, sql.text(owner_of(events))),
                     )
                     if events:
                         params = sql.append_params(session_id, events, None)
