@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.mcp.conftest import DEMO, assert_no_orphans, stdio
 from tests.server.conftest import StartServer, assistant, call, conversation, provider, tool, user
-from trimtab import Client, PermissionHandler
+from trimtab import PermissionHandler
 from trimtab.testing import ReplayServer
 
 
@@ -22,8 +22,9 @@ async def test_d15_the_remote_client_sends_mcp_servers(
         assistant("It said 42."),
     )
     servers = {"demo": stdio(DEMO, pids=pids, working_directory=str(tmp_path))}
-    server = start_server()
-    async with ReplayServer([recorded]) as model, Client.connect(server.url) as remote:
+    # Over TCP a client's MCP commands run only where the operator allows them (spec S11).
+    server = start_server(None, "--allow-mcp-commands")
+    async with ReplayServer([recorded]) as model, server.remote() as remote:
         session = await remote.create_session(
             provider=provider(model),
             model="test-model",

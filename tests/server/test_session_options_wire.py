@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import copilot.client
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 
-import trimtab
 from tests.server.conftest import StartServer
 from trimtab import SessionOptions
 from trimtab.events import (
@@ -228,7 +227,7 @@ async def test_d15_the_official_clients_options_are_read_as_trimtabs(
 ) -> None:
     """Before D15, `toolSearch` from an official client was ignored."""
     server = start_server(tmp_path / "trimtab.db")
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    client = CopilotClient(connection=server.connection())
     await client.start()
     try:
         session = await client.create_session(
@@ -260,7 +259,7 @@ async def test_d15_the_remote_client_sends_every_option_with_a_wire_form(
         "infinite_sessions": {"enabled": True, "threshold": 0.6},
         "developer_messages": ["dev"],
     }
-    async with trimtab.Client.connect(server.url) as remote:
+    async with server.remote() as remote:
         session = await remote.create_session(provider=PROVIDER, **options)
         events = await session.get_events()
         await session.disconnect()

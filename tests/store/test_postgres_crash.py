@@ -304,7 +304,7 @@ async def test_p6_trimtab_serve_goes_on_after_the_crash_with_no_resume(
     async with ReplayServer([hi, again]) as model:
         server = ServerProcess(cluster.dsn, "--lease-ttl", "600", log=tmp_path / "server.log")
         try:
-            async with Client.connect(server.url) as client:
+            async with server.remote() as client:
                 session = await client.create_session(provider=provider(model))
                 freeze_wal_writer(cluster)
                 reply = await session.send_and_wait("Say hi")
