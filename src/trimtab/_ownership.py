@@ -82,7 +82,15 @@ class Ownership:
         async with log.exclusive():
             await log.catch_up()
             log.lease = lease
-            resumed = SessionResumeData(event_count=log.state.event_count)
+            config = log.state.config
+            # Not a resume asked with `continue_pending_work` (unfinished calls of tools that
+            # are not idempotent end `cancelled`): every resume says which it was (spec D5).
+            resumed = SessionResumeData(
+                event_count=log.state.event_count,
+                selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
+                continue_pending_work=False,
+            )
             await log.emit_unlocked((SessionResumeEvent(data=resumed),))
             # Hosts here were following a run the crashed owner left: it goes on, from here.
             await self._recover(continue_pending=False, continue_run=True)
@@ -97,9 +105,11 @@ class Ownership:
         resume has its `session.resume`. A session another runtime runs is logged there."""
         log = self._log
         if log.writable:
+            config = log.state.config
             data = SessionResumeData(
                 event_count=log.state.event_count,
-                selected_model=log.state.config.model,
+                selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
                 continue_pending_work=continue_pending,
             )
             await log.emit(SessionResumeEvent(data=data))
