@@ -402,6 +402,52 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
     assert len(completed) == 1
 
 
+async def test_D5_D6_a_resume_on_another_server_after_a_crash_runs_the_pending_call_again(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    store = tmp_path / "crash.db"
+    crashed = start_server(store, "--lease-ttl", "1")
+    async with ReplayServer([LOOKUP]) as model:
+        blocked = Blocked(crashed.port)
+        started = asyncio.ensure_future(blocked.start_call(model))
+        await asyncio.wait_for(asyncio.shield(blocked.started), 30)
+        crashed.process.kill()  # SIGKILL while the client's tool call is pending
+        crashed.process.wait()
+        session_id = await asyncio.wait_for(started, 30)
+        async with trimtab.Client(store=store) as reader:  # the dead server's lease lapses
+            for _ in range(100):
+                if (await reader.get_session_record(session_id)).lease_owner is None:
+                    break
+                await asyncio.sleep(0.05)
+
+        other = start_server(store)
+        client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{other.port}"))
+        await client.start()
+        try:
+            ran: list[str] = []
+
+            def answer(params: LookupArgs, invocation: Any) -> str:
+                ran.append(params.value)
+                return f"RESUMED-{params.value.upper()}"
+
+            resumed = await client.resume_session(
+                session_id,
+                provider=provider(model),  # type: ignore[arg-type]
+                tools=[lookup(answer)],
+                on_permission_request=PermissionHandler.approve_all,
+                continue_pending_work=True,
+            )
+            assert await last_reply(resumed) == "It is RESUMED-BETA."
+            events = await resumed.get_events()
+            await resumed.disconnect()
+        finally:
+            await client.force_stop()
+    assert ran == ["beta"]  # the call the crash cut ran again, on the resuming client
+    assert resumes(events) == [True]
+    types = [e.type.value for e in events]
+    assert types.count("tool.execution_start") == types.count("tool.execution_complete") == 1
+
+
 # --- D8: lifecycle notifications -----------------------------------------------------------
 
 
@@ -579,6 +625,33 @@ async def test_D12_reasoning_effort_of_create_switch_and_set_is_sent(
     sent = [(body["model"], body.get("reasoning_effort")) for body in model.requests]
     assert sent == [("test-model", "high"), ("other-model", "medium"), ("other-model", "low")]
     assert (current.model_id, current.reasoning_effort) == ("other-model", "xhigh")
+
+
+async def test_D12_the_events_that_carry_a_reasoning_effort_carry_the_sessions(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        model="test-model",
+        reasoning_effort="high",
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    await session.send_and_wait("Say hello", timeout=30)
+    await session.disconnect()
+    resumed = await official.resume_session(
+        session.session_id,
+        provider=provider(model),  # type: ignore[arg-type]
+        reasoning_effort="low",
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    events: list[Any] = await resumed.get_events()  # as the official client parses them
+    await resumed.disconnect()
+    efforts = {
+        e.type.value: e.data.reasoning_effort
+        for e in events
+        if e.type.value in ("session.start", "assistant.usage", "session.resume")
+    }
+    assert efforts == {"session.start": "high", "assistant.usage": "high", "session.resume": "low"}
 
 
 async def test_D12_a_trimtab_remote_session_sends_its_reasoning_effort(

@@ -12,6 +12,7 @@ import pytest
 from copilot import CopilotClient
 from copilot._jsonrpc import JsonRpcError
 from copilot.generated.rpc import (
+    AcceptedEnqueueCommandResult,
     CommandsRespondToQueuedCommandRequest,
     EnqueueCommandParams,
     EventLogReadRequest,
@@ -668,7 +669,7 @@ async def test_k14_instruction_sources_are_none_and_tool_metadata_lists_the_tool
             provider=provider(model),  # type: ignore[arg-type]
             model="test-model",
             tools=tools,
-            tool_search={"enabled": True, "defer_threshold": 2},  # type: ignore[call-arg]
+            tool_search={"enabled": True, "defer_threshold": 2},
             on_permission_request=PermissionHandler.approve_all,
         )
         assert (await session.rpc.instructions.get_sources()).sources == []
@@ -786,11 +787,12 @@ async def test_k13_queued_commands_go_to_the_host_in_turn_with_the_messages(
         completed = Seen(session, "command.completed")
         idle = Seen(session, "session.idle")
         first = await session.rpc.commands.enqueue(EnqueueCommandParams(command="/deploy prod"))
-        assert first.queued is True and first.queue_id
+        assert isinstance(first, AcceptedEnqueueCommandResult) and first.queue_id
         after = await session.send("after")
         second = await session.rpc.commands.enqueue(
             EnqueueCommandParams(command="/second", display_text="Second command")
         )
+        assert isinstance(second, AcceptedEnqueueCommandResult)
         dropped = await session.rpc.commands.enqueue(EnqueueCommandParams(command="/dropped"))
         pending = await session.rpc.queue.pending_items()
         assert [(i.kind, i.id, i.display_text) for i in pending.items] == [
