@@ -23,6 +23,7 @@ from copilot.generated.rpc import (
     WorkspacesReadFileRequest,
     WorkspacesRemovePathRequest,
     WorkspacesRenamePathRequest,
+    WorkspacesSaveLargePasteRequest,
     WorkspacesStatFileRequest,
     WorkspacesUpdateMetadataRequest,
 )
@@ -141,6 +142,8 @@ async def test_k16_files_are_written_listed_read_and_stated(
     workspace = await session.rpc.workspaces.get_workspace()
     assert workspace.workspace is not None and workspace.workspace.id == session.session_id
     assert workspace.path is None  # in the log, not in a directory of the server's
+    paste = WorkspacesSaveLargePasteRequest(content="pasted\n" * 2000)
+    assert (await session.rpc.workspaces.save_large_paste(paste)).saved is None
     renamed = await session.rpc.workspaces.update_metadata(
         WorkspacesUpdateMetadataRequest(name="Research")
     )

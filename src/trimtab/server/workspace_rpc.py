@@ -59,6 +59,7 @@ def workspace_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.workspaces.renamePath": rpc.rename_path,
         "session.workspaces.listCheckpoints": rpc.list_checkpoints,
         "session.workspaces.readCheckpoint": rpc.read_checkpoint,
+        "session.workspaces.saveLargePaste": rpc.save_large_paste,
     }
 
 
@@ -174,3 +175,9 @@ class _WorkspaceRpc:
         checkpoints = await self._session(request).workspace.checkpoints()
         found = next((c for c in checkpoints if c.number == request.number), None)
         return CheckpointResult(content=found.content if found is not None else None)
+
+    async def save_large_paste(self, params: dict[str, Any]) -> dict[str, Any]:
+        # Its answer names a file on the server's disk, which a workspace in the log has
+        # not: "no workspace to save it in", on which a client sends the paste as it is.
+        self._session(SessionParams.model_validate(params))
+        return {}
