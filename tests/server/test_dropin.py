@@ -408,7 +408,7 @@ async def test_D5_D6_a_resume_on_another_server_after_a_crash_runs_the_pending_c
     store = tmp_path / "crash.db"
     crashed = start_server(store, "--lease-ttl", "1")
     async with ReplayServer([LOOKUP]) as model:
-        blocked = Blocked(crashed.port)
+        blocked = Blocked(crashed)
         started = asyncio.ensure_future(blocked.start_call(model))
         await asyncio.wait_for(asyncio.shield(blocked.started), 30)
         crashed.process.kill()  # SIGKILL while the client's tool call is pending
@@ -421,7 +421,7 @@ async def test_D5_D6_a_resume_on_another_server_after_a_crash_runs_the_pending_c
                 await asyncio.sleep(0.05)
 
         other = start_server(store)
-        client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{other.port}"))
+        client = CopilotClient(connection=other.connection())
         await client.start()
         try:
             ran: list[str] = []

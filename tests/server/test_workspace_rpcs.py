@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot._jsonrpc import JsonRpcError
 from copilot.generated.rpc import (
     PlanUpdateRequest,
@@ -45,7 +45,7 @@ from trimtab.testing import ReplayServer
 
 
 async def connect(server: ServerProcess) -> CopilotClient:
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    client = CopilotClient(connection=server.connection())
     await client.start()
     return client
 
