@@ -17,14 +17,16 @@ from trimtab._history import ClearContextResult, CompactResult, History, Truncat
 from trimtab._metrics import SessionMetrics
 from trimtab._options import SessionOptions
 from trimtab._permissions import PermissionDecision, PermissionHandler
-from trimtab._session import QueuedMessage, Session
+from trimtab._session import QueuedCommand, QueuedMessage, Session
 from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
 from trimtab._window import ContextMessage, ContextWindow
+from trimtab._workspace import Checkpoint, PathInfo, Workspace, WorkspaceError
 from trimtab.events import Event
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
     "ClearContextError",
     "ClearContextResult",
     "Client",
@@ -34,11 +36,13 @@ __all__ = [
     "Event",
     "History",
     "LeaseLostError",
+    "PathInfo",
     "PermissionDecision",
     "PermissionHandler",
     "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
+    "QueuedCommand",
     "QueuedMessage",
     "Session",
     "SessionError",
@@ -52,5 +56,7 @@ __all__ = [
     "ToolResult",
     "TrimtabError",
     "TruncateResult",
+    "Workspace",
+    "WorkspaceError",
     "define_tool",
 ]

@@ -219,7 +219,11 @@ class Client:
         config = _started(config, await hooks.session_start("new"))
         start = SessionStartEvent(
             data=SessionStartData(
-                session_id=session_id, selected_model=config.model, config=config, owner=owner
+                session_id=session_id,
+                selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
+                config=config,
+                owner=owner,
             )
         )
         return await self._created(session_id, [start], provider, opts, hooks)
@@ -289,6 +293,7 @@ class Client:
             data = SessionResumeData(
                 event_count=replayed.event_count,
                 selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
                 config=config if config != replayed.config else None,
                 continue_pending_work=continue_pending_work,
             )
@@ -379,6 +384,7 @@ class Client:
             data=SessionStartData(
                 session_id=session_id,
                 selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
                 config=config,
                 forked_from=source.session_id,
                 owner=owner,

@@ -413,6 +413,7 @@ async def _answer(
         output_tokens=response.usage.output_tokens,
         duration=duration,
         finish_reason=response.finish_reason,
+        reasoning_effort=ctx.config.reasoning_effort,
     )
     info = UsageInfoData(token_limit=limit, current_tokens=tokens, messages_length=length)
     events = (

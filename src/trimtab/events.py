@@ -28,6 +28,10 @@ __all__ = [
     "AssistantUsageData",
     "AssistantUsageEvent",
     "CodeChanges",
+    "CommandCompletedData",
+    "CommandCompletedEvent",
+    "CommandQueuedData",
+    "CommandQueuedEvent",
     "CompactionCompleteData",
     "CompactionStartData",
     "ContextClearedData",
@@ -57,6 +61,9 @@ __all__ = [
     "PermissionRequestedData",
     "PermissionRequestedEvent",
     "PermissionResultData",
+    "PermissionsChangedData",
+    "PlanChangedData",
+    "PlanOperation",
     "SessionConfigData",
     "SessionCompactionCompleteEvent",
     "SessionCompactionStartEvent",
@@ -69,6 +76,8 @@ __all__ = [
     "SessionModeChangedEvent",
     "SessionMode",
     "SessionModelChangeEvent",
+    "SessionPermissionsChangedEvent",
+    "SessionPlanChangedEvent",
     "SessionResumeData",
     "SessionResumeEvent",
     "SessionStartData",
@@ -78,6 +87,8 @@ __all__ = [
     "SessionTruncatedEvent",
     "SessionUsageInfoEvent",
     "SessionWarningEvent",
+    "SessionWorkspaceFileChangedEvent",
+    "SessionWorkspacePathChangedEvent",
     "ToolCall",
     "ToolDefinition",
     "ToolExecutionCompleteData",
@@ -97,6 +108,8 @@ __all__ = [
     "UserMessageData",
     "UserMessageEvent",
     "WarningData",
+    "WorkspaceFileChangedData",
+    "WorkspacePathChangedData",
     "event_from_json",
     "new_id",
     "now",
@@ -249,6 +262,8 @@ class SessionStartData(WireModel):
     copilot_version: str = "0"
     start_time: datetime = Field(default_factory=now)
     selected_model: str | None = None
+    reasoning_effort: str | None = None
+    """The session's reasoning effort (spec D12), as the Copilot clients read it here."""
     config: SessionConfigData = Field(default_factory=SessionConfigData)
     forked_from: str | None = None
     """For a fork: the id of the session it was copied from."""
@@ -261,6 +276,8 @@ class SessionResumeData(WireModel):
     event_count: int
     resume_time: datetime = Field(default_factory=now)
     selected_model: str | None = None
+    reasoning_effort: str | None = None
+    """The session's reasoning effort from this point on (spec D12)."""
     config: SessionConfigData | None = None
     """The configuration from this point on, when the resume changed it."""
     continue_pending_work: bool | None = None
@@ -317,6 +334,8 @@ class AssistantUsageData(WireModel):
     duration: float | None = None
     """Milliseconds the model call took."""
     finish_reason: str | None = None
+    reasoning_effort: str | None = None
+    """The effort the call asked of the model (spec D12); None: the model's default."""
 
 
 class ToolExecutionStartData(WireModel):
@@ -494,6 +513,60 @@ class PendingMessagesModifiedData(WireModel):
 
 class TitleChangedData(WireModel):
     title: str
+    auto: bool | None = None
+    """Set from a summary (`Session.set_auto_name`), not chosen by the user: a later summary
+    may replace it, never a name the user chose (spec K12)."""
+
+
+PlanOperation: TypeAlias = Literal["create", "update", "delete"]
+
+
+class PlanChangedData(WireModel):
+    """The session's plan was written or deleted (spec K16)."""
+
+    operation: PlanOperation
+    content: str | None = None
+    """The plan's text after the change (None once deleted): the log is the plan's store."""
+
+
+class WorkspaceFileChangedData(WireModel):
+    """A file of the session's workspace was written (spec K16)."""
+
+    operation: Literal["create", "update"]
+    path: str
+    """Slash-separated, relative to the workspace's files."""
+    content: str
+    """The file's text after the change: the log is the workspace's store."""
+
+
+class WorkspacePathChangedData(WireModel):
+    """A directory of the workspace was made, or a path removed or renamed (spec K16)."""
+
+    operation: Literal["create_directory", "remove", "rename"]
+    path: str
+    destination: str | None = None
+    """`rename`: the new path."""
+
+
+class PermissionsChangedData(WireModel):
+    """The open session's permission mode changed (spec K6)."""
+
+    mode: Literal["manual", "allow-all"]
+    previous_mode: Literal["manual", "allow-all"]
+
+
+class CommandQueuedData(WireModel):
+    """A queued slash command's turn came: a host runs it and answers by `request_id`
+    (`Session.respond_to_command`, spec K13)."""
+
+    request_id: str
+    command: str
+
+
+class CommandCompletedData(WireModel):
+    """The queued command was answered (or its wait ended): hosts dismiss it."""
+
+    request_id: str
 
 
 class ModelRequests(WireModel):
@@ -688,6 +761,41 @@ class SessionTitleChangedEvent(EventBase):
     data: TitleChangedData
 
 
+class SessionPlanChangedEvent(EventBase):
+    type: Literal["session.plan_changed"] = "session.plan_changed"
+    data: PlanChangedData
+
+
+class SessionWorkspaceFileChangedEvent(EventBase):
+    type: Literal["session.workspace_file_changed"] = "session.workspace_file_changed"
+    data: WorkspaceFileChangedData
+
+
+class SessionWorkspacePathChangedEvent(EventBase):
+    """trimtab's own: the Copilot protocol names file writes only (the clients ignore it)."""
+
+    type: Literal["session.workspace_path_changed"] = "session.workspace_path_changed"
+    data: WorkspacePathChangedData
+
+
+class SessionPermissionsChangedEvent(EventBase):
+    type: Literal["session.permissions_changed"] = "session.permissions_changed"
+    data: PermissionsChangedData
+    ephemeral: bool = True
+
+
+class CommandQueuedEvent(EventBase):
+    type: Literal["command.queued"] = "command.queued"
+    data: CommandQueuedData
+    ephemeral: bool = True
+
+
+class CommandCompletedEvent(EventBase):
+    type: Literal["command.completed"] = "command.completed"
+    data: CommandCompletedData
+    ephemeral: bool = True
+
+
 class PendingMessagesModifiedEvent(EventBase):
     """The queue of inputs waiting behind the run changed (`Session.pending_messages`)."""
 
@@ -742,6 +850,12 @@ Event: TypeAlias = Annotated[
     | SessionModelChangeEvent
     | SessionModeChangedEvent
     | SessionTitleChangedEvent
+    | SessionPlanChangedEvent
+    | SessionWorkspaceFileChangedEvent
+    | SessionWorkspacePathChangedEvent
+    | SessionPermissionsChangedEvent
+    | CommandQueuedEvent
+    | CommandCompletedEvent
     | PendingMessagesModifiedEvent
     | SessionShutdownEvent
     | SessionUsageInfoEvent
@@ -776,6 +890,12 @@ EventType: TypeAlias = Literal[
     "session.model_change",
     "session.mode_changed",
     "session.title_changed",
+    "session.plan_changed",
+    "session.workspace_file_changed",
+    "session.workspace_path_changed",
+    "session.permissions_changed",
+    "command.queued",
+    "command.completed",
     "pending_messages.modified",
     "session.shutdown",
     "session.usage_info",

@@ -402,6 +402,52 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
     assert len(completed) == 1
 
 
+async def test_D5_D6_a_resume_on_another_server_after_a_crash_runs_the_pending_call_again(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    store = tmp_path / "crash.db"
+    crashed = start_server(store, "--lease-ttl", "1")
+    async with ReplayServer([LOOKUP]) as model:
+        blocked = Blocked(crashed)
+        started = asyncio.ensure_future(blocked.start_call(model))
+        await asyncio.wait_for(asyncio.shield(blocked.started), 30)
+        crashed.process.kill()  # SIGKILL while the client's tool call is pending
+        crashed.process.wait()
+        session_id = await asyncio.wait_for(started, 30)
+        async with trimtab.Client(store=store) as reader:  # the dead server's lease lapses
+            for _ in range(100):
+                if (await reader.get_session_record(session_id)).lease_owner is None:
+                    break
+                await asyncio.sleep(0.05)
+
+        other = start_server(store)
+        client = CopilotClient(connection=other.connection())
+        await client.start()
+        try:
+            ran: list[str] = []
+
+            def answer(params: LookupArgs, invocation: Any) -> str:
+                ran.append(params.value)
+                return f"RESUMED-{params.value.upper()}"
+
+            resumed = await client.resume_session(
+                session_id,
+                provider=provider(model),  # type: ignore[arg-type]
+                tools=[lookup(answer)],
+                on_permission_request=PermissionHandler.approve_all,
+                continue_pending_work=True,
+            )
+            assert await last_reply(resumed) == "It is RESUMED-BETA."
+            events = await resumed.get_events()
+            await resumed.disconnect()
+        finally:
+            await client.force_stop()
+    assert ran == ["beta"]  # the call the crash cut ran again, on the resuming client
+    assert resumes(events) == [True]
+    types = [e.type.value for e in events]
+    assert types.count("tool.execution_start") == types.count("tool.execution_complete") == 1
+
+
 # --- D8: lifecycle notifications -----------------------------------------------------------
 
 
@@ -581,6 +627,33 @@ async def test_D12_reasoning_effort_of_create_switch_and_set_is_sent(
     assert (current.model_id, current.reasoning_effort) == ("other-model", "xhigh")
 
 
+async def test_D12_the_events_that_carry_a_reasoning_effort_carry_the_sessions(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        model="test-model",
+        reasoning_effort="high",
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    await session.send_and_wait("Say hello", timeout=30)
+    await session.disconnect()
+    resumed = await official.resume_session(
+        session.session_id,
+        provider=provider(model),  # type: ignore[arg-type]
+        reasoning_effort="low",
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    events: list[Any] = await resumed.get_events()  # as the official client parses them
+    await resumed.disconnect()
+    efforts = {
+        e.type.value: e.data.reasoning_effort
+        for e in events
+        if e.type.value in ("session.start", "assistant.usage", "session.resume")
+    }
+    assert efforts == {"session.start": "high", "assistant.usage": "high", "session.resume": "low"}
+
+
 async def test_D12_a_trimtab_remote_session_sends_its_reasoning_effort(
     shared_server: ServerProcess, model: ReplayServer
 ) -> None:
@@ -700,6 +773,14 @@ async def sent_with(
     client: CopilotClient, model: ReplayServer, prompt: str, attachments: list[Any]
 ) -> str:
     """The user message the model receives for `prompt` with `attachments`."""
+    return (await sent_and_logged(client, model, prompt, attachments))[0]
+
+
+async def sent_and_logged(
+    client: CopilotClient, model: ReplayServer, prompt: str, attachments: list[Any]
+) -> tuple[str, Any]:
+    """The user message the model receives for `prompt` with `attachments`, and the
+    `user.message` event the official client reads back."""
     session = await client.create_session(
         provider=provider(model),  # type: ignore[arg-type]
         on_permission_request=PermissionHandler.approve_all,
@@ -711,38 +792,116 @@ async def sent_with(
                 break
             await asyncio.sleep(0.1)
         content: str = model.requests[0]["messages"][-1]["content"]
-        return content
+        [event] = [e for e in await session.get_events() if e.type.value == "user.message"]
+        return content, event
     finally:
         await session.disconnect()
 
 
-async def test_D11_files_selections_and_directories_become_text(
+async def test_D11_files_and_directories_are_tagged_as_the_reference_runtime_sends_them(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    # The requests the reference runtime sends for these attachments (the official SDK's
+    # recorded conversations): the model is told the paths, and reads them with its tools.
+    sentinel = tmp_path / "attached-file.txt"
+    sentinel.write_text("FILE_ATTACHMENT_SENTINEL")
+    attached = tmp_path / "attached.txt"
+    attached.write_text("This file is attached")
+    directory = tmp_path / "attached-directory"
+    directory.mkdir()
+    (directory / "readme.txt").write_text("DIRECTORY_ATTACHMENT_SENTINEL")
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        (
+            "Read the attached file and reply with its contents.",
+            {
+                "type": "file",
+                "displayName": "attached-file.txt",
+                "path": str(sentinel),
+                "lineRange": {"start": 1, "end": 1},
+            },
+            f"* {sentinel} (line 1 of 1 lines)",
+        ),
+        (
+            "Summarize the attached file",
+            {"type": "file", "path": str(attached)},
+            f"* {attached} (1 lines)",
+        ),
+        (
+            "List the attached directory.",
+            {"type": "directory", "displayName": "attached-directory", "path": str(directory)},
+            f"* {directory} (1 items)",
+        ),
+    ]
+    for prompt, attachment, line in cases:
+        sent, event = await sent_and_logged(official, model, prompt, [attachment])
+        assert sent == f"{prompt}\n\n\n\n<tagged_files>\n{line}\n</tagged_files>"
+        [logged] = event.data.attachments
+        assert logged.tagged_files_entry == line  # read back by the official client
+        assert (logged.path, logged.display_name) == (attachment["path"], Path(logged.path).name)
+        model.requests.clear()
+
+
+async def test_D11_a_selection_is_quoted_before_the_prompt_as_the_reference_sends_it(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    source = tmp_path / "selected-file.cs"
+    source.write_text('class C { string Value = "SELECTION_SENTINEL"; }')
+    selection = {
+        "type": "selection",
+        "displayName": "selected-file.cs",
+        "filePath": str(source),
+        "text": 'string Value = "SELECTION_SENTINEL";',
+        "selection": {"start": {"line": 1, "character": 10}, "end": {"line": 1, "character": 45}},
+    }
+    sent, event = await sent_and_logged(
+        official, model, "Summarize the selected code.", [selection]
+    )
+    assert sent == (
+        "<ide_selection>\n"
+        "The user has the following text selected in their IDE. This may or may not be related"
+        " to their request.\n"
+        "File: selected-file.cs (line 2)\n"
+        "```\n"
+        'string Value = "SELECTION_SENTINEL";\n'
+        "```\n"
+        "</ide_selection>\n\n\n\n"
+        "Summarize the selected code."
+    )
+    [logged] = event.data.attachments
+    assert (logged.file_path, logged.text) == (str(source), selection["text"])
+
+
+async def test_D11_ranges_binary_files_and_several_attachments_at_once(
     official: CopilotClient, model: ReplayServer, tmp_path: Path
 ) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("line one\nline two\nline three\n")
+    blob = tmp_path / "data.bin"
+    blob.write_bytes(b"\x00\x01\xff")
     (tmp_path / "sub").mkdir()
     attachments = [
         {"type": "file", "path": str(notes), "lineRange": {"start": 2, "end": 3}},
         {
             "type": "selection",
             "filePath": str(notes),
-            "displayName": "sel",
             "selection": {"start": {"line": 0, "character": 5}, "end": {"line": 1, "character": 4}},
         },
-        {"type": "directory", "path": str(tmp_path), "displayName": "here"},
+        {"type": "file", "path": str(blob)},
+        {"type": "directory", "path": str(tmp_path)},
+        {"type": "selection", "filePath": str(notes), "displayName": "whole", "text": "all"},
     ]
-    sent = await sent_with(official, model, "Look", attachments)
-    assert sent == "\n\n".join(
-        [
-            "Look",
-            f'<attachment type="file" name="notes.txt" path="{notes}">\nline two\nline three\n'
-            "</attachment>",
-            f'<attachment type="selection" name="sel" path="{notes}:1-2">\none\nline\n'
-            "</attachment>",
-            f'<attachment type="directory" name="here" path="{tmp_path}">\nnotes.txt\nsub/\n'
-            "</attachment>",
-        ]
+    sent, _ = await sent_and_logged(official, model, "Look", attachments)
+    note = "The user has the following text selected in their IDE. This may or may not be"
+    note += " related to their request."
+    assert sent == (
+        f"<ide_selection>\n{note}\nFile: notes.txt (lines 1-2)\n```\none\nline\n```\n"
+        "</ide_selection>\n\n\n\n"
+        f"<ide_selection>\n{note}\nFile: whole\n```\nall\n```\n</ide_selection>\n\n\n\n"
+        "Look\n\n\n\n<tagged_files>\n"
+        f"* {notes} (lines 2-3 of 3 lines)\n"
+        f"* {blob} (binary file, 3 bytes)\n"
+        f"* {tmp_path} (3 items)\n"
+        "</tagged_files>"
     )
 
 
@@ -790,18 +949,8 @@ async def test_D14_image_blobs_and_files_are_image_parts_and_the_event_has_attac
     [event] = [e for e in await session.get_events() if e.type.value == "user.message"]
     await session.disconnect()
     content = model.requests[0]["messages"][-1]["content"]
-    assert content[0] == {
-        "type": "text",
-        "text": "\n\n".join(
-            [
-                "Say hello",
-                '<attachment type="blob" name="pixel.png">\n[image: image/png, 68 bytes]\n'
-                "</attachment>",
-                f'<attachment type="file" name="photo.png" path="{photo}">\n'
-                "[image: image/png, 68 bytes]\n</attachment>",
-            ]
-        ),
-    }
+    # Named after the prompt, shown after the text, as the reference runtime sends images.
+    assert content[0] == {"type": "text", "text": "Say hello\npixel.png\nphoto.png"}
     url = {"url": f"data:image/png;base64,{data}"}
     assert content[1:] == [{"type": "image_url", "image_url": url}] * 2
     # The official client reads the attachments of the message (their data left out).
@@ -833,7 +982,7 @@ async def test_D14_a_trimtab_remote_session_sends_images_and_request_headers(
         await session.disconnect()
     [request] = model.requests  # the refused send stored nothing and ran nothing
     content = request["messages"][-1]["content"]
-    assert content[0]["text"].startswith('Say hello\n\n<attachment type="blob"')
+    assert content[0]["text"] == "Say hello"  # an image without a name: shown, not named
     assert content[1:] == [
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
     ]
@@ -859,12 +1008,12 @@ async def test_D11_a_trimtab_remote_session_sends_attachments(
         events = await session.get_events()
         await session.disconnect()
     [request] = model.requests  # the refused sends stored nothing and ran nothing
+    line = f"* {notes} (2 lines)"
     assert request["messages"][-1]["content"] == (
-        f'Read this\n\n<attachment type="file" name="notes" path="{notes}">\n'
-        "line one\nline two\n\n</attachment>"
+        f"Read this\n\n\n\n<tagged_files>\n{line}\n</tagged_files>"
     )
     [message] = [e for e in events if e.type == "user.message"]
-    assert message.data.attachments == [attached]
+    assert message.data.attachments == [attached | {"taggedFilesEntry": line}]
 
 
 @pytest.mark.parametrize(
@@ -913,14 +1062,18 @@ async def test_D11_a_fifo_or_a_device_is_refused_without_waiting(
     await session.disconnect()
 
 
-async def test_D11_a_large_file_is_cut_with_a_note(
+async def test_D11_a_large_files_lines_are_counted_and_a_selection_of_it_is_cut(
     official: CopilotClient, model: ReplayServer, tmp_path: Path
 ) -> None:
     big = tmp_path / "big.log"
-    big.write_text("x" * (MAX_TEXT_BYTES + 1000))
+    big.write_text("x" * 99 + "\n" + "y" * (MAX_TEXT_BYTES + 1000))  # 2 lines
     sent = await sent_with(official, model, "Read", [{"type": "file", "path": str(big)}])
-    assert sent.count("x") == MAX_TEXT_BYTES
-    assert f"[cut: the first {MAX_TEXT_BYTES} of {MAX_TEXT_BYTES + 1000} bytes]" in sent
+    assert sent.endswith(f"<tagged_files>\n* {big} (2 lines)\n</tagged_files>")
+    model.requests.clear()
+    sent = await sent_with(official, model, "Read", [{"type": "selection", "filePath": str(big)}])
+    kept = "y" * (MAX_TEXT_BYTES - 100)
+    assert kept in sent and kept + "y" not in sent
+    assert f"[cut: the first {MAX_TEXT_BYTES} of {MAX_TEXT_BYTES + 1100} bytes]" in sent
 
 
 async def test_D9_request_headers_go_with_that_sends_model_requests_only(

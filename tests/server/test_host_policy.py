@@ -311,6 +311,7 @@ async def test_s13_inside_the_root_only_with_symlinks_and_dots_resolved(
             {"type": "file", "path": str(root / "sub" / "notes.txt")},
             {"type": "file", "path": str(root / "inner-link")},
             {"type": "directory", "path": f"{root}/sub/../sub"},
+            {"type": "selection", "filePath": str(root / "inner-link")},  # its text is read
         ]
         session = await _send(client, model, inside)
         for _ in range(300):
@@ -320,7 +321,12 @@ async def test_s13_inside_the_root_only_with_symlinks_and_dots_resolved(
         await session.disconnect()
     [request] = model.requests
     text = request["messages"][-1]["content"]
-    assert text.count("inside text") == 2 and "notes.txt" in text
+    # Files and directories are named with their lines and entries counted (D11), a
+    # selection quoted: each was read through the policy.
+    assert f"* {root / 'sub' / 'notes.txt'} (1 lines)" in text
+    assert f"* {root / 'inner-link'} (1 lines)" in text
+    assert f"* {root}/sub/../sub (1 items)" in text
+    assert text.count("inside text") == 1
     assert "SECRET" not in str(model.requests)
 
 
@@ -345,13 +351,18 @@ async def test_s13_over_stdio_attachments_read_any_file_as_before(
     )
     seen = conversation(user("Look"), assistant("Seen."))
     async with ReplayServer([seen]) as model:
-        session = await _send(client, model, [{"type": "file", "path": str(notes)}])
+        attachments = [
+            {"type": "file", "path": str(notes)},
+            {"type": "selection", "filePath": str(notes)},  # its text is read
+        ]
+        session = await _send(client, model, attachments)
         for _ in range(300):
             if model.requests:
                 break
             await asyncio.sleep(0.1)
         await session.disconnect()
-    assert "read as before" in model.requests[0]["messages"][-1]["content"]
+    text = model.requests[0]["messages"][-1]["content"]
+    assert "read as before" in text and f"* {notes} (1 lines)" in text
 
 
 def test_s13_a_symlink_put_in_the_way_after_the_check_is_not_followed(

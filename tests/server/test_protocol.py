@@ -230,7 +230,7 @@ async def test_calls_the_server_cannot_serve_get_clear_errors(
     answers = rpc(
         shared_server.port,
         hello,
-        {"jsonrpc": "2.0", "id": 1, "method": "session.plan.read", "params": {}},
+        {"jsonrpc": "2.0", "id": 1, "method": "session.workspaces.diff", "params": {}},
         {"jsonrpc": "2.0", "id": 2, "method": "session.send", "params": {}},
         {
             "jsonrpc": "2.0",
