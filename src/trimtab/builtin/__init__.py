@@ -20,6 +20,7 @@ from collections.abc import Collection, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from trimtab._durations import check_seconds
+from trimtab.builtin._ask import AskUser, ask_user_tool
 from trimtab.builtin._base import BuiltinTool, builtin
 from trimtab.builtin._files import create_tool, edit_tool, view_tool
 from trimtab.builtin._search import glob_tool, grep_tool
@@ -29,7 +30,9 @@ from trimtab.builtin._workspace import Workspace
 __all__ = [
     "BUILTIN_TOOLS",
     "DEFAULT_BUILTIN_TOOLS",
+    "AskUser",
     "BuiltinTool",
+    "ask_user_tool",
     "builtin_tools",
     "command_environment",
 ]

@@ -1,0 +1,137 @@
+"""The built-in tools on `trimtab serve` (spec B8, B9), driven by the official Copilot client:
+a program that declares no tool of its own reads, edits and tests code in its working
+directory, as on the Copilot CLI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from copilot import CopilotClient, RuntimeConnection
+from copilot.session import PermissionHandler
+
+from tests.server.conftest import (
+    StartServer,
+    assistant,
+    call,
+    conversation,
+    provider,
+    tool,
+    user,
+)
+from trimtab.testing import ReplayServer
+
+BROKEN = "def add(a, b):\n    return a - b\n"
+TEST = "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n"
+
+
+def repository(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "calc.py").write_text(BROKEN)
+    (repo / "test_calc.py").write_text(TEST)
+    return repo
+
+
+def fix_conversation(repo: Path) -> Any:
+    test = f"{sys.executable} test_calc.py"
+    return conversation(
+        user("Fix the failing test"),
+        assistant(None, call("c1", "view", path=f"{repo}/calc.py")),
+        tool("c1", "1. def add(a, b):\n2.     return a - b\n3."),
+        assistant(
+            None,
+            call("c2", "edit", path=f"{repo}/calc.py", old_str="a - b", new_str="a + b"),
+        ),
+        tool("c2", f"File {repo}/calc.py updated with changes."),
+        assistant(None, call("c3", "bash", command=test, description="Run the test")),
+        tool("c3", "ok\n<exited with exit code 0>"),
+        assistant("Fixed: add adds now, and the test passes."),
+    )
+
+
+async def test_b8_a_copilot_program_reads_edits_and_tests_code_over_stdio(
+    stdio_executable: Path, tmp_path: Path
+) -> None:
+    repo = repository(tmp_path)
+    asked: list[Any] = []
+
+    def approve(request: Any, invocation: Any) -> Any:
+        asked.append(request)
+        return PermissionHandler.approve_all(request, invocation)
+
+    connection = RuntimeConnection.for_stdio(
+        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
+    )
+    client = CopilotClient(connection=connection, working_directory=str(repo))
+    await client.start()
+    try:
+        async with ReplayServer([fix_conversation(repo)]) as model:
+            session = await client.create_session(
+                provider=provider(model), model="test-model", on_permission_request=approve
+            )
+            reply = await session.send_and_wait("Fix the failing test", timeout=60)
+            assert reply is not None
+            assert reply.data.content == "Fixed: add adds now, and the test passes."
+            await session.disconnect()
+        offered = {t["function"]["name"] for t in model.requests[0]["tools"]}
+    finally:
+        await client.stop()
+    assert (repo / "calc.py").read_text() == BROKEN.replace("a - b", "a + b")
+    assert {"view", "create", "edit", "bash", "grep", "glob"} <= offered
+    assert "report_intent" not in offered and "ask_user" not in offered
+    kinds = [(r.kind, getattr(r, "path", None) or getattr(r, "file_name", None)) for r in asked]
+    assert kinds[:2] == [("read", f"{repo}/calc.py"), ("write", f"{repo}/calc.py")]
+    assert "-    return a - b\n+    return a + b" in asked[1].diff
+    shell = asked[2]
+    assert shell.kind == "shell" and shell.full_command_text.endswith("test_calc.py")
+    assert shell.intention == "Run the test"
+    assert [c.identifier for c in shell.commands] == [sys.executable]
+
+
+async def test_b8_over_tcp_the_builtin_tools_are_off_unless_the_operator_turns_them_on(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    repo = repository(tmp_path)
+    missing = conversation(
+        user("Look"),
+        assistant(None, call("c1", "view", path=f"{repo}/calc.py")),
+        tool("c1", "Tool 'view' does not exist."),
+        assistant("No view here."),
+    )
+    server = start_server(tmp_path / "a.db")
+    async with ReplayServer([missing]) as model:
+        client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+        await client.start()
+        try:
+            session = await client.create_session(
+                provider=provider(model),
+                model="test-model",
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            reply = await session.send_and_wait("Look", timeout=30)
+            assert reply is not None and reply.data.content == "No view here."
+            await session.disconnect()
+        finally:
+            await client.force_stop()
+    assert "tools" not in model.requests[0] or not model.requests[0]["tools"]
+
+
+async def test_b8_over_tcp_a_working_directory_outside_the_root_is_refused(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    server = start_server(tmp_path / "a.db", "--builtin-tools")
+    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    await client.start()
+    try:
+        with pytest.raises(Exception, match="outside the directory"):
+            await client.create_session(
+                provider={"type": "openai", "base_url": "http://127.0.0.1:9", "api_key": "k"},
+                model="test-model",
+                on_permission_request=PermissionHandler.approve_all,
+                working_directory="/",
+            )
+    finally:
+        await client.force_stop()
