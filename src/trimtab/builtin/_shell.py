@@ -79,37 +79,28 @@ def bash_tool(
 ) -> BuiltinTool:
     async def bash(params: BashParams) -> str | ToolResult:
         try:
-            process = await asyncio.create_subprocess_exec(
-                "bash",
-                "-c",
-                params.command,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=workspace.real,
-                env=dict(env) if env is not None else command_environment(),
-                start_new_session=True,
+            command = await _Command.start(
+                params.command, workspace, dict(env) if env is not None else None
             )
         except OSError as exc:
             raise ToolError(f"Cannot run bash: {exc.strerror or exc}.") from None
-        assert process.stdout is not None
         output = _Capture(output_limit)
-        reader = asyncio.ensure_future(output.read(process.stdout))
+        reader = asyncio.ensure_future(output.read(command.process.stdout))
         timed_out = False
         try:
             async with asyncio.timeout(time_limit):
-                await process.wait()
+                await command.exited
         except TimeoutError:
             timed_out = True
         finally:
             # Also when cancelled: an abort or a disconnect stops the command's group.
-            await _stop(process)
+            await command.stop()
             await _drain(reader)
         text = output.text()
         if timed_out:
             note = f"<timed out after {time_limit:g} s: the command and its processes were killed>"
             return ToolResult(text_result_for_llm=_joined(text, note), result_type="timeout")
-        code = process.returncode or 0
+        code = command.process.returncode or 0
         return _joined(text, f"<exited with exit code {code if code >= 0 else 128 - code}>")
 
     return builtin(
@@ -127,19 +118,60 @@ def _joined(output: str, note: str) -> str:
     return f"{output}\n{note}" if output else note
 
 
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    """Stop the command's process group: SIGTERM, up to `GRACE` seconds for the command to
-    end, then SIGKILL for whatever is left of the group (at once if the command has ended:
-    what it left running is not waited for)."""
-    group = process.pid  # start_new_session: the command leads a group of its own
-    try:
-        if process.returncode is None:
-            _signal(group, signal.SIGTERM)
-            with suppress(TimeoutError):
-                async with asyncio.timeout(GRACE):
-                    await process.wait()
-    finally:
-        _signal(group, signal.SIGKILL)  # also if cancelled while waiting for the grace
+class _Exits(asyncio.subprocess.SubprocessStreamProtocol):
+    """The protocol `create_subprocess_exec` uses, which also says when the process has
+    exited: `Process.wait()` waits for its pipes to close too, which a process it left
+    running in the background may keep open for ever."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=_CHUNK, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+class _Command:
+    """A command line running in a process group of its own."""
+
+    def __init__(self, process: asyncio.subprocess.Process, exited: asyncio.Future[None]):
+        self.process = process
+        self.exited = exited
+
+    @classmethod
+    async def start(
+        cls, command: str, workspace: Workspace, env: dict[str, str] | None
+    ) -> _Command:
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Exits(loop),
+            "bash",
+            "-c",
+            command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=workspace.real,
+            env=env if env is not None else command_environment(),
+            start_new_session=True,
+        )
+        return cls(asyncio.subprocess.Process(transport, protocol, loop), protocol.exited)
+
+    async def stop(self) -> None:
+        """Stop the group: SIGTERM, up to `GRACE` seconds for the command to end, then
+        SIGKILL for whatever is left of the group (at once if the command has ended: what
+        it left running is not waited for)."""
+        group = self.process.pid  # start_new_session: the command leads a group of its own
+        try:
+            if not self.exited.done():
+                _signal(group, signal.SIGTERM)
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(GRACE):
+                        await asyncio.shield(self.exited)
+        finally:
+            _signal(group, signal.SIGKILL)  # also if cancelled while waiting for the grace
 
 
 def _signal(group: int, number: signal.Signals) -> None:
@@ -168,8 +200,8 @@ class _Capture:
         self._tail = bytearray()
         self._cut = 0
 
-    async def read(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(_CHUNK):
+    async def read(self, stream: asyncio.StreamReader | None) -> None:
+        while stream is not None and (chunk := await stream.read(_CHUNK)):
             self._add(chunk)
 
     def _add(self, chunk: bytes) -> None:
