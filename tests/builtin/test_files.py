@@ -193,9 +193,8 @@ async def test_b4_grep_and_glob_print_as_ripgrep_does(client: Client, root: Path
 async def test_b3_a_huge_file_is_shown_within_the_limit_in_bounded_memory(
     client: Client, root: Path
 ) -> None:
-    with open(root / "big.txt", "w") as file:
-        for i in range(400_000):
-            file.write(f"line {i} " + "x" * 100 + "\n")
+    lines = (f"line {i} " + "x" * 100 + "\n" for i in range(400_000))
+    (root / "big.txt").write_text("".join(lines))
     (root / "one_line.txt").write_bytes(b"y" * 20_000_000)
     tracemalloc.start()
     try:

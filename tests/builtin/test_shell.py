@@ -95,7 +95,8 @@ async def test_b5_abort_and_disconnect_kill_the_command_group(
     recorder = Recorder(session)
     await session.send("go")
     async with asyncio.timeout(10):
-        while not pid_file.exists() or not pid_file.read_text().strip():
+        # The command writes it: a file another process writes has no event to wait on.
+        while not pid_file.exists() or not pid_file.read_text().strip():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
     group = int(pid_file.read_text())
     assert len(processes_in_group(group)) >= 2
@@ -173,7 +174,8 @@ def test_b7_a_shell_request_names_commands_paths_urls_and_redirections() -> None
     from trimtab.builtin._shell import shell_request
 
     request = shell_request(
-        "FOO=1 ./build.sh src/a.c > out/log.txt 2>&1 && curl -s https://example.com/x | tee /dev/null",
+        "FOO=1 ./build.sh src/a.c > out/log.txt 2>&1 && curl -s https://example.com/x"
+        " | tee /dev/null",
         "",
     )
     assert request["intention"] == request["full_command_text"]
