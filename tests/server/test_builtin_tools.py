@@ -135,3 +135,81 @@ async def test_b8_over_tcp_a_working_directory_outside_the_root_is_refused(
             )
     finally:
         await client.force_stop()
+
+
+@pytest.mark.parametrize(
+    ("answer", "result"),
+    [
+        ({"answer": "Option A", "wasFreeform": False}, "User selected: Option A"),
+        ({"answer": "Something else", "wasFreeform": True}, "User responded: Something else"),
+    ],
+)
+async def test_b9_ask_user_is_answered_by_the_clients_user_input_handler(
+    stdio_executable: Path, tmp_path: Path, answer: dict[str, Any], result: str
+) -> None:
+    question = {"question": "Which?", "choices": ["Option A", "Option B"]}
+    script = conversation(
+        user("Ask me"),
+        assistant(None, call("c1", "ask_user", **question)),
+        tool("c1", result),
+        assistant("Thanks."),
+    )
+    asked: list[Any] = []
+
+    def on_user_input(request: Any, invocation: Any) -> dict[str, Any]:
+        asked.append(request)
+        return answer
+
+    connection = RuntimeConnection.for_stdio(
+        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
+    )
+    client = CopilotClient(connection=connection, working_directory=str(tmp_path))
+    await client.start()
+    try:
+        async with ReplayServer([script]) as model:
+            session = await client.create_session(
+                provider=provider(model),
+                model="test-model",
+                on_permission_request=PermissionHandler.approve_all,
+                on_user_input_request=on_user_input,
+            )
+            reply = await session.send_and_wait("Ask me", timeout=60)
+            assert reply is not None and reply.data.content == "Thanks."
+            await session.disconnect()
+    finally:
+        await client.stop()
+    assert asked == [
+        {"question": "Which?", "choices": ["Option A", "Option B"], "allowFreeform": True}
+    ]
+    offered = {t["function"]["name"] for t in model.requests[0]["tools"]}
+    assert "ask_user" in offered
+
+
+async def test_b8_available_and_excluded_tools_choose_among_the_builtin_tools(
+    stdio_executable: Path, tmp_path: Path
+) -> None:
+    connection = RuntimeConnection.for_stdio(
+        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
+    )
+    client = CopilotClient(connection=connection, working_directory=str(tmp_path))
+    await client.start()
+    offered: list[set[str]] = []
+    try:
+        script = [conversation(user("Hi"), assistant("Hello."))]
+        for limits in (
+            {"available_tools": ["view", "report_intent"]},
+            {"excluded_tools": ["bash", "edit"]},
+        ):
+            async with ReplayServer(script) as model:
+                session = await client.create_session(
+                    provider=provider(model),
+                    model="test-model",
+                    on_permission_request=PermissionHandler.approve_all,
+                    **limits,
+                )
+                await session.send_and_wait("Hi", timeout=60)
+                await session.disconnect()
+            offered.append({t["function"]["name"] for t in model.requests[0]["tools"]})
+    finally:
+        await client.stop()
+    assert offered == [{"view", "report_intent"}, {"view", "create", "grep", "glob"}]
