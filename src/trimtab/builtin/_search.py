@@ -27,7 +27,10 @@ from trimtab.builtin._workspace import Outside, Workspace
 __all__ = ["glob_pattern", "glob_tool", "grep_tool"]
 
 _MAX_LINE = 1024 * 1024
-"""Bytes of one line that are searched; the rest of a longer line is skipped."""
+"""Bytes of one line of a large file that are searched; the rest of the line is skipped."""
+_WHOLE = 8 * 1024 * 1024
+"""Files up to this size are read whole (and `multiline` reads this much of a file)."""
+_ANCHORED = re.compile(r"\\[AZ]")
 
 
 class GrepParams(BaseModel):
@@ -214,32 +217,53 @@ def _search(
 ) -> None:
     try:
         with open(real, "rb") as file:
-            if b"\x00" in file.read(8192):
+            head = file.read(8192)
+            if b"\x00" in head:
                 return
-            file.seek(0)
             if params.multiline:
-                text = file.read(_MAX_LINE * 16).decode("utf-8", "replace")
+                text = (head + file.read(_WHOLE - len(head))).decode("utf-8", "replace")
                 _report_multiline(text, shown, pattern, params, out)
                 return
-            _report_lines(file, shown, pattern, params, out)
+            if os.fstat(file.fileno()).st_size > _WHOLE:
+                file.seek(0)
+                _report_lines(_streamed(file), shown, pattern, params, out)
+                return
+            text = (head + file.read()).decode("utf-8", "replace")
     except OSError:
         return  # unreadable: skipped, as ripgrep skips it (with a note on its stderr)
+    # Most files do not match: one search of the whole text says so (without \A or \Z, a
+    # line's match is a match of the whole text in MULTILINE mode).
+    if not _ANCHORED.search(pattern.pattern):
+        whole = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
+        if not whole.search(text):
+            return
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # after the last newline
+    _report_lines(iter(lines), shown, pattern, params, out)
+
+
+def _streamed(file: Any) -> Iterator[str]:
+    """A large file's lines, each read within `_MAX_LINE` bytes (the rest of a longer line
+    is skipped)."""
+    while line := file.readline(_MAX_LINE):
+        if len(line) == _MAX_LINE and not line.endswith(b"\n"):
+            while (rest := file.readline(65536)) and not rest.endswith(b"\n"):
+                pass
+        yield line.rstrip(b"\n").decode("utf-8", "replace")
 
 
 def _report_lines(
-    file: Any, shown: str, pattern: re.Pattern[str], params: GrepParams, out: _Output
+    lines: Iterator[str], shown: str, pattern: re.Pattern[str], params: GrepParams, out: _Output
 ) -> None:
     before = max(params.before, params.around)
     after = max(params.after, params.around)
     content = params.output_mode == "content"
     recent: deque[tuple[int, str]] = deque(maxlen=before)  # unshown lines, for -B
     count = number = shown_up_to = trailing = 0
-    while line := file.readline(_MAX_LINE):
-        if len(line) == _MAX_LINE and not line.endswith(b"\n"):
-            while (rest := file.readline(65536)) and not rest.endswith(b"\n"):
-                pass
+    for line in lines:
         number += 1
-        text = line.rstrip(b"\n").rstrip(b"\r").decode("utf-8", "replace")
+        text = line.removesuffix("\r")
         if pattern.search(text):
             count += 1
             if params.output_mode == "files_with_matches":
