@@ -282,3 +282,32 @@ def test_b2_the_root_may_itself_be_reached_through_a_link(tmp_path: Path) -> Non
     (tmp_path / "alias").symlink_to(real)
     (view,) = builtin_tools(tmp_path / "alias", names=["view"])
     assert view.validate({"path": os.fspath(tmp_path / "alias" / "x")}).path  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("tool", ["view", "edit", "grep"])
+async def test_b3_a_fifo_is_refused_without_waiting_for_a_writer(
+    client: Client, root: Path, tool: str
+) -> None:
+    os.mkfifo(root / "pipe")
+    calls = await run_calls(client, builtin_tools(root), (tool, arguments(tool, "pipe")))
+    shown = "pipe" if tool == "grep" else f"{root}/pipe"  # grep shows paths as given
+    assert calls.outcomes == [("failure", f"{shown} is not a regular file.")]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "matches"),
+    [
+        ("**/*.ts", "src/index.ts", True),
+        ("**/*.ts", "index.ts", True),
+        ("*.ts", "a/b/c.ts", True),
+        ("src/*.ts", "src/a/b.ts", False),
+        ("src/**/*.ts", "src/a/b.ts", True),
+        ("{*.md,src/*.ts}", "src/x.ts", True),
+        ("[!a]*.py", "a.py", False),
+        ("f?.py", "f/.py", False),
+    ],
+)
+def test_b4_globs_read_as_ripgrep_reads_them(pattern: str, path: str, matches: bool) -> None:
+    from trimtab.builtin._search import glob_pattern
+
+    assert bool(glob_pattern(pattern).fullmatch(path)) is matches

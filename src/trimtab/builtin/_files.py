@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from trimtab._tools import ToolResult
 from trimtab.builtin._base import BuiltinTool, builtin
 from trimtab.builtin._workspace import Outside, Workspace
 
-__all__ = ["MAX_EDIT", "create_tool", "edit_tool", "view_tool"]
+__all__ = ["MAX_EDIT", "confined", "create_tool", "edit_tool", "missing", "regular", "view_tool"]
 
 MAX_EDIT = 16 * 1024 * 1024
 """Bytes of a file `edit` reads whole (and a write request diffs): larger ones are refused."""
@@ -66,6 +67,13 @@ def missing(shown: str) -> ToolError:
     return ToolError(f"Path {shown} does not exist. Please provide a valid path.")
 
 
+def regular(real: Path, shown: str) -> None:
+    """Refuse what is not a regular file: opening a FIFO waits for a writer for ever, and a
+    device may never end."""
+    if not stat.S_ISREG(real.stat().st_mode):
+        raise ToolError(f"{shown} is not a regular file.")
+
+
 def confined(handler: Callable[[Any], str]) -> Callable[[Any], str | ToolResult]:
     """`handler`, its paths checked again as it runs (a link may have changed since the
     call was approved): a path outside the workspace ends the call `denied`."""
@@ -87,6 +95,7 @@ def view_tool(workspace: Workspace, output_limit: int) -> BuiltinTool:
         try:
             if real.is_dir():
                 return _listing(real, output_limit)
+            regular(real, shown)
             if real.suffix.lower() in _IMAGES:
                 raise ToolError(f"{shown} is an image: trimtab's view shows text files only.")
             start, end = _range(params.view_range)
@@ -279,6 +288,7 @@ def _text(real: Path, shown: str) -> str:
     try:
         if real.is_dir():
             raise ToolError(f"Path {shown} is a directory: edit changes files.")
+        regular(real, shown)
         if real.stat().st_size > MAX_EDIT:
             raise ToolError(f"{shown} is over {MAX_EDIT // 2**20} MiB: edit changes smaller files.")
         with open(real, encoding="utf-8", newline="") as file:

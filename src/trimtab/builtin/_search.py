@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trimtab._errors import ToolError
 from trimtab.builtin._base import BuiltinTool, builtin
-from trimtab.builtin._files import confined, missing
+from trimtab.builtin._files import confined, missing, regular
 from trimtab.builtin._workspace import Outside, Workspace
 
 __all__ = ["glob_pattern", "glob_tool", "grep_tool"]
@@ -165,6 +165,10 @@ def _files(
     if not os.path.lexists(real):
         raise missing(workspace.shown(given))
     if not real.is_dir():
+        try:
+            regular(real, given)
+        except OSError as exc:
+            raise ToolError(f"Cannot read {given}: {exc.strerror or exc}.") from None
         yield real, given
         return
     base = given.rstrip("/") or "/"
@@ -319,6 +323,10 @@ def glob_pattern(glob: str) -> re.Pattern[str]:
     glob = glob.removeprefix("./").lstrip("/")
     if "/" not in glob:
         glob = "**/" + glob
+    return re.compile(_translated(glob), re.DOTALL)
+
+
+def _translated(glob: str) -> str:
     parts: list[str] = []
     i = 0
     while i < len(glob):
@@ -326,28 +334,20 @@ def glob_pattern(glob: str) -> re.Pattern[str]:
         if glob.startswith("**/", i):
             parts.append("(?:.*/)?")
             i += 3
-            continue
-        if glob.startswith("**", i):
+        elif glob.startswith("**", i):
             parts.append(".*")
             i += 2
-            continue
-        if char == "*":
-            parts.append("[^/]*")
-        elif char == "?":
-            parts.append("[^/]")
         elif char == "[" and (close := glob.find("]", i + 2)) != -1:
             inner = glob[i + 1 : close]
             negated = inner.startswith("!")
-            inner = inner[1:] if negated else inner
-            parts.append(f"[{'^' if negated else ''}{inner.replace(chr(92), chr(92) * 2)}]")
+            inner = (inner[1:] if negated else inner).replace("\\", "\\\\")
+            parts.append(f"[{'^' if negated else ''}{inner}]")
             i = close + 1
-            continue
         elif char == "{" and (close := glob.find("}", i)) != -1:
             options = glob[i + 1 : close].split(",")
-            parts.append("(?:" + "|".join(re.escape(o) for o in options) + ")")
+            parts.append("(?:" + "|".join(_translated(o) for o in options) + ")")
             i = close + 1
-            continue
         else:
-            parts.append(re.escape(char))
-        i += 1
-    return re.compile("".join(parts), re.DOTALL)
+            parts.append({"*": "[^/]*", "?": "[^/]"}.get(char) or re.escape(char))
+            i += 1
+    return "".join(parts)
