@@ -4,6 +4,7 @@ directory, as on the Copilot CLI."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from copilot import CopilotClient, RuntimeConnection
 from copilot.session import PermissionHandler
 
+from tests.builtin.conftest import processes_in_group
 from tests.server.conftest import (
     StartServer,
     assistant,
@@ -213,3 +215,45 @@ async def test_b8_available_and_excluded_tools_choose_among_the_builtin_tools(
     finally:
         await client.stop()
     assert offered == [{"view", "report_intent"}, {"view", "create", "grep", "glob"}]
+
+
+@pytest.mark.parametrize("how", ["disconnect", "stop"])
+async def test_b5_a_clients_disconnect_kills_a_running_command_group(
+    stdio_executable: Path, tmp_path: Path, how: str
+) -> None:
+    pid_file = tmp_path / "pid"
+    command = f"echo $$ > {pid_file}; sleep 1000 & sleep 1000"
+    script = conversation(
+        user("Run it"),
+        assistant(None, call("c1", "bash", command=command)),
+        tool("c1", "never recorded"),
+        assistant("Never."),
+    )
+    connection = RuntimeConnection.for_stdio(
+        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
+    )
+    client = CopilotClient(connection=connection, working_directory=str(tmp_path))
+    await client.start()
+    try:
+        async with ReplayServer([script]) as model:
+            session = await client.create_session(
+                provider=provider(model),
+                model="test-model",
+                on_permission_request=PermissionHandler.approve_all,
+            )
+            await session.send("Run it")
+            async with asyncio.timeout(30):
+                # Another process writes it: there is no event to wait on.
+                while not pid_file.exists() or not pid_file.read_text().strip():  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            group = int(pid_file.read_text())
+            assert len(processes_in_group(group)) == 3
+            if how == "disconnect":
+                await session.disconnect()
+            else:
+                await client.stop()
+            async with asyncio.timeout(10):
+                while processes_in_group(group):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+    finally:
+        await client.stop()
