@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.builtin.conftest import run_calls
 from trimtab import Client, PermissionDecision, builtin_tools
@@ -311,3 +313,30 @@ def test_b4_globs_read_as_ripgrep_reads_them(pattern: str, path: str, matches: b
     from trimtab.builtin._search import glob_pattern
 
     assert bool(glob_pattern(pattern).fullmatch(path)) is matches
+
+
+@given(
+    lines=st.lists(st.sampled_from(["a\n", "b\n", "c\n", "\n", "dd\n"]), min_size=1, max_size=30),
+    start=st.integers(0, 29),
+    length=st.integers(1, 4),
+    new=st.sampled_from(["", "X\n", "Y", "p\nq\n"]),
+    last_newline=st.booleans(),
+)
+def test_b7_an_edits_diff_is_the_whole_files_diff(
+    lines: list[str], start: int, length: int, new: str, last_newline: bool
+) -> None:
+    """The diff of a write request is computed over the changed lines only, and reads as
+    the diff of the whole file would."""
+    import difflib
+
+    from trimtab.builtin._files import _edit_diff
+
+    numbered = [f"{i}{line}" for i, line in enumerate(lines)]  # each line unique
+    if not last_newline:
+        numbered[-1] = numbered[-1].rstrip("\n")
+    before = "".join(numbered)
+    start = min(start, len(numbered) - 1)
+    old = "".join(numbered[start : start + length])
+    after = before.replace(old, new, 1)
+    whole = difflib.unified_diff(before.splitlines(True), after.splitlines(True), "f", "f")
+    assert _edit_diff("f", before, old, new) == "".join(whole)

@@ -71,6 +71,34 @@ async def test_b5_a_command_past_its_time_is_killed_with_its_whole_group(
     assert await gone(group)
 
 
+@pytest.mark.parametrize("how", ["timeout", "abort"])
+async def test_b5_a_stopped_command_gets_sigterm_first_and_may_clean_up(
+    client: Client, root: Path, tmp_path: Path, how: str
+) -> None:
+    cleaned = tmp_path / "cleaned"
+    command = f"trap 'echo done > {cleaned}; exit 0' TERM; echo started; sleep 1000 & wait"
+    model = ScriptedModel([tool_call("bash", json.dumps({"command": command}))])
+    timeout = 0.5 if how == "timeout" else 60
+    session = await client.create_session(
+        provider=model,
+        tools=builtin_tools(root, shell_timeout=timeout),
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    recorder = Recorder(session)
+    if how == "timeout":
+        model.add("done")
+        await session.send_and_wait("go", timeout=30)
+    else:
+        await session.send("go")
+        await recorder.wait_for("tool.execution_start")
+        await asyncio.sleep(0.3)  # bash has set its trap
+        await session.abort()
+        await recorder.wait_for("session.idle")
+    (complete,) = recorder.of("tool.execution_complete")
+    assert complete.data.outcome == ("timeout" if how == "timeout" else "cancelled")
+    assert cleaned.read_text() == "done\n"
+
+
 async def test_b5_what_a_command_leaves_running_does_not_outlive_its_call(
     client: Client, root: Path
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable
@@ -28,6 +29,9 @@ MAX_EDIT = 16 * 1024 * 1024
 """Bytes of a file `edit` reads whole (and a write request diffs): larger ones are refused."""
 _MAX_ENTRIES = 1000
 """Entries a directory listing shows."""
+_CONTEXT = 3
+"""Lines of context around a change in a write request's diff (difflib's default)."""
+_HUNK = re.compile(r"(?<=^@@ )-(\d+)(,\d+)? \+(\d+)(,\d+)?")
 _IMAGES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp"})
 
 
@@ -158,12 +162,13 @@ def edit_tool(workspace: Workspace) -> BuiltinTool:
 
     def asks(params: EditParams) -> dict[str, Any]:
         shown = workspace.shown(params.path)
+        request = _write_request(shown, f"Edit {shown}", "", "")
         try:
             before = _text(workspace.resolve(params.path), shown)
-            after = _replaced(before, params.old_str, params.new_str, shown)
+            _replaced(before, params.old_str, params.new_str, shown)
         except (ToolError, Outside):
-            before = after = ""  # the call will fail: nothing would be written
-        return _write_request(shown, f"Edit {shown}", before, after)
+            return request  # the call will fail: nothing would be written
+        return request | {"diff": _edit_diff(shown, before, params.old_str, params.new_str)}
 
     return builtin(
         "edit",
@@ -192,6 +197,26 @@ def _write_request(shown: str, intention: str, before: str, after: str) -> dict[
         "intention": intention,
         "can_offer_session_approval": True,
     }
+
+
+def _edit_diff(shown: str, before: str, old: str, new: str) -> str:
+    """The unified diff of replacing the one `old` in `before`, computed over the lines it
+    spans and their context only: a request for a large file costs what the change does."""
+    at = before.index(old)
+    first = before.count("\n", 0, at)
+    last = first + old.count("\n")
+    lines = before.splitlines(keepends=True)
+    low, high = max(first - _CONTEXT, 0), min(last + _CONTEXT + 1, len(lines))
+    segment = "".join(lines[low:high])
+    changed = segment.replace(old, new, 1)  # `old` occurs once in the file, so here
+    diff = difflib.unified_diff(
+        segment.splitlines(keepends=True), changed.splitlines(keepends=True), shown, shown
+    )
+
+    def shifted(match: re.Match[str]) -> str:
+        return f"-{int(match[1]) + low}{match[2] or ''} +{int(match[3]) + low}{match[4] or ''}"
+
+    return "".join(_HUNK.sub(shifted, line, count=1) for line in diff)
 
 
 def _range(view_range: list[int] | None) -> tuple[int, int | None]:

@@ -89,7 +89,9 @@ def bash_tool(
         timed_out = False
         try:
             async with asyncio.timeout(time_limit):
-                await command.exited
+                # Shielded: the timeout (or an abort) must not mark it done, which would
+                # skip SIGTERM's grace in `stop`.
+                await asyncio.shield(command.exited)
         except TimeoutError:
             timed_out = True
         finally:
