@@ -16,8 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trimtab import Client, PermissionDecision, ToolInvocation, builtin_tools
-from trimtab.events import PermissionRequestData
+from trimtab import Client, Event, PermissionDecision, ToolInvocation, builtin_tools
+from trimtab.events import PermissionRequestData, ToolExecutionCompleteEvent
 from trimtab.testing import ScriptedModel, tool_call
 
 
@@ -26,6 +26,11 @@ def approve(request: PermissionRequestData, invocation: ToolInvocation) -> Permi
     what = request.full_command_text or request.path or request.file_name
     print(f"[asked] {request.kind}: {what}")
     return PermissionDecision(kind="approve-once")
+
+
+def show(event: Event) -> None:
+    if isinstance(event, ToolExecutionCompleteEvent):
+        print(f"[{event.data.tool_name}] {event.data.outcome}")
 
 
 async def main() -> None:
@@ -51,10 +56,7 @@ async def main() -> None:
                 tools=builtin_tools(repo, shell_timeout=60),
                 on_permission_request=approve,
             )
-            session.on(
-                "tool.execution_complete",
-                lambda e: print(f"[{e.data.tool_name}] {e.data.outcome}"),
-            )
+            session.on("tool.execution_complete", show)
             reply = await session.send_and_wait("The test fails. Fix the code.")
             print("reply:", reply.data.content if reply else None)
             results = [m.content for m in model.requests[-1].messages if m.role == "tool"]

@@ -253,3 +253,29 @@ async def test_b6_a_command_does_not_see_the_servers_keys(
         bash('echo "[$OPENAI_API_KEY][$TRIMTAB_VISIBLE_CHECK][$PAGER]"'),
     )
     assert calls.outcomes == [("success", "[][][cat]\n<exited with exit code 0>")]
+
+
+async def test_b5_a_call_cancelled_while_bash_starts_kills_its_group(
+    root: Path, tmp_path: Path
+) -> None:
+    """Cancelled between bash's fork and the moment its pipes are connected: asyncio kills
+    bash alone, so the group is killed once the start has finished."""
+    from typing import Any, cast
+
+    from trimtab._tools import ToolInvocation
+
+    pid_file = tmp_path / "pid"
+    (tool,) = builtin_tools(root, names=["bash"])
+    arguments = {"command": f"echo $$ > {pid_file}; sleep 1000 & sleep 1000"}
+    params = tool.validate(arguments)
+    invocation = ToolInvocation("s", "c", "bash", arguments, cast(Any, None))
+    call = asyncio.ensure_future(tool.run(params, invocation))  # type: ignore[arg-type]
+    for _ in range(2):
+        await asyncio.sleep(0)  # bash is forked; its pipes are being connected
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    async with asyncio.timeout(10):
+        while not pid_file.exists() or not pid_file.read_text().strip():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    assert await gone(int(pid_file.read_text()))

@@ -25,6 +25,25 @@ from tests.server.conftest import (
 )
 from trimtab.testing import ReplayServer
 
+
+async def open_session(client: CopilotClient, model: ReplayServer | None, **options: Any) -> Any:
+    """A session of the official client whose model is `model` (none: one that is never
+    reached), approving every call unless told otherwise."""
+    unreachable = {"type": "openai", "base_url": "http://127.0.0.1:9", "api_key": "k"}
+    settings: dict[str, Any] = {
+        "provider": provider(model) if model is not None else unreachable,
+        "model": "test-model",
+        "on_permission_request": PermissionHandler.approve_all,
+        **options,
+    }
+    return await client.create_session(**settings)
+
+
+def text(reply: Any) -> str | None:
+    """What an `assistant.message` said."""
+    return None if reply is None else str(reply.data.content)
+
+
 BROKEN = "def add(a, b):\n    return a - b\n"
 TEST = "from calc import add\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n"
 
@@ -71,12 +90,10 @@ async def test_b8_a_copilot_program_reads_edits_and_tests_code_over_stdio(
     await client.start()
     try:
         async with ReplayServer([fix_conversation(repo)]) as model:
-            session = await client.create_session(
-                provider=provider(model), model="test-model", on_permission_request=approve
-            )
+            session = await open_session(client, model, on_permission_request=approve)
             reply = await session.send_and_wait("Fix the failing test", timeout=60)
             assert reply is not None
-            assert reply.data.content == "Fixed: add adds now, and the test passes."
+            assert text(reply) == "Fixed: add adds now, and the test passes."
             await session.disconnect()
         offered = {t["function"]["name"] for t in model.requests[0]["tools"]}
     finally:
@@ -108,13 +125,12 @@ async def test_b8_over_tcp_the_builtin_tools_are_off_unless_the_operator_turns_t
         client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
         await client.start()
         try:
-            session = await client.create_session(
-                provider=provider(model),
-                model="test-model",
-                on_permission_request=PermissionHandler.approve_all,
+            session = await open_session(
+                client,
+                model,
             )
             reply = await session.send_and_wait("Look", timeout=30)
-            assert reply is not None and reply.data.content == "No view here."
+            assert reply is not None and text(reply) == "No view here."
             await session.disconnect()
         finally:
             await client.force_stop()
@@ -124,15 +140,14 @@ async def test_b8_over_tcp_the_builtin_tools_are_off_unless_the_operator_turns_t
 async def test_b8_over_tcp_a_working_directory_outside_the_root_is_refused(
     start_server: StartServer, tmp_path: Path
 ) -> None:
-    server = start_server(tmp_path / "a.db", "--builtin-tools")
+    server = start_server(tmp_path / "a.db", "--builtin-tools", "on")
     client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
     await client.start()
     try:
         with pytest.raises(Exception, match="outside the directory"):
-            await client.create_session(
-                provider={"type": "openai", "base_url": "http://127.0.0.1:9", "api_key": "k"},
-                model="test-model",
-                on_permission_request=PermissionHandler.approve_all,
+            await open_session(
+                client,
+                None,
                 working_directory="/",
             )
     finally:
@@ -169,14 +184,13 @@ async def test_b9_ask_user_is_answered_by_the_clients_user_input_handler(
     await client.start()
     try:
         async with ReplayServer([script]) as model:
-            session = await client.create_session(
-                provider=provider(model),
-                model="test-model",
-                on_permission_request=PermissionHandler.approve_all,
+            session = await open_session(
+                client,
+                model,
                 on_user_input_request=on_user_input,
             )
             reply = await session.send_and_wait("Ask me", timeout=60)
-            assert reply is not None and reply.data.content == "Thanks."
+            assert reply is not None and text(reply) == "Thanks."
             await session.disconnect()
     finally:
         await client.stop()
@@ -203,10 +217,9 @@ async def test_b8_available_and_excluded_tools_choose_among_the_builtin_tools(
             {"excluded_tools": ["bash", "edit"]},
         ):
             async with ReplayServer(script) as model:
-                session = await client.create_session(
-                    provider=provider(model),
-                    model="test-model",
-                    on_permission_request=PermissionHandler.approve_all,
+                session = await open_session(
+                    client,
+                    model,
                     **limits,
                 )
                 await session.send_and_wait("Hi", timeout=60)
@@ -236,10 +249,9 @@ async def test_b5_a_clients_disconnect_kills_a_running_command_group(
     await client.start()
     try:
         async with ReplayServer([script]) as model:
-            session = await client.create_session(
-                provider=provider(model),
-                model="test-model",
-                on_permission_request=PermissionHandler.approve_all,
+            session = await open_session(
+                client,
+                model,
             )
             await session.send("Run it")
             async with asyncio.timeout(30):

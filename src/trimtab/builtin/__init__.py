@@ -15,11 +15,12 @@ own that is killed when the command ends, runs out of time, or its call is cance
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trimtab._durations import check_seconds
+from trimtab._tools import Tool
 from trimtab.builtin._ask import AskUser, ask_user_tool
 from trimtab.builtin._base import BuiltinTool, builtin
 from trimtab.builtin._files import create_tool, edit_tool, view_tool
@@ -62,7 +63,7 @@ def builtin_tools(
     shell_timeout: float = SHELL_TIMEOUT,
     output_limit: int = OUTPUT_LIMIT,
     env: Mapping[str, str] | None = None,
-) -> list[BuiltinTool]:
+) -> list[Tool]:
     """The built-in tools working in `root` (spec section 14).
 
     Args:
@@ -89,7 +90,7 @@ def builtin_tools(
     if output_limit < 1024:
         raise ValueError("output_limit must be at least 1024 bytes")
     workspace = Workspace.at(root)
-    made = {
+    made: dict[str, Callable[[], Tool]] = {
         "view": lambda: view_tool(workspace, output_limit),
         "create": lambda: create_tool(workspace),
         "edit": lambda: edit_tool(workspace),

@@ -78,10 +78,16 @@ def bash_tool(
     workspace: Workspace, output_limit: int, time_limit: float, env: Mapping[str, str] | None
 ) -> BuiltinTool:
     async def bash(params: BashParams) -> str | ToolResult:
+        starting = asyncio.ensure_future(
+            _Command.start(params.command, workspace, dict(env) if env is not None else None)
+        )
         try:
-            command = await _Command.start(
-                params.command, workspace, dict(env) if env is not None else None
-            )
+            command = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # Cancelled while bash was starting (it may already run): asyncio would kill
+            # bash alone, so its group is killed as soon as it has started.
+            starting.add_done_callback(_killed_once_started)
+            raise
         except OSError as exc:
             raise ToolError(f"Cannot run bash: {exc.strerror or exc}.") from None
         output = _Capture(output_limit)
@@ -174,6 +180,11 @@ class _Command:
                         await asyncio.shield(self.exited)
         finally:
             _signal(group, signal.SIGKILL)  # also if cancelled while waiting for the grace
+
+
+def _killed_once_started(starting: asyncio.Future[_Command]) -> None:
+    if not starting.cancelled() and starting.exception() is None:
+        _signal(starting.result().process.pid, signal.SIGKILL)
 
 
 def _signal(group: int, number: signal.Signals) -> None:
