@@ -3,8 +3,10 @@ calls the model makes through a real session (permission flow included)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,3 +100,31 @@ def processes_in_group(group: int) -> list[int]:
         if int(fields[2]) == group and fields[0] != "Z":
             found.append(int(entry))
     return found
+
+
+async def written_pid(pid_file: Path, within: float = 30.0) -> int:
+    """The process id a command wrote to `pid_file` (another process writes it: there is
+    no event to wait on)."""
+    async with asyncio.timeout(within):
+        while (pid := _read_pid(pid_file)) is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    return pid
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    try:
+        text = pid_file.read_text().strip()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else None
+
+
+async def gone(group: int, within: float = 10.0) -> bool:
+    """Whether no process of the group is left, waiting up to `within` seconds (a killed
+    process takes a moment to die)."""
+    deadline = time.monotonic() + within
+    while processes_in_group(group):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.builtin.conftest import processes_in_group, run_calls
+from tests.builtin.conftest import gone, processes_in_group, run_calls, written_pid
 from tests.conftest import Recorder
 from trimtab import Client, PermissionDecision, PermissionHandler, builtin_tools
 from trimtab.builtin import command_environment
@@ -21,17 +21,6 @@ from trimtab.testing import ScriptedModel, tool_call
 
 def bash(command: str, description: str = "") -> tuple[str, dict[str, str]]:
     return ("bash", {"command": command, "description": description})
-
-
-async def gone(group: int, within: float = 5.0) -> bool:
-    """Whether no process of the group is left, waiting up to `within` seconds (a killed
-    process takes a moment to die)."""
-    deadline = time.monotonic() + within
-    while processes_in_group(group):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
 
 
 async def test_b5_output_and_exit_code_read_as_the_cli_shows_them(
@@ -122,11 +111,7 @@ async def test_b5_abort_and_disconnect_kill_the_command_group(
     )
     recorder = Recorder(session)
     await session.send("go")
-    async with asyncio.timeout(10):
-        # The command writes it: a file another process writes has no event to wait on.
-        while not pid_file.exists() or not pid_file.read_text().strip():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-    group = int(pid_file.read_text())
+    group = await written_pid(pid_file)
     assert len(processes_in_group(group)) >= 2
     if how == "abort":
         await session.abort()
@@ -275,7 +260,4 @@ async def test_b5_a_call_cancelled_while_bash_starts_kills_its_group(
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    async with asyncio.timeout(10):
-        while not pid_file.exists() or not pid_file.read_text().strip():  # noqa: ASYNC110
-            await asyncio.sleep(0.02)
-    assert await gone(int(pid_file.read_text()))
+    assert await gone(await written_pid(pid_file))

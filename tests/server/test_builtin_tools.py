@@ -4,8 +4,8 @@ directory, as on the Copilot CLI."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import pytest
 from copilot import CopilotClient, RuntimeConnection
 from copilot.session import PermissionHandler
 
-from tests.builtin.conftest import processes_in_group
+from tests.builtin.conftest import gone, processes_in_group, written_pid
 from tests.server.conftest import (
     StartServer,
     assistant,
@@ -24,6 +24,30 @@ from tests.server.conftest import (
     user,
 )
 from trimtab.testing import ReplayServer
+
+Clients = Callable[[Path], Awaitable[CopilotClient]]
+"""`clients(cwd)`: an official client that spawned `trimtab serve` over stdio in `cwd`."""
+
+
+@pytest.fixture
+async def clients(stdio_executable: Path, tmp_path: Path) -> AsyncIterator[Clients]:
+    """Official clients over stdio, each with a server of its own; all stopped after the
+    test, also when it fails."""
+    started: list[CopilotClient] = []
+
+    async def start(cwd: Path) -> CopilotClient:
+        store = tmp_path / f"stdio{len(started)}.db"
+        connection = RuntimeConnection.for_stdio(
+            path=str(stdio_executable), args=["--store", str(store)]
+        )
+        client = CopilotClient(connection=connection, working_directory=str(cwd))
+        started.append(client)
+        await client.start()
+        return client
+
+    yield start
+    for client in started:
+        await client.stop()
 
 
 async def open_session(client: CopilotClient, model: ReplayServer | None, **options: Any) -> Any:
@@ -74,7 +98,7 @@ def fix_conversation(repo: Path) -> Any:
 
 
 async def test_b8_a_copilot_program_reads_edits_and_tests_code_over_stdio(
-    stdio_executable: Path, tmp_path: Path
+    clients: Clients, tmp_path: Path
 ) -> None:
     repo = repository(tmp_path)
     asked: list[Any] = []
@@ -83,21 +107,14 @@ async def test_b8_a_copilot_program_reads_edits_and_tests_code_over_stdio(
         asked.append(request)
         return PermissionHandler.approve_all(request, invocation)
 
-    connection = RuntimeConnection.for_stdio(
-        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
-    )
-    client = CopilotClient(connection=connection, working_directory=str(repo))
-    await client.start()
-    try:
-        async with ReplayServer([fix_conversation(repo)]) as model:
-            session = await open_session(client, model, on_permission_request=approve)
-            reply = await session.send_and_wait("Fix the failing test", timeout=60)
-            assert reply is not None
-            assert text(reply) == "Fixed: add adds now, and the test passes."
-            await session.disconnect()
-        offered = {t["function"]["name"] for t in model.requests[0]["tools"]}
-    finally:
-        await client.stop()
+    client = await clients(repo)
+    async with ReplayServer([fix_conversation(repo)]) as model:
+        session = await open_session(client, model, on_permission_request=approve)
+        reply = await session.send_and_wait("Fix the failing test", timeout=60)
+        assert reply is not None
+        assert text(reply) == "Fixed: add adds now, and the test passes."
+        await session.disconnect()
+    offered = {t["function"]["name"] for t in model.requests[0]["tools"]}
     assert (repo / "calc.py").read_text() == BROKEN.replace("a - b", "a + b")
     assert {"view", "create", "edit", "bash", "grep", "glob"} <= offered
     assert "report_intent" not in offered and "ask_user" not in offered
@@ -162,7 +179,7 @@ async def test_b8_over_tcp_a_working_directory_outside_the_root_is_refused(
     ],
 )
 async def test_b9_ask_user_is_answered_by_the_clients_user_input_handler(
-    stdio_executable: Path, tmp_path: Path, answer: dict[str, Any], result: str
+    clients: Clients, tmp_path: Path, answer: dict[str, Any], result: str
 ) -> None:
     question = {"question": "Which?", "choices": ["Option A", "Option B"]}
     script = conversation(
@@ -177,23 +194,16 @@ async def test_b9_ask_user_is_answered_by_the_clients_user_input_handler(
         asked.append(request)
         return answer
 
-    connection = RuntimeConnection.for_stdio(
-        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
-    )
-    client = CopilotClient(connection=connection, working_directory=str(tmp_path))
-    await client.start()
-    try:
-        async with ReplayServer([script]) as model:
-            session = await open_session(
-                client,
-                model,
-                on_user_input_request=on_user_input,
-            )
-            reply = await session.send_and_wait("Ask me", timeout=60)
-            assert reply is not None and text(reply) == "Thanks."
-            await session.disconnect()
-    finally:
-        await client.stop()
+    client = await clients(tmp_path)
+    async with ReplayServer([script]) as model:
+        session = await open_session(
+            client,
+            model,
+            on_user_input_request=on_user_input,
+        )
+        reply = await session.send_and_wait("Ask me", timeout=60)
+        assert reply is not None and text(reply) == "Thanks."
+        await session.disconnect()
     assert asked == [
         {"question": "Which?", "choices": ["Option A", "Option B"], "allowFreeform": True}
     ]
@@ -202,37 +212,30 @@ async def test_b9_ask_user_is_answered_by_the_clients_user_input_handler(
 
 
 async def test_b8_available_and_excluded_tools_choose_among_the_builtin_tools(
-    stdio_executable: Path, tmp_path: Path
+    clients: Clients, tmp_path: Path
 ) -> None:
-    connection = RuntimeConnection.for_stdio(
-        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
-    )
-    client = CopilotClient(connection=connection, working_directory=str(tmp_path))
-    await client.start()
+    client = await clients(tmp_path)
     offered: list[set[str]] = []
-    try:
-        script = [conversation(user("Hi"), assistant("Hello."))]
-        for limits in (
-            {"available_tools": ["view", "report_intent"]},
-            {"excluded_tools": ["bash", "edit"]},
-        ):
-            async with ReplayServer(script) as model:
-                session = await open_session(
-                    client,
-                    model,
-                    **limits,
-                )
-                await session.send_and_wait("Hi", timeout=60)
-                await session.disconnect()
-            offered.append({t["function"]["name"] for t in model.requests[0]["tools"]})
-    finally:
-        await client.stop()
+    script = [conversation(user("Hi"), assistant("Hello."))]
+    for limits in (
+        {"available_tools": ["view", "report_intent"]},
+        {"excluded_tools": ["bash", "edit"]},
+    ):
+        async with ReplayServer(script) as model:
+            session = await open_session(
+                client,
+                model,
+                **limits,
+            )
+            await session.send_and_wait("Hi", timeout=60)
+            await session.disconnect()
+        offered.append({t["function"]["name"] for t in model.requests[0]["tools"]})
     assert offered == [{"view", "report_intent"}, {"view", "create", "grep", "glob"}]
 
 
 @pytest.mark.parametrize("how", ["disconnect", "stop"])
 async def test_b5_a_clients_disconnect_kills_a_running_command_group(
-    stdio_executable: Path, tmp_path: Path, how: str
+    clients: Clients, tmp_path: Path, how: str
 ) -> None:
     pid_file = tmp_path / "pid"
     command = f"echo $$ > {pid_file}; sleep 1000 & sleep 1000"
@@ -242,30 +245,17 @@ async def test_b5_a_clients_disconnect_kills_a_running_command_group(
         tool("c1", "never recorded"),
         assistant("Never."),
     )
-    connection = RuntimeConnection.for_stdio(
-        path=str(stdio_executable), args=["--store", str(tmp_path / "t.db")]
-    )
-    client = CopilotClient(connection=connection, working_directory=str(tmp_path))
-    await client.start()
-    try:
-        async with ReplayServer([script]) as model:
-            session = await open_session(
-                client,
-                model,
-            )
-            await session.send("Run it")
-            async with asyncio.timeout(30):
-                # Another process writes it: there is no event to wait on.
-                while not pid_file.exists() or not pid_file.read_text().strip():  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
-            group = int(pid_file.read_text())
-            assert len(processes_in_group(group)) == 3
-            if how == "disconnect":
-                await session.disconnect()
-            else:
-                await client.stop()
-            async with asyncio.timeout(10):
-                while processes_in_group(group):  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
-    finally:
-        await client.stop()
+    client = await clients(tmp_path)
+    async with ReplayServer([script]) as model:
+        session = await open_session(
+            client,
+            model,
+        )
+        await session.send("Run it")
+        group = await written_pid(pid_file)
+        assert len(processes_in_group(group)) == 3
+        if how == "disconnect":
+            await session.disconnect()
+        else:
+            await client.stop()
+        assert await gone(group)
