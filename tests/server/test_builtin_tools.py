@@ -139,7 +139,7 @@ async def test_b8_over_tcp_the_builtin_tools_are_off_unless_the_operator_turns_t
     )
     server = start_server(tmp_path / "a.db")
     async with ReplayServer([missing]) as model:
-        client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+        client = CopilotClient(connection=server.connection())
         await client.start()
         try:
             session = await open_session(
@@ -154,21 +154,40 @@ async def test_b8_over_tcp_the_builtin_tools_are_off_unless_the_operator_turns_t
     assert "tools" not in model.requests[0] or not model.requests[0]["tools"]
 
 
-async def test_b8_over_tcp_a_working_directory_outside_the_root_is_refused(
+async def test_b8_over_tcp_a_working_directory_is_a_path_the_file_policy_decides(
     start_server: StartServer, tmp_path: Path
 ) -> None:
-    server = start_server(tmp_path / "a.db", "--builtin-tools", "on")
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
-    await client.start()
-    try:
-        with pytest.raises(Exception, match="outside the directory"):
-            await open_session(
-                client,
-                None,
-                working_directory="/",
-            )
-    finally:
-        await client.force_stop()
+    """With the built-in tools on over TCP, a session's `workingDirectory` is a path its
+    client names (spec S13): refused without `--attachments-root`, allowed inside it."""
+    inside = tmp_path / "shared" / "project"
+    inside.mkdir(parents=True)
+    (inside / "notes.txt").write_text("inside\n")
+    script = conversation(
+        user("Read"),
+        assistant(None, call("c1", "view", path="notes.txt")),
+        tool("c1", "1. inside\n2."),
+        assistant("Read it."),
+    )
+    closed = start_server(tmp_path / "a.db", "--builtin-tools", "on")
+    rooted = start_server(
+        tmp_path / "b.db", "--builtin-tools", "on", "--attachments-root", str(tmp_path / "shared")
+    )
+    for server in (closed, rooted):
+        client = CopilotClient(connection=server.connection())
+        await client.start()
+        try:
+            if server is closed:
+                with pytest.raises(Exception, match="reads no file for its clients"):
+                    await open_session(client, None, working_directory=str(inside))
+                continue
+            with pytest.raises(Exception, match="outside the directory"):
+                await open_session(client, None, working_directory=str(tmp_path))
+            async with ReplayServer([script]) as model:
+                session = await open_session(client, model, working_directory=str(inside))
+                assert text(await session.send_and_wait("Read", timeout=60)) == "Read it."
+                await session.disconnect()
+        finally:
+            await client.force_stop()
 
 
 @pytest.mark.parametrize(

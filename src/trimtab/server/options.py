@@ -126,8 +126,8 @@ class ServerOptions(BaseModel):
     """Time a message's header may take once begun (and longest pause in its body)."""
     builtin_tools: Annotated[bool | None, Flag("on|off")] = None
     """Give sessions the built-in tools (view, create, edit, bash, grep, glob), working in
-    this directory or a session's workingDirectory (under it over TCP) [default: on over
-    --stdio, off over TCP]."""
+    this directory or in a session's workingDirectory, which over TCP must be inside
+    --attachments-root [default: on over --stdio, off over TCP]."""
 
     @field_validator("store", mode="before")
     @classmethod
