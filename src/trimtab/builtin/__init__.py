@@ -23,10 +23,10 @@ from trimtab._durations import check_seconds
 from trimtab._tools import Tool
 from trimtab.builtin._ask import AskUser, ask_user_tool
 from trimtab.builtin._base import BuiltinTool, builtin
+from trimtab.builtin._directory import WorkingDirectory
 from trimtab.builtin._files import create_tool, edit_tool, view_tool
 from trimtab.builtin._search import glob_tool, grep_tool
 from trimtab.builtin._shell import bash_tool, command_environment
-from trimtab.builtin._workspace import Workspace
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -89,14 +89,14 @@ def builtin_tools(
     check_seconds("shell_timeout", shell_timeout)
     if output_limit < 1024:
         raise ValueError("output_limit must be at least 1024 bytes")
-    workspace = Workspace.at(root)
+    directory = WorkingDirectory.at(root)
     made: dict[str, Callable[[], Tool]] = {
-        "view": lambda: view_tool(workspace, output_limit),
-        "create": lambda: create_tool(workspace),
-        "edit": lambda: edit_tool(workspace),
-        "bash": lambda: bash_tool(workspace, output_limit, shell_timeout, env),
-        "grep": lambda: grep_tool(workspace, output_limit, shell_timeout),
-        "glob": lambda: glob_tool(workspace, output_limit, shell_timeout),
+        "view": lambda: view_tool(directory, output_limit),
+        "create": lambda: create_tool(directory),
+        "edit": lambda: edit_tool(directory),
+        "bash": lambda: bash_tool(directory, output_limit, shell_timeout, env),
+        "grep": lambda: grep_tool(directory, output_limit, shell_timeout),
+        "glob": lambda: glob_tool(directory, output_limit, shell_timeout),
         "report_intent": _report_intent,
     }
     return [made[name]() for name in BUILTIN_TOOLS if name in names]

@@ -1,5 +1,5 @@
 """What every built-in tool adds to a `Tool`: its permission request in the Copilot CLI's
-shape (spec B7), and paths outside the workspace refused before anyone is asked (B2)."""
+shape (spec B7), and paths outside the directory refused before anyone is asked (B2)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trimtab._tools import CallOutcome, Tool, ToolHandler
-from trimtab.builtin._workspace import Outside
+from trimtab.builtin._directory import Outside
 from trimtab.events import PermissionRequestData, ToolDefinition
 
 __all__ = ["Asks", "BuiltinTool", "Checks", "builtin"]
@@ -17,7 +17,7 @@ __all__ = ["Asks", "BuiltinTool", "Checks", "builtin"]
 Asks = Callable[[Any], dict[str, Any]]
 """The permission request's fields for a call's validated parameters (`kind` among them)."""
 Checks = Callable[[Any], object]
-"""Raises `Outside` when a call's parameters name a path outside the workspace."""
+"""Raises `Outside` when a call's parameters name a path outside the directory."""
 
 
 class BuiltinTool(Tool):
@@ -39,7 +39,7 @@ class BuiltinTool(Tool):
 
     def validate(self, arguments: Any) -> BaseModel | dict[str, Any] | CallOutcome:
         """The parameters, or why the call may not be made: invalid arguments, or a path
-        outside the workspace (`denied`, before any permission request)."""
+        outside the directory (`denied`, before any permission request)."""
         params = super().validate(arguments)
         if isinstance(params, CallOutcome) or self._checks is None:
             return params

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Outside", "Workspace"]
+__all__ = ["Outside", "WorkingDirectory"]
 
 
 class Outside(Exception):
@@ -20,7 +20,7 @@ class Outside(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Workspace:
+class WorkingDirectory:
     """The built-in tools' working directory."""
 
     root: Path
@@ -29,8 +29,8 @@ class Workspace:
     """With its symbolic links resolved: what paths are checked against."""
 
     @classmethod
-    def at(cls, root: str | os.PathLike[str]) -> Workspace:
-        """The workspace at `root`, an existing directory.
+    def at(cls, root: str | os.PathLike[str]) -> WorkingDirectory:
+        """The directory at `root`, an existing directory.
 
         Raises:
             ValueError: `root` is not an existing directory.

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trimtab._errors import ToolError
 from trimtab._tools import ToolResult
 from trimtab.builtin._base import BuiltinTool, builtin
-from trimtab.builtin._workspace import Outside, Workspace
+from trimtab.builtin._directory import Outside, WorkingDirectory
 
 __all__ = ["MAX_EDIT", "confined", "create_tool", "edit_tool", "missing", "regular", "view_tool"]
 
@@ -80,7 +80,7 @@ def regular(real: Path, shown: str) -> None:
 
 def confined(handler: Callable[[Any], str]) -> Callable[[Any], str | ToolResult]:
     """`handler`, its paths checked again as it runs (a link may have changed since the
-    call was approved): a path outside the workspace ends the call `denied`."""
+    call was approved): a path outside the working directory ends the call `denied`."""
 
     def run(params: Any) -> str | ToolResult:
         try:
@@ -91,9 +91,9 @@ def confined(handler: Callable[[Any], str]) -> Callable[[Any], str | ToolResult]
     return run
 
 
-def view_tool(workspace: Workspace, output_limit: int) -> BuiltinTool:
+def view_tool(directory: WorkingDirectory, output_limit: int) -> BuiltinTool:
     def view(params: ViewParams) -> str:
-        real, shown = workspace.resolve(params.path), workspace.shown(params.path)
+        real, shown = directory.resolve(params.path), directory.shown(params.path)
         if not os.path.lexists(real):
             raise missing(shown)
         try:
@@ -113,14 +113,14 @@ def view_tool(workspace: Workspace, output_limit: int) -> BuiltinTool:
         "a directory two levels deep.",
         ViewParams,
         confined(view),
-        asks=lambda p: _read_request(workspace, p.path, "View"),
-        checks=lambda p: workspace.resolve(p.path),
+        asks=lambda p: _read_request(directory, p.path, "View"),
+        checks=lambda p: directory.resolve(p.path),
     )
 
 
-def create_tool(workspace: Workspace) -> BuiltinTool:
+def create_tool(directory: WorkingDirectory) -> BuiltinTool:
     def create(params: CreateParams) -> str:
-        real, shown = workspace.resolve(params.path), workspace.shown(params.path)
+        real, shown = directory.resolve(params.path), directory.shown(params.path)
         if os.path.lexists(real):
             raise ToolError(f"Path {shown} already exists. Use edit to change it.")
         try:
@@ -133,7 +133,7 @@ def create_tool(workspace: Workspace) -> BuiltinTool:
         return f"Created file {shown} with {len(params.file_text)} characters"
 
     def asks(params: CreateParams) -> dict[str, Any]:
-        shown = workspace.shown(params.path)
+        shown = directory.shown(params.path)
         return _write_request(shown, f"Create {shown}", "", params.file_text) | {
             "new_file_contents": params.file_text
         }
@@ -145,13 +145,13 @@ def create_tool(workspace: Workspace) -> BuiltinTool:
         CreateParams,
         confined(create),
         asks=asks,
-        checks=lambda p: workspace.resolve(p.path),
+        checks=lambda p: directory.resolve(p.path),
     )
 
 
-def edit_tool(workspace: Workspace) -> BuiltinTool:
+def edit_tool(directory: WorkingDirectory) -> BuiltinTool:
     def edit(params: EditParams) -> str:
-        real, shown = workspace.resolve(params.path), workspace.shown(params.path)
+        real, shown = directory.resolve(params.path), directory.shown(params.path)
         before = _text(real, shown)
         after = _replaced(before, params.old_str, params.new_str, shown)
         try:
@@ -161,10 +161,10 @@ def edit_tool(workspace: Workspace) -> BuiltinTool:
         return f"File {shown} updated with changes."
 
     def asks(params: EditParams) -> dict[str, Any]:
-        shown = workspace.shown(params.path)
+        shown = directory.shown(params.path)
         request = _write_request(shown, f"Edit {shown}", "", "")
         try:
-            before = _text(workspace.resolve(params.path), shown)
+            before = _text(directory.resolve(params.path), shown)
             _replaced(before, params.old_str, params.new_str, shown)
         except (ToolError, Outside):
             return request  # the call will fail: nothing would be written
@@ -177,12 +177,12 @@ def edit_tool(workspace: Workspace) -> BuiltinTool:
         EditParams,
         confined(edit),
         asks=asks,
-        checks=lambda p: workspace.resolve(p.path),
+        checks=lambda p: directory.resolve(p.path),
     )
 
 
-def _read_request(workspace: Workspace, path: str, verb: str) -> dict[str, Any]:
-    shown = workspace.shown(path)
+def _read_request(directory: WorkingDirectory, path: str, verb: str) -> dict[str, Any]:
+    shown = directory.shown(path)
     return {"kind": "read", "path": shown, "intention": f"{verb} {shown}"}
 
 

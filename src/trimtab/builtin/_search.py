@@ -2,9 +2,10 @@
 
 Files are found as ripgrep finds them by default, less its `.gitignore` rules: hidden files
 and directories are skipped, links to directories are not followed, and binary files (a NUL
-byte in their first 8 KiB) are not searched. A file a link makes appear in the workspace but
-that lies outside it is skipped too. Paths are shown as ripgrep shows them: under the `path`
-argument as given, `./` when there is none (`./src/index.ts`); a file named directly as given.
+byte in their first 8 KiB) are not searched. A file a link makes appear in the working
+directory but that lies outside it is skipped too. Paths are shown as ripgrep shows them:
+under the `path` argument as given, `./` when there is none (`./src/index.ts`); a file named
+directly as given.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trimtab._errors import ToolError
 from trimtab.builtin._base import BuiltinTool, builtin
+from trimtab.builtin._directory import Outside, WorkingDirectory
 from trimtab.builtin._files import confined, missing, regular
-from trimtab.builtin._workspace import Outside, Workspace
 
 __all__ = ["glob_pattern", "glob_tool", "grep_tool"]
 
@@ -70,7 +71,7 @@ class GlobParams(BaseModel):
     )
 
 
-def grep_tool(workspace: Workspace, output_limit: int, time_limit: float) -> BuiltinTool:
+def grep_tool(directory: WorkingDirectory, output_limit: int, time_limit: float) -> BuiltinTool:
     def grep(params: GrepParams) -> str:
         flags = (re.IGNORECASE if params.ignore_case else 0) | (
             re.DOTALL | re.MULTILINE if params.multiline else 0
@@ -82,7 +83,7 @@ def grep_tool(workspace: Workspace, output_limit: int, time_limit: float) -> Bui
         only = glob_pattern(params.glob) if params.glob else None
         out = _Output(output_limit, params.head_limit)
         deadline = time.monotonic() + time_limit
-        for real, shown in _files(workspace, params.path, only, deadline, out):
+        for real, shown in _files(directory, params.path, only, deadline, out):
             if out.full:
                 break
             _search(real, shown, pattern, params, out)
@@ -93,17 +94,17 @@ def grep_tool(workspace: Workspace, output_limit: int, time_limit: float) -> Bui
         "Search file contents with a regular expression (ripgrep's syntax and output).",
         GrepParams,
         confined(grep),
-        asks=lambda p: _read_request(workspace, p.path, "Search"),
-        checks=lambda p: workspace.resolve(p.path or "."),
+        asks=lambda p: _read_request(directory, p.path, "Search"),
+        checks=lambda p: directory.resolve(p.path or "."),
     )
 
 
-def glob_tool(workspace: Workspace, output_limit: int, time_limit: float) -> BuiltinTool:
+def glob_tool(directory: WorkingDirectory, output_limit: int, time_limit: float) -> BuiltinTool:
     def glob(params: GlobParams) -> str:
         matcher = glob_pattern(params.pattern)
         out = _Output(output_limit, None)
         deadline = time.monotonic() + time_limit
-        for _, shown in _files(workspace, params.path, matcher, deadline, out):
+        for _, shown in _files(directory, params.path, matcher, deadline, out):
             out.add(shown)
             if out.full:
                 break
@@ -114,13 +115,13 @@ def glob_tool(workspace: Workspace, output_limit: int, time_limit: float) -> Bui
         "Find files whose path matches a glob pattern ('**' crosses directories).",
         GlobParams,
         confined(glob),
-        asks=lambda p: _read_request(workspace, p.path, "Find files in"),
-        checks=lambda p: workspace.resolve(p.path or "."),
+        asks=lambda p: _read_request(directory, p.path, "Find files in"),
+        checks=lambda p: directory.resolve(p.path or "."),
     )
 
 
-def _read_request(workspace: Workspace, path: str | None, verb: str) -> dict[str, Any]:
-    shown = workspace.shown(path or ".")
+def _read_request(directory: WorkingDirectory, path: str | None, verb: str) -> dict[str, Any]:
+    shown = directory.shown(path or ".")
     return {"kind": "read", "path": shown, "intention": f"{verb} {shown}"}
 
 
@@ -153,7 +154,7 @@ class _Output:
 
 
 def _files(
-    workspace: Workspace,
+    directory: WorkingDirectory,
     path: str | None,
     only: re.Pattern[str] | None,
     deadline: float,
@@ -161,9 +162,9 @@ def _files(
 ) -> Iterator[tuple[Path, str]]:
     """The files to search, sorted, with their shown paths."""
     given = path or "."
-    real = workspace.resolve(given)
+    real = directory.resolve(given)
     if not os.path.lexists(real):
-        raise missing(workspace.shown(given))
+        raise missing(directory.shown(given))
     if not real.is_dir():
         try:
             regular(real, given)
@@ -172,20 +173,20 @@ def _files(
         yield real, given
         return
     base = given.rstrip("/") or "/"
-    for directory, names in _walk(real):
+    for folder, names in _walk(real):
         if time.monotonic() > deadline:
             out.cut = "[the search stopped: it took too long; name a narrower path]"
             return
         for name in names:
-            file = directory / name
+            file = folder / name
             relative = file.relative_to(real).as_posix()
             if only is not None and not only.fullmatch(relative):
                 continue
             if file.is_symlink():
                 try:
-                    target = workspace.resolve(str(file))
+                    target = directory.resolve(str(file))
                 except Outside:
-                    continue  # it leads out of the workspace
+                    continue  # it leads out of the working directory
                 if not target.is_file():
                     continue
             yield file, f"{base}/{relative}"

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trimtab._errors import ToolError
 from trimtab._tools import ToolResult
 from trimtab.builtin._base import BuiltinTool, builtin
-from trimtab.builtin._workspace import Workspace
+from trimtab.builtin._directory import WorkingDirectory
 
 __all__ = ["GRACE", "bash_tool", "command_environment", "shell_request"]
 
@@ -75,11 +75,11 @@ def command_environment(base: Mapping[str, str] | None = None) -> dict[str, str]
 
 
 def bash_tool(
-    workspace: Workspace, output_limit: int, time_limit: float, env: Mapping[str, str] | None
+    directory: WorkingDirectory, output_limit: int, time_limit: float, env: Mapping[str, str] | None
 ) -> BuiltinTool:
     async def bash(params: BashParams) -> str | ToolResult:
         starting = asyncio.ensure_future(
-            _Command.start(params.command, workspace, dict(env) if env is not None else None)
+            _Command.start(params.command, directory, dict(env) if env is not None else None)
         )
         try:
             command = await asyncio.shield(starting)
@@ -150,7 +150,7 @@ class _Command:
 
     @classmethod
     async def start(
-        cls, command: str, workspace: Workspace, env: dict[str, str] | None
+        cls, command: str, directory: WorkingDirectory, env: dict[str, str] | None
     ) -> _Command:
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
@@ -161,7 +161,7 @@ class _Command:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            cwd=workspace.real,
+            cwd=directory.real,
             env=env if env is not None else command_environment(),
             start_new_session=True,
         )
