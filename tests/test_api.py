@@ -235,6 +235,20 @@ def test_example_01_runs_offline() -> None:
     assert second_request in done.stdout
 
 
+def test_b1_example_05_reads_edits_and_tests_code_offline() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "05_builtin_tools.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.count("[asked] shell: ") == 2
+    assert "[asked] write: " in done.stdout and "[edit] success" in done.stdout
+    assert "last test run: ['test passed', '<exited with exit code 0>']" in done.stdout
+    assert "calc.py now: return a + b" in done.stdout
+
+
 def test_event_type_names_every_event_model_and_nothing_else() -> None:
     """`on()` checks names against `EventType`: a model added without its name there could
     not be subscribed to, and a stale name would be accepted and never delivered."""

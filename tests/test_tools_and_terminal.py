@@ -69,7 +69,7 @@ async def test_t2_terminal_tool_denied_by_permission_goes_back_to_the_model(clie
     assert reply is not None and reply.data.content == "ok, not done"
     assert roles(model, 1)[-1] == (
         "tool",
-        "Permission denied and could not request permission from user.",
+        "Permission denied and could not request permission from user",
     )
 
 

@@ -21,6 +21,7 @@ from trimtab._session import QueuedCommand, QueuedMessage, Session
 from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
 from trimtab._window import ContextMessage, ContextWindow
 from trimtab._workspace import Checkpoint, PathInfo, Workspace, WorkspaceError
+from trimtab.builtin import builtin_tools
 from trimtab.events import Event
 
 __version__ = "0.1.0"
@@ -58,5 +59,6 @@ __all__ = [
     "TruncateResult",
     "Workspace",
     "WorkspaceError",
+    "builtin_tools",
     "define_tool",
 ]

@@ -58,6 +58,7 @@ __all__ = [
     "PermissionCompletedData",
     "PermissionCompletedEvent",
     "PermissionRequestData",
+    "PossibleUrl",
     "PermissionRequestedData",
     "PermissionRequestedEvent",
     "PermissionResultData",
@@ -89,6 +90,7 @@ __all__ = [
     "SessionWarningEvent",
     "SessionWorkspaceFileChangedEvent",
     "SessionWorkspacePathChangedEvent",
+    "ShellCommand",
     "ToolCall",
     "ToolDefinition",
     "ToolExecutionCompleteData",
@@ -390,9 +392,23 @@ class ExternalToolCompletedData(WireModel):
     request_id: str
 
 
+class ShellCommand(WireModel):
+    """A command a `shell` permission request names (the Copilot protocol's shape)."""
+
+    identifier: str
+    """The command's name, as the command line spells it (`git`, `./run.sh`)."""
+    read_only: bool = False
+    """trimtab claims no command read-only: always false (spec B7)."""
+
+
+class PossibleUrl(WireModel):
+    url: str
+
+
 class PermissionRequestData(WireModel):
-    kind: Literal["custom-tool", "mcp"] = "custom-tool"
-    """`mcp` for a tool of an MCP server, whose request also names the server."""
+    kind: Literal["custom-tool", "mcp", "read", "write", "shell"] = "custom-tool"
+    """`mcp` for a tool of an MCP server, whose request also names the server; `read`,
+    `write` and `shell` for the built-in tools (spec B7), in the Copilot CLI's shapes."""
     tool_name: str
     """The tool's name; for `mcp`, as its server names it (not the session-wide name)."""
     tool_description: str = ""
@@ -406,6 +422,28 @@ class PermissionRequestData(WireModel):
     """`mcp`: the server says the tool changes nothing (`readOnlyHint`)."""
     request_id: str | None = None
     """The id of the `permission.requested` event that asks it: what an answer names."""
+    intention: str | None = None
+    """`read`, `write`, `shell`: what the call is for, in a few words."""
+    path: str | None = None
+    """`read`: the file or directory read."""
+    file_name: str | None = None
+    """`write`: the file written."""
+    diff: str | None = None
+    """`write`: the change, as a unified diff."""
+    new_file_contents: str | None = None
+    """`write`: a created file's whole text."""
+    full_command_text: str | None = None
+    """`shell`: the command line as the model wrote it."""
+    commands: list[ShellCommand] | None = None
+    """`shell`: the commands the command line runs."""
+    possible_paths: list[str] | None = None
+    """`shell`: words of the command line that look like paths."""
+    possible_urls: list[PossibleUrl] | None = None
+    """`shell`: words of the command line that look like URLs."""
+    has_write_file_redirection: bool | None = None
+    """`shell`: the command line redirects output into a file."""
+    can_offer_session_approval: bool | None = None
+    """`write`, `shell`: whether a client may offer to approve the tool for the session."""
 
 
 class PermissionRequestedData(WireModel):

@@ -49,14 +49,16 @@ CLAIMED = frozenset(
         "requestPermission",
         "hooks",
         "mcpServers",
+        "workingDirectory",
+        "requestUserInput",
     }
 )
-"""The official client's fields the spec says trimtab honours (D1, D9, D10, D12, D15, MCP9)."""
+"""The official client's fields the spec says trimtab honours (D1, D9, D10, D12, D15, MCP9,
+B8, B9)."""
 
 NOT_TAKEN = frozenset(
     {
-        # Where the session runs, and what it reads from disk: the Copilot CLI's workspace.
-        "workingDirectory",
+        # What the session reads from disk: the Copilot CLI's workspace.
         "additionalDirectories",
         "configDir",
         "trustWorkingDirectory",
@@ -93,7 +95,6 @@ NOT_TAKEN = frozenset(
         "autopilot",
         "sessionLimits",
         # Questions the runtime may ask the client, and UI extensions.
-        "requestUserInput",
         "askUserVariant",
         "requestElicitation",
         "requestExitPlanMode",

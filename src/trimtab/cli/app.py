@@ -52,7 +52,8 @@ def _provider_options(command: F) -> F:
         click.option(
             "--tools",
             metavar="SET",
-            help="'demo': calculator, current_time and clear_context; 'none' (default).",
+            help="'builtin': view, create, edit, bash, grep and glob in the current directory;"
+            " 'demo': calculator, current_time and clear_context; 'none' (default).",
         ),
         click.option(
             "--system", "system_message", metavar="TEXT", help="System message of new sessions."

@@ -22,7 +22,10 @@ from trimtab import (
     Event,
     Session,
     SessionNotFoundError,
+    Tool,
+    builtin_tools,
 )
+from trimtab.builtin import BUILTIN_TOOLS
 from trimtab.cli.config import Resolved
 from trimtab.cli.demo_tools import DEMO_TOOL_NAMES, demo_tools
 from trimtab.cli.errors import EXIT_USAGE, CliError
@@ -178,7 +181,7 @@ class SessionHost:
         config = self._resolved.config
         options = {
             **self._provider_options(choice),
-            **self._common_options(bridge, demo=config.tools == "demo"),
+            **self._common_options(bridge, config.tools),
             "max_turns": config.max_turns,
             "mcp_servers": config.mcp_servers or None,
             "system_message": config.system_message or None,
@@ -202,14 +205,15 @@ class SessionHost:
         persisted = persisted_config(self._portal.call(self.store.read(session_id)))
         given, provider = self._resume_provider(persisted)
         resolved = self._resolved
-        demo = resolved.config.tools == "demo" or (
-            not resolved.is_set("tools")
-            and bool(persisted.tools)
-            and {tool.name for tool in persisted.tools} <= DEMO_TOOL_NAMES
-        )
+        tools = resolved.config.tools
+        if not resolved.is_set("tools") and persisted.tools:
+            # Resumed without --tools: the session keeps the set it was created with.
+            names = {tool.name for tool in persisted.tools}
+            tools = "demo" if names <= DEMO_TOOL_NAMES else tools
+            tools = "builtin" if names <= set(BUILTIN_TOOLS) else tools
         options = {
             **given,
-            **self._common_options(bridge, demo=demo),
+            **self._common_options(bridge, tools),
             # Else the session keeps its own.
             "max_turns": resolved.config.max_turns if resolved.is_set("max_turns") else None,
             "mcp_servers": resolved.config.mcp_servers or None,
@@ -243,11 +247,16 @@ class SessionHost:
         return self._provider_options(choice), choice.name
 
     @staticmethod
-    def _common_options(bridge: TerminalBridge, *, demo: bool) -> dict[str, Any]:
+    def _common_options(bridge: TerminalBridge, tools: str) -> dict[str, Any]:
         # Tools are code, not logged: they are passed on every open. An empty list also tells
         # a resumed session not to offer the model tools this process cannot run.
+        chosen: list[Tool] = []
+        if tools == "demo":
+            chosen = demo_tools()
+        elif tools == "builtin":
+            chosen = [*builtin_tools(os.getcwd())]
         return {
-            "tools": demo_tools() if demo else [],
+            "tools": chosen,
             "on_permission_request": bridge.permission_handler,
             "streaming": True,
         }

@@ -250,6 +250,10 @@ class SessionOptionsParams(SessionParams):
     default_agent: DefaultAgent | None = None
     infinite_sessions: WireInfiniteSessions | None = None
     request_permission: bool = False
+    request_user_input: bool = False
+    """The client answers `userInput.request`: the session gets `ask_user` (spec B9)."""
+    working_directory: str | None = None
+    """Where the session's built-in tools work (spec B8)."""
     hooks: StrictBool = False  # not "yes"
     mcp_servers: Json | None = None
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""

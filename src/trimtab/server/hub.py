@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from trimtab import Client, Session, SessionNotFoundError, Tool
+from trimtab import Client, Session, SessionNotFoundError, Tool, ToolError
 from trimtab._keyed_locks import KeyedLocks
 from trimtab.events import Event, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
 from trimtab.server.auth import ANYONE, Identity
+from trimtab.server.builtins import session_builtins
 from trimtab.server.hooks import ClientHooks
 from trimtab.server.options import PENDING_TIMEOUT
 from trimtab.server.policy import HostPolicy
@@ -127,6 +128,8 @@ class SharedSession:
             self._offer()
         if params.hooks and self.hooks is not None:
             self.hooks.target = peer
+        if params.request_user_input:
+            self.questions.asker = peer
 
     def _offer(self) -> None:
         """Offer the model the tools of every joined connection (the first one's, of a name
@@ -159,6 +162,8 @@ class SharedSession:
         # The last one out keeps the hooks until the session is let go (sessionEnd).
         if self.hooks is not None and self.hooks.target is peer and self.peers:
             self.hooks.target = None
+        if self.questions.asker is peer:
+            self.questions.asker = None
         if grace is None:
             self.questions.abandon_unprovided()
         else:
@@ -266,6 +271,8 @@ class SessionHub:
         # Checked before anything is closed or opened; what the host policy refuses is
         # refused before anything else (spec S15).
         options = self.policy.check_session(params.options())
+        ask = partial(self._ask_user, session_id)
+        builtins = session_builtins(self.policy, params, ask)  # refused here too (S13)
         async with self._locks.hold(session_id):
             shared = self._open.get(session_id)
             if shared is not None:
@@ -297,9 +304,12 @@ class SessionHub:
             # the client, and its system message is composed here.
             made: dict[str, Any] = {
                 "tools": [
-                    questions.tool(t.definition())
-                    for t in params.tools or ()
-                    if params.offers(t.name)
+                    *(
+                        questions.tool(t.definition())
+                        for t in params.tools or ()
+                        if params.offers(t.name)
+                    ),
+                    *builtins,
                 ],
                 "on_permission_request": questions.ask_permission,
                 "hooks": None if hooks is None else hooks.handlers(),
@@ -331,6 +341,15 @@ class SessionHub:
 
     def _updated(self, session_id: str, *, owner: str | None) -> None:
         self._lifecycle("session.updated", session_id, owner)
+
+    async def _ask_user(
+        self, session_id: str, question: str, choices: list[str], allow_freeform: bool
+    ) -> tuple[str, bool]:
+        """`ask_user` of the session open here under that id: its client's user answers."""
+        shared = self._open.get(session_id)
+        if shared is None:
+            raise ToolError("No connected client answers questions to the user.")
+        return await shared.questions.ask_user(question, choices, allow_freeform)
 
     async def release(self, peer: Connection, session_id: str, *, linger: bool = False) -> None:
         """Detach `peer`; the last one out disconnects the session (its log stays).

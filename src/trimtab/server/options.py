@@ -124,6 +124,10 @@ class ServerOptions(BaseModel):
     """Time the tool calls a dropped client left unanswered wait for a resuming one."""
     frame_timeout: Seconds = 10.0
     """Time a message's header may take once begun (and longest pause in its body)."""
+    builtin_tools: Annotated[bool | None, Flag("on|off")] = None
+    """Give sessions the built-in tools (view, create, edit, bash, grep, glob), working in
+    this directory or in a session's workingDirectory, which over TCP must be inside
+    --attachments-root [default: on over --stdio, off over TCP]."""
 
     @field_validator("store", mode="before")
     @classmethod

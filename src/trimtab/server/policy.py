@@ -107,7 +107,7 @@ class HostPolicy(BaseModel):
             files=files,
             files_root=root,
             allowed_hosts=tuple(map(_allowed_host, options.allowed_host)),
-            builtin_tools=not socket,
+            builtin_tools=not socket if options.builtin_tools is None else options.builtin_tools,
         )
 
     # --- sessions --------------------------------------------------------------------------
