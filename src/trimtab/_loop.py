@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
-from trimtab._compaction import fit_window, request_tokens
+from trimtab._compaction import fit_window, raw_request_tokens, recover_overflow
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
 from trimtab._hooks import SUPPRESSED, Hooks
 from trimtab._permissions import (
@@ -356,6 +356,8 @@ async def _reply(
     abort during it still stores the end, not to be stored again). The calls it makes, or
     None when the model failed (`result.error` says how)."""
     answer = await _answer(ctx, log, message_id, turn_id)
+    if _too_long(answer) and await recover_overflow(ctx, log):
+        answer = await _answer(ctx, log, message_id, turn_id)  # once (spec X2)
     if isinstance(answer, SessionErrorEvent):
         result.error = answer
         return None
@@ -374,12 +376,15 @@ async def _answer(
     """The model's answer as the events that record it (the reply, its usage and the
     request's size, stored in one append) and the calls it makes; or the error that ends
     the run."""
-    # The window as the request has it; `session.usage_info` is made of it once answered.
-    limit, tokens = ctx.limits.context_window, request_tokens(ctx, log.state)
-    length = len(log.state.window())
+    # The window as the request has it; `session.usage_info` is made of it once answered,
+    # in the model's tokens as calibrated so far (X1).
+    state = log.state
+    limit, estimated = ctx.limits.context_window, raw_request_tokens(ctx, state)
+    tokens = round(estimated * state.token_ratio(ctx.usage_model))
+    length = len(state.window())
     reply_id = new_id()
     try:
-        response, duration = await _call_model(ctx, log, reply_id, tokens)
+        response, duration = await _call_model(ctx, log, reply_id, estimated)
     except ProviderError as exc:
         text = valid_text(exc.message)
         return _error_event(exc.error_type, text, exc.status_code, exc.retryable, message_id)
@@ -408,12 +413,13 @@ async def _answer(
         reasoning_text=valid_text(response.reasoning) if response.reasoning else None,
     )
     usage = AssistantUsageData(
-        model=model or ctx.provider.name,
+        model=ctx.usage_model,
         input_tokens=response.usage.input_tokens,
         output_tokens=response.usage.output_tokens,
         duration=duration,
         finish_reason=response.finish_reason,
         reasoning_effort=ctx.config.reasoning_effort,
+        estimated_tokens=estimated,
     )
     info = UsageInfoData(token_limit=limit, current_tokens=tokens, messages_length=length)
     events = (
@@ -422,6 +428,11 @@ async def _answer(
         SessionUsageInfoEvent(data=info),
     )
     return events, calls
+
+
+def _too_long(answer: object) -> bool:
+    """The model refused the request as longer than its context (spec X2)."""
+    return isinstance(answer, SessionErrorEvent) and answer.data.error_type == "context_length"
 
 
 def turn_start(turn_id: str, model: str | None) -> AssistantTurnStartEvent:

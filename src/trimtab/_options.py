@@ -22,7 +22,15 @@ from trimtab._hooks import SessionHooks
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._tools import Tool
 from trimtab._toolsearch import TOOL_SEARCH
-from trimtab.events import InfiniteSessions, ModelLimits, SessionConfigData, ToolSearch
+from trimtab.events import (
+    ContextOverflow,
+    Handoff,
+    InfiniteSessions,
+    ModelLimits,
+    Recall,
+    SessionConfigData,
+    ToolSearch,
+)
 from trimtab.providers import Provider
 
 __all__ = [
@@ -102,6 +110,16 @@ class SessionOptions(BaseModel):
     """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
     max_turns: Annotated[int, Strict()] | None = None  # not True, nor 2.0
     """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
+    context_overflow: ContextOverflow | None = None
+    """A model call refused as longer than the model's context: `"compact"` (the default)
+    compacts the window and retries once, `"drop"` drops its oldest turns and retries once,
+    `"fail"` ends the run (spec X2)."""
+    handoff: Handoff | None = None
+    """Hand the work to a fresh window past a share of the context instead of compacting:
+    `{"threshold": 0.6}` (spec X5). Off by default."""
+    recall: Recall | None = None
+    """The built-in `recall` tool, to search the session's cleared and compacted history:
+    `{"enabled": True}` (spec X7). Off by default."""
     hooks: Annotated[SessionHooks | None, IN_PROCESS] = Field(default=None, exclude=True)
     """The Copilot SDK's session hooks: `{"on_pre_tool_use": handler, ...}` (see `_hooks`)."""
     mcp_servers: dict[str, dict[str, Any]] | None = None

@@ -53,6 +53,12 @@ class RunContext:
     def session_id(self) -> str:
         return self.session.session_id
 
+    @property
+    def usage_model(self) -> str:
+        """The model a call's `assistant.usage` names, by which the estimate is calibrated
+        (spec X1): the session's model, else its provider's name."""
+        return self.config.model or self.provider.name
+
     def invocation(
         self, call: ToolCall, arguments: object, request_id: str | None = None
     ) -> ToolInvocation:

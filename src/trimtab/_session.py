@@ -254,7 +254,8 @@ class Session:
     def get_context(self) -> ContextWindow:
         """What the model will see next, with token counts, so a host can inspect its budget."""
         ctx = self._runner.context()
-        return context_window(self.window(), list(ctx.shown), ctx.limits.context_window)
+        ratio = self._log.state.token_ratio(ctx.usage_model)
+        return context_window(self.window(), list(ctx.shown), ctx.limits.context_window, ratio)
 
     async def get_events(self, *, after: int = 0) -> list[Event]:
         """The persisted log, oldest first; with `after`, the events past its first `after`."""

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict
 
+from trimtab import _calibration
 from trimtab._permissions import APPROVED_FOR_SESSION
 from trimtab._window import Projection, estimate_tokens, head
 from trimtab.events import (
@@ -24,6 +25,7 @@ from trimtab.events import (
     AssistantMessageEvent,
     AssistantTurnEndEvent,
     AssistantTurnStartEvent,
+    AssistantUsageData,
     AssistantUsageEvent,
     Event,
     Message,
@@ -39,6 +41,7 @@ from trimtab.events import (
     SessionStartEvent,
     SessionTitleChangedEvent,
     SessionTruncatedEvent,
+    SessionWarningEvent,
     ToolExecutionCompleteEvent,
     ToolExecutionStartData,
     ToolExecutionStartEvent,
@@ -104,6 +107,7 @@ class StateSnapshot(BaseModel):
     name: str | None = None
     name_auto: bool = False
     mode: SessionMode = "interactive"
+    ratios: dict[str, tuple[float, int]] = {}
 
 
 @dataclass(slots=True)
@@ -147,6 +151,8 @@ class SessionState:
     """Whether that name came from a summary (`set_auto_name`), not from the user."""
     mode: SessionMode = "interactive"
     """The agent's mode, as last set (`session.mode_changed`)."""
+    ratios: _calibration.Ratios = field(default_factory=lambda: _calibration.NONE)
+    """What each model counts per token of the window's estimate (spec X1)."""
 
     def apply(self, event: Event) -> bool:
         """Advance the state by one persisted event; True when the event ended a run."""
@@ -186,6 +192,9 @@ class SessionState:
                     used_in + (event.data.input_tokens or 0),
                     used_out + (event.data.output_tokens or 0),
                 )
+                self._calibrate(event)
+            case SessionWarningEvent() if event.data.warning_type == "context_length":
+                self._calibrate(event)
             case PermissionCompletedEvent() if event.data.result.kind == APPROVED_FOR_SESSION:
                 start = self.unfinished_calls.get(event.data.tool_call_id or "")
                 if start is not None:
@@ -233,6 +242,18 @@ class SessionState:
                 pass
         return False
 
+    def _calibrate(self, event: AssistantUsageEvent | SessionWarningEvent) -> None:
+        """Fold a model call's size, or a refusal as too long, into the model's ratio (X1)."""
+        data = event.data
+        if isinstance(data, AssistantUsageData):
+            self.ratios = _calibration.observed(
+                self.ratios, data.model, data.estimated_tokens, data.input_tokens
+            )
+        else:
+            self.ratios = _calibration.overflowed(
+                self.ratios, data.model or "", data.estimated_tokens, data.token_limit
+            )
+
     def _call_ended(self, call_id: str) -> None:
         if call_id in self.unfinished_calls:
             calls = {k: v for k, v in self.unfinished_calls.items() if k != call_id}
@@ -258,6 +279,10 @@ class SessionState:
         """The messages of the next model call: system, developer, the start context (D13),
         then the conversation."""
         return [*self._fixed(), *self.base, *self.projection.messages()]
+
+    def token_ratio(self, model: str) -> float:
+        """What `model` counts per token of the window's estimate (spec X1)."""
+        return _calibration.ratio(self.ratios, model)
 
     def window_tokens(self) -> int:
         """`estimate_tokens(self.window())`, without a pass over the conversation: every
@@ -301,6 +326,7 @@ class SessionState:
             name=self.name,
             name_auto=self.name_auto,
             mode=self.mode,
+            ratios=dict(self.ratios),
         )
 
     @classmethod
@@ -326,6 +352,7 @@ class SessionState:
             name=snapshot.name,
             name_auto=snapshot.name_auto,
             mode=snapshot.mode,
+            ratios=snapshot.ratios or _calibration.NONE,
         )
 
 

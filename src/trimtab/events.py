@@ -35,6 +35,7 @@ __all__ = [
     "CompactionCompleteData",
     "CompactionStartData",
     "ContextClearedData",
+    "ContextOverflow",
     "Event",
     "EventAdapter",
     "EVENT_TYPES",
@@ -43,6 +44,7 @@ __all__ = [
     "ExternalToolCompletedEvent",
     "ExternalToolRequestedData",
     "ExternalToolRequestedEvent",
+    "Handoff",
     "Image",
     "InfiniteSessions",
     "InfoData",
@@ -65,6 +67,7 @@ __all__ = [
     "PermissionsChangedData",
     "PlanChangedData",
     "PlanOperation",
+    "Recall",
     "SessionConfigData",
     "SessionCompactionCompleteEvent",
     "SessionCompactionStartEvent",
@@ -229,6 +232,31 @@ class ToolSearch(WireModel):
     defer_threshold: int = Field(default=30, ge=0)
 
 
+class Handoff(WireModel):
+    """The handoff policy (spec X5): past `threshold` of the model's context window, the
+    session hands its work to a fresh window (a note by its model and the pending request)
+    instead of compacting."""
+
+    threshold: float = Field(gt=0, le=1)
+    """Hand off when the next request would use more than this share of the context window."""
+
+
+class Recall(WireModel):
+    """The built-in `recall` tool (spec X7): the model may search the session's earlier
+    windows (cleared, compacted away) by text."""
+
+    enabled: bool = True
+    max_results: int = Field(default=5, ge=1, le=50)
+    """Excerpts one search returns at most, newest first."""
+    max_chars: int = Field(default=600, ge=40, le=20_000)
+    """Characters of one excerpt at most."""
+
+
+ContextOverflow = Literal["compact", "drop", "fail"]
+"""What a model call refused as longer than the model's context does (spec X2): compact the
+window and retry once, drop its oldest turns and retry once, or end the run."""
+
+
 DEFAULT_MAX_TURNS = 100
 """Model calls per run before it is stopped: far more than a task needs, and a bound on a model
 that calls tools forever (the seeded run after a clear counts afresh)."""
@@ -255,6 +283,12 @@ class SessionConfigData(WireModel):
     tool_search: ToolSearch = Field(default_factory=ToolSearch)
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)
     """The most model calls one run may make before it ends in a `max_turns` error."""
+    context_overflow: ContextOverflow = "compact"
+    """What a call the model refuses as too long does (spec X2)."""
+    handoff: Handoff | None = None
+    """The handoff policy (spec X5); None: off."""
+    recall: Recall | None = None
+    """The built-in `recall` tool (spec X7); None: off."""
 
 
 class SessionStartData(WireModel):
@@ -338,6 +372,9 @@ class AssistantUsageData(WireModel):
     finish_reason: str | None = None
     reasoning_effort: str | None = None
     """The effort the call asked of the model (spec D12); None: the model's default."""
+    estimated_tokens: int | None = None
+    """The request's size by the window's estimate, uncalibrated: set beside
+    `input_tokens`, it calibrates the estimate for this model (spec X1)."""
 
 
 class ToolExecutionStartData(WireModel):
@@ -515,6 +552,12 @@ class TruncatedData(WireModel):
 class WarningData(WireModel):
     warning_type: str
     message: str
+    model: str | None = None
+    """A `context_length` warning's model (spec X2), with the refused request's
+    `estimated_tokens` (uncalibrated) and the model's `token_limit`: what calibrates the
+    estimate from a refusal (X1)."""
+    estimated_tokens: int | None = None
+    token_limit: int | None = None
 
 
 class InfoData(WireModel):

@@ -1,0 +1,236 @@
+"""Long sessions under the host's control (spec section 14): the estimate calibrated from what
+models report (X1), a refused request compacted and retried (X2), a turn too large for any
+window cut to fit (X3)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import Recorder, echo_tool, open_session
+from trimtab import Client, ProviderError, SessionError
+from trimtab._calibration import MAX_RATIO, MIN_RATIO, NONE, observed, overflowed, ratio
+from trimtab._compaction import COMPACTION_PROMPT
+from trimtab._state import state_of
+from trimtab._window import estimate_tokens
+from trimtab.providers import ModelRequest, ModelResponse, ToolCall, Usage
+from trimtab.testing import ScriptedModel, tool_call
+
+
+def estimated(request: ModelRequest) -> int:
+    """A request's size by the window's estimate: what the runtime logs for it (X1)."""
+    return (
+        estimate_tokens(request.messages)
+        + sum(len(t.model_dump_json()) for t in request.tools) // 4
+    )
+
+
+def is_summary(request: ModelRequest) -> bool:
+    return request.messages[0].content.startswith(COMPACTION_PROMPT[:40])
+
+
+class Counted:
+    """A model whose tokenizer counts `ratio` times the window's estimate, and that refuses a
+    request past `limit` of them as a real provider does (`context_length`)."""
+
+    def __init__(
+        self, limit: int, ratio: float, reply: Callable[[ModelRequest], Any] | None = None
+    ):
+        self.limit, self.ratio = limit, ratio
+        self.reply = reply or (lambda request: "SUMMARY" if is_summary(request) else "ok")
+        self.refused: list[int] = []
+
+    def __call__(self, request: ModelRequest) -> Any:
+        tokens = math.ceil(estimated(request) * self.ratio)
+        if tokens > self.limit:
+            self.refused.append(tokens)
+            return ProviderError(
+                "context_length",
+                f"maximum context length is {self.limit} tokens; the request has {tokens}",
+                status_code=400,
+            )
+        answer = self.reply(request)
+        usage = Usage(input_tokens=tokens, output_tokens=len(str(answer)) // 4 + 1)
+        if isinstance(answer, ToolCall):
+            return ModelResponse(tool_calls=(answer,), usage=usage, finish_reason="tool_calls")
+        return ModelResponse(content=answer, usage=usage, finish_reason="stop")
+
+
+# --- X1: calibration ---------------------------------------------------------------------
+
+
+def test_x1_ratio_folds_observations_with_bounded_weight() -> None:
+    ratios = observed(NONE, "m", 100, 200)
+    assert ratio(ratios, "m") == 2.0 and ratio(ratios, "other") == 1.0
+    ratios = observed(ratios, "m", 100, 100)  # the second weighs a half
+    assert ratio(ratios, "m") == 1.5
+    for _ in range(20):  # then a quarter each: it follows a change within a few calls
+        ratios = observed(ratios, "m", 100, 120)
+    assert ratio(ratios, "m") == pytest.approx(1.2, abs=0.01)
+    assert observed(ratios, "m", 100, 0) == ratios  # a provider that reported nothing
+    assert observed(ratios, "m", None, 50) == ratios  # a call logged before calibration
+    assert ratio(observed(NONE, "m", 10, 10_000), "m") == MAX_RATIO
+    assert ratio(observed(NONE, "m", 10_000, 10), "m") == MIN_RATIO
+
+
+def test_x1_a_refusal_raises_the_ratio_to_explain_it_and_never_lowers_it() -> None:
+    ratios = overflowed(NONE, "m", 1000, 1500)
+    assert ratio(ratios, "m") == pytest.approx(1.65)  # 1.1 x the least that explains it
+    assert overflowed(ratios, "m", 1000, 1000) == ratios
+
+
+async def test_x1_estimate_calibrated_from_reported_usage_and_kept_on_resume(
+    client: Client,
+) -> None:
+    """The model counts twice the estimate: after one call the session knows it, compacts
+    where the model's count (not the estimate) passes the threshold, and a resume (replay)
+    keeps what it learned."""
+    counted = Counted(limit=10**6, ratio=2.0)
+    model = ScriptedModel(then=counted)
+    session = await open_session(client, model, model_limits={"context_window": 4_000})
+    prompt = "word " * 800  # ~1,000 tokens by the estimate, 2,000 by the model's count
+    await session.send_and_wait(prompt)
+    assert session.get_context().token_ratio == pytest.approx(2.0, abs=0.01)
+    usage = [e.data for e in await session.get_events() if e.type == "assistant.usage"]
+    assert usage[0].estimated_tokens == estimated(model.requests[0])
+
+    rec = Recorder(session)
+    await session.send_and_wait(prompt)  # ~2,000 by the estimate: 4,000 by the count
+    types = rec.types
+    assert "session.compaction_complete" in types
+    assert types.index("session.compaction_complete") < types.index("assistant.turn_start")
+    assert is_summary(model.requests[1])
+
+    learned = session.get_context().token_ratio
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+    assert resumed.get_context().token_ratio == learned
+    assert state_of(await resumed.get_events()).token_ratio("scripted") == learned
+
+
+async def test_x1_without_calibration_the_same_session_would_not_compact(client: Client) -> None:
+    """The control of the test above: a model that counts as the estimate does."""
+    model = ScriptedModel(then=Counted(limit=10**6, ratio=1.0))
+    session = await open_session(client, model, model_limits={"context_window": 4_000})
+    await session.send_and_wait("word " * 800)
+    await session.send_and_wait("word " * 800)
+    assert not any(is_summary(r) for r in model.requests)
+
+
+# --- X2: a refused request --------------------------------------------------------------
+
+
+async def history(session: Any, counted: Counted, turns: int = 3) -> None:
+    """Turns that fill the window to ~1,900 tokens while the model counts as the estimate."""
+    for _ in range(turns):
+        await session.send_and_wait("fact " * 480)
+
+
+async def test_x2_refused_request_is_compacted_and_retried_once(client: Client) -> None:
+    counted = Counted(limit=3_000, ratio=1.0)
+    model = ScriptedModel(then=counted)
+    session = await open_session(client, model, model_limits={"context_window": 3_000})
+    await history(session, counted)
+    counted.ratio = 1.6  # the conversation turns to text the estimate undercounts
+    rec = Recorder(session)
+
+    reply = await session.send_and_wait("fact " * 240)
+
+    assert reply is not None and reply.data.content == "ok"
+    assert len(counted.refused) == 1
+    types = [t for t in rec.types if t != "assistant.message_delta"]
+    start = types.index("assistant.turn_start")
+    assert types[start + 1 : start + 3] == ["session.warning", "session.compaction_start"]
+    assert types.index("session.compaction_complete") < types.index("assistant.message")
+    warning = rec.of("session.warning")[0].data
+    assert warning.warning_type == "context_length" and warning.token_limit == 3_000
+    assert warning.estimated_tokens == estimated(model.requests[-3])  # the refused request
+    assert session.get_context().token_ratio >= 1.1 * 3_000 / warning.estimated_tokens - 0.01
+    assert [is_summary(r) for r in model.requests[-3:]] == [False, True, False]
+    assert not rec.of("session.error")
+
+
+async def test_x2_a_second_refusal_ends_the_run(client: Client) -> None:
+    refusal = ProviderError("context_length", "too long", status_code=400)
+    model = ScriptedModel(["a", "b", refusal, "SUMMARY", refusal])
+    session = await open_session(client, model)
+    await session.send_and_wait("one")
+    await session.send_and_wait("two")
+    rec = Recorder(session)
+    with pytest.raises(SessionError, match="context_length"):
+        await session.send_and_wait("three")
+    warnings = [e.data.warning_type for e in rec.of("session.warning")]
+    assert warnings[0] == "context_length" and warnings.count("context_length") == 1
+    assert rec.types[-2:] == ["session.error", "session.idle"]
+    model.assert_done()
+
+
+async def test_x2_policy_fail_ends_the_run_at_once(client: Client) -> None:
+    model = ScriptedModel([ProviderError("context_length", "too long", status_code=400)])
+    session = await open_session(client, model, context_overflow="fail")
+    rec = Recorder(session)
+    with pytest.raises(SessionError, match="context_length"):
+        await session.send_and_wait("hello")
+    assert not rec.of("session.warning") and len(model.requests) == 1
+
+
+async def test_x2_policy_drop_drops_the_oldest_turns_without_a_summary(client: Client) -> None:
+    counted = Counted(limit=3_000, ratio=1.0)
+    model = ScriptedModel(then=counted)
+    session = await open_session(
+        client, model, model_limits={"context_window": 3_000}, context_overflow="drop"
+    )
+    await history(session, counted)
+    counted.ratio = 1.6
+    rec = Recorder(session)
+    await session.send_and_wait("fact " * 240)
+    assert not any(is_summary(r) for r in model.requests)
+    complete = rec.of("session.compaction_complete")[0].data
+    assert complete.messages_removed > 0 and complete.summary_content is None
+    retried = model.requests[-1].messages
+    assert retried[-1].content == "fact " * 240 and len(retried) < len(model.requests[-2].messages)
+
+
+async def test_x2_the_policy_is_logged_and_kept_on_resume(client: Client) -> None:
+    session = await open_session(client, ScriptedModel(), context_overflow="drop")
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+    assert resumed.config.context_overflow == "drop"
+    with pytest.raises(ValueError, match="context_overflow"):
+        await open_session(client, ScriptedModel(), context_overflow="retry")
+
+
+# --- X3: a turn larger than any window ---------------------------------------------------
+
+
+async def test_x3_a_result_larger_than_the_context_is_cut_to_fit(client: Client) -> None:
+    """A tool's result four times the context: the oldest turns go, then the result's text
+    is cut from its end (its call and result stay paired), and the run goes on."""
+    big = tool_call("echo", {"text": "R" * 32_000}, id="big")
+    counted = Counted(limit=2_000, ratio=1.0, reply=lambda r: "ok" if len(r.messages) > 2 else big)
+    model = ScriptedModel(then=counted)
+    session = await open_session(
+        client,
+        model,
+        echo_tool(),
+        model_limits={"context_window": 2_000},
+        infinite_sessions={"enabled": False},
+        context_overflow="drop",
+    )
+    rec = Recorder(session)
+    reply = await session.send_and_wait("read the big file")
+    assert reply is not None and reply.data.content == "ok"
+    retried = model.requests[-1].messages
+    assert [m.role for m in retried] == ["system", "assistant", "tool"]
+    assert retried[1].tool_calls[0].id == retried[2].tool_call_id
+    assert retried[2].content.startswith("R" * 1_000)
+    assert retried[2].content.endswith("characters cut: the context window could not hold them]")
+    assert estimated(model.requests[-1]) <= 2_000 * 0.8
+    warnings = [e.data.message for e in rec.of("session.warning")]
+    assert any("characters of its newest turn were cut" in text for text in warnings)
+    # The log keeps the whole result; only the window holds it cut.
+    result = next(e for e in await session.get_events() if e.type == "tool.execution_complete")
+    assert result.data.result is not None and len(result.data.result.content) == 32_000
