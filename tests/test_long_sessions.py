@@ -234,3 +234,107 @@ async def test_x3_a_result_larger_than_the_context_is_cut_to_fit(client: Client)
     # The log keeps the whole result; only the window holds it cut.
     result = next(e for e in await session.get_events() if e.type == "tool.execution_complete")
     assert result.data.result is not None and len(result.data.result.content) == 32_000
+
+
+# --- X4: a clear the host makes between runs ---------------------------------------------
+
+SEED = "Reply with exactly FRESH_CONTEXT."
+
+
+async def test_x4_host_clear_while_idle_commits_with_its_seed_and_runs_it(client: Client) -> None:
+    model = ScriptedModel(["one", "two", "FRESH_CONTEXT"])
+    session = await open_session(client, model, developer_messages=["DEV"])
+    await session.send_and_wait("first")
+    await session.send_and_wait("second")
+    before = len(await session.get_events())
+    rec = Recorder(session)
+
+    result = await session.history.clear_context(SEED)
+
+    assert result.messages_cleared == 4 and result.message_id is not None
+    stored = (await session.get_events())[before:]
+    assert [e.type for e in stored[:2]] == ["session.context_cleared", "user.message"]
+    cleared, seed = stored[:2]
+    assert cleared.data.initial_message == SEED and cleared.context_epoch == 1
+    assert (seed.data.content, seed.data.source) == (SEED, "context_cleared")
+    assert seed.data.message_id == result.message_id
+    await session.wait_idle()
+    assert [m.role for m in model.requests[-1].messages] == ["system", "developer", "user"]
+    assert model.requests[-1].messages[-1].content == SEED
+    assert rec.types.count("session.idle") == 1 and rec.types[-1] == "session.idle"
+    assert session.context_epoch == 1
+    log = await session.get_events()
+    assert [e.data.source for e in log if e.type == "user.message"].count("context_cleared") == 1
+    assert [m.content for m in session.window()] == ["SYSTEM", "DEV", SEED, "FRESH_CONTEXT"]
+
+
+async def test_x4_host_clear_is_waited_for_as_a_send(client: Client) -> None:
+    """The seeded run is the host's run: `send_and_wait`-like waiting finds its end by the
+    result's message id, here and in a follower's ledger."""
+    model = ScriptedModel(["FRESH_CONTEXT"])
+    session = await open_session(client, model)
+    ledger = session._runner.ledger()
+    result = await session.history.clear_context(SEED)
+    assert result.message_id is not None
+    end = await session._runner.run_end(ledger, result.message_id)
+    assert end.last_message is not None and end.last_message.data.content == "FRESH_CONTEXT"
+
+
+async def test_x4_host_clear_during_a_run_is_refused_and_changes_nothing(client: Client) -> None:
+    import asyncio
+
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(params: Any) -> str:
+        started.set()
+        await release.wait()
+        return "slow done"
+
+    from trimtab import ClearContextError, define_tool
+
+    model = ScriptedModel([tool_call("slow"), "done"])
+    session = await open_session(client, model, define_tool("slow", handler=slow))
+    await session.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    before = await session.get_events()
+    # A call is in flight: from outside its handler, the clear is staged for it (C1). A run
+    # between its calls, or queued, refuses it:
+    release.set()
+    await session.wait_idle()
+    await session.send("again")  # its run is queued to start: the session is busy
+    with pytest.raises(ClearContextError) as refused:
+        session.history.clear_context(SEED)
+    assert refused.value.code == "run_in_flight"
+    await session.wait_idle()
+    log = await session.get_events()
+    assert not [e for e in log if e.type == "session.context_cleared"]
+    assert log[: len(before)] == before
+
+
+async def test_x4_crash_after_the_host_clear_delivers_its_seed_once() -> None:
+    """C10 for the host's clear: the clear and its seed are stored together (the crash keeps
+    both, the writer never hears back), and a resume runs the seed exactly once."""
+    from trimtab.store import MemoryStore
+    from trimtab.testing import FaultyStore
+
+    durable = MemoryStore()
+    faulty = FaultyStore(durable)
+    async with Client(store=faulty) as doomed:
+        session = await open_session(doomed, ScriptedModel(["one"]))
+        await session.send_and_wait("first")
+        faulty.durable = True
+        faulty.crash_at_write = faulty.writes + 1  # the clear's append
+        result = session.history.clear_context(SEED)
+        with pytest.raises(Exception):  # noqa: B017 (the process "dies" under it)
+            await result
+        faulty.crash()
+    durable._sessions[session.session_id].lease_expires_at = 0.0  # its lease lapsed
+    model = ScriptedModel(["FRESH_CONTEXT"])
+    async with Client(store=durable) as survivor:
+        resumed = await survivor.resume_session(session.session_id, provider=model)
+        await resumed.wait_idle()
+        log = await resumed.get_events()
+    assert [m.content for m in model.requests[0].messages] == ["SYSTEM", SEED]
+    seeds = [e for e in log if e.type == "user.message" and e.data.source == "context_cleared"]
+    assert len(seeds) == 1 and [e.type for e in log].count("session.context_cleared") == 1
+    assert [e.type for e in log].count("assistant.message") == 2

@@ -54,12 +54,17 @@ class ToolError(TrimtabError):
 
 
 ClearContextErrorCode: TypeAlias = Literal[
-    "no_tool_call_in_flight", "empty_prompt", "invalid_prompt", "clear_pending", "remote_session"
+    "no_tool_call_in_flight",
+    "empty_prompt",
+    "invalid_prompt",
+    "clear_pending",
+    "remote_session",
+    "run_in_flight",
 ]
 
 
 class ClearContextError(TrimtabError):
-    """A `clear_context` call that was refused; nothing changed (spec C1-C4)."""
+    """A `clear_context` call that was refused; nothing changed (spec C1-C4, X4)."""
 
     def __init__(self, code: ClearContextErrorCode, message: str) -> None:
         super().__init__(f"{code}: {message}")

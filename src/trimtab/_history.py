@@ -63,13 +63,15 @@ class History(Generic[S]):
         self._loop = asyncio.get_running_loop()
 
     def clear_context(self, prompt: str) -> ClearContextResult:
-        """Stage a clear of the model-facing conversation, seeded with `prompt` (spec C1-C11).
+        """Clear the model-facing conversation, seeded with `prompt` (spec C1-C12, X4).
 
-        Call it from a tool handler. The clear commits when that tool call succeeds, then the
-        session runs `prompt` in the fresh window; if the call fails the clear is discarded.
-        Raises `ClearContextError` (`remote_session`, `empty_prompt`, `invalid_prompt`,
-        `no_tool_call_in_flight` or `clear_pending`) and changes nothing when the clear cannot
-        be accepted.
+        From a tool handler it stages the clear: it commits when that tool call succeeds, then
+        the session runs `prompt` in the fresh window; if the call fails it is discarded. From
+        the host while the session is idle it commits at once (the clear and its seed in one
+        append; awaiting the result waits for that) and `prompt` runs as a `send` would: the
+        result's `message_id` is its run's. Raises `ClearContextError` (`remote_session`,
+        `empty_prompt`, `invalid_prompt`, `no_tool_call_in_flight`, `clear_pending` or
+        `run_in_flight`) and changes nothing when the clear cannot be accepted.
         """
         if not _on_loop(self._loop):
             # A sync handler runs in a worker thread: stage on the loop, in its context.
@@ -95,8 +97,11 @@ class History(Generic[S]):
             call_id = None  # a permission handler or a hook: not a tool handler (C1)
         elif current is None:
             # Called from outside any handler's context (e.g. over JSON-RPC): the earliest
-            # running call of this session is the enclosing one.
+            # running call of this session is the enclosing one; with none, the host clears
+            # between runs (X4).
             call_id = next(iter(state.in_flight), None)
+            if call_id is None:
+                return runner.clear(prompt, runner.log.state.messages_cleared())
         elif current[0] == session_id and current[1] in state.in_flight:
             call_id = current[1]
         else:

@@ -99,6 +99,7 @@ __all__ = [
     "StagedClear",
     "at_rest",
     "cancelled",
+    "cleared",
     "awaited_by",
     "current_tool_call",
     "end_of_failed_run",
@@ -777,10 +778,7 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
     ours = staged is not None and staged.tool_call_id == call.id
     if ours and success:
         assert staged is not None
-        data = ContextClearedData(
-            messages_cleared=staged.messages_cleared, initial_message=staged.prompt
-        )
-        events.append(SessionContextClearedEvent(data=data))
+        events.append(cleared(staged.prompt, staged.messages_cleared))
     await host.emit_all(events)
     if ours:
         # Staged until stored: a sibling's clear meanwhile is refused (C4); once stored, the
@@ -789,6 +787,12 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
         if success:
             # The fresh window starts like a new session's: tools found by search are gone.
             live.discovered = _NO_TOOLS
+
+
+def cleared(prompt: str, messages_cleared: int) -> SessionContextClearedEvent:
+    """A committed clear seeded with `prompt` (C6, X4, X5)."""
+    data = ContextClearedData(messages_cleared=messages_cleared, initial_message=prompt)
+    return SessionContextClearedEvent(data=data)
 
 
 def cancelled(call_id: str, tool_name: str) -> ToolExecutionCompleteEvent:

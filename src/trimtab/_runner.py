@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import needs_fitting
-from trimtab._errors import LeaseLostError, LogTailLostError, TrimtabError
+from trimtab._errors import ClearContextError, LeaseLostError, LogTailLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._results import ClearContextResult
 from trimtab._run_context import RunContext
 from trimtab._runs import RunEnd, RunLedger
 from trimtab._state import SessionState
@@ -48,6 +49,7 @@ from trimtab.events import (
     UserMessageData,
     UserMessageEvent,
     WarningData,
+    new_id,
 )
 from trimtab.providers import Message, Provider
 from trimtab.providers._limits import limits_for
@@ -93,6 +95,11 @@ class Pending:
     attached: Attached | None = None
     """What the `send` attached: stored with its `user.message`, held here until then (the
     inbox keeps the prompt only, spec D14)."""
+    cleared: int | None = None
+    """Set for a clear the host made between runs (spec X4): the messages it clears, logged
+    with its seed (the prompt) in one append."""
+    stored: asyncio.Future[None] | None = None
+    """Settled once its message is stored (or could not be)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +420,24 @@ class Runner:
         except Exception:
             log.exception("session %s: command %s failed", self.session_id, request_id)
 
+    def clear(self, prompt: str, messages_cleared: int) -> ClearContextResult:
+        """Commit a clear of the host's between runs (spec X4): `session.context_cleared` and
+        its seed's `user.message` in one append, then the seeded run, as a `send`'s. Refused
+        (`run_in_flight`) while a run or window operation is in progress or queued."""
+        if self._worker is not None:
+            raise ClearContextError(
+                "run_in_flight",
+                "a run or window operation is in progress or queued: clear from a tool handler"
+                " of the run, or once the session is idle",
+            )
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        stored.add_done_callback(_retrieve)  # (the host need not await it)
+        pending = Pending(prompt, new_id(), False, parent=self.tracing.parent(), stored=stored)
+        pending.cleared = messages_cleared
+        self._queue.append(pending)
+        self._start_worker()
+        return ClearContextResult.committing(messages_cleared, pending.message_id, stored)
+
     def go_on(self, interrupted: _loop.Interrupted, message_id: str) -> None:
         """Queue the continuation of a run a crash interrupted (spec P3, C10)."""
         self._queue.append(Pending("", message_id, appended=True, interrupted=interrupted))
@@ -462,11 +487,15 @@ class Runner:
             if not item.appended:
                 # From the run's waiter, where no abort cancels: the message is logged
                 # (claiming it in the inbox) before its run can be stopped.
-                await self._store_message(item, self.log.emit_all, queued=True)
+                await self._store_message(item, self.log.emit_all, queued=item.cleared is None)
         except Exception as exc:
             self._running = None
+            if item.stored is not None and not item.stored.done():
+                item.stored.set_exception(exc)
             self._failed(exc, item.message_id)
             return
+        if item.stored is not None and not item.stored.done():
+            item.stored.set_result(None)
         self._current = asyncio.get_running_loop().create_task(self._body(item))
         # When this waiter is cancelled (close), the run's task may still fail on its own:
         # its failure was already reported by the loop, so it is read here, not left to warn.
@@ -512,8 +541,15 @@ class Runner:
         message = _message(item.prompt, item.message_id, item.attached)
         if self._interrupted():
             await emit((), first=self._end_of_interrupted_run)
-        start = self._turn_start(message)
-        events: tuple[Event, ...] = (message,) if start is None else (message, start)
+        events: tuple[Event, ...]
+        start = None
+        if item.cleared is not None:
+            # A clear and its seed (X4): never one without the other (C6, C10).
+            seed = _loop.user_message(item.prompt, item.message_id, "context_cleared")
+            events = (_loop.cleared(item.prompt, item.cleared), seed)
+        else:
+            start = self._turn_start(message)
+            events = (message,) if start is None else (message, start)
         if queued:
             events += (PendingMessagesModifiedEvent(),)
         await emit(events, first=self._first())
@@ -697,7 +733,7 @@ def _queue_id(item: Pending | _Operation | Command) -> str | None:
             return None
 
 
-def _retrieve(task: asyncio.Task[RunEnd]) -> None:
+def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
 

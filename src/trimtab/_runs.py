@@ -67,7 +67,10 @@ class RunLedger:
     def observe(self, event: Event) -> None:
         """Account for one event of the session, in delivery order."""
         match event:
-            case UserMessageEvent() if event.data.source not in _SAME_RUN:
+            case UserMessageEvent() if event.data.source not in _SAME_RUN or (
+                # (the seed of a clear the host made between runs starts one, X4)
+                self._current is None and event.data.source == "context_cleared"
+            ):
                 if event.data.message_id is not None:
                     self._current = RunEnd(event.data.message_id)
             case AssistantMessageEvent() if self._current is not None:

@@ -209,6 +209,8 @@ class SessionState:
         match event:
             case UserMessageEvent() if event.data.source == "context_cleared":
                 self.seed_recorded = True
+                if self.run_id is None:  # a clear the host made between runs starts one (X4)
+                    self.run_id = event.data.message_id or event.id
             case UserMessageEvent() if event.data.source != "hook":  # (a note: D13)
                 self.run_id = event.data.message_id or event.id
             case AssistantTurnStartEvent():
