@@ -52,6 +52,9 @@ from trimtab.providers import Usage
 
 __all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
 
+_SAME_RUN = frozenset({"hook"})
+"""Sources of user messages that go on with the run in progress."""
+
 _NOTHING: frozenset[str] = frozenset()
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
 """Shared empties: most sessions have no approvals and no unfinished calls."""
@@ -207,12 +210,8 @@ class SessionState:
         """Follow the run in progress (spec E1, P3); True when `event` ended it."""
         batch = self.batch
         match event:
-            case UserMessageEvent() if event.data.source == "context_cleared":
-                self.seed_recorded = True
-                if self.run_id is None:  # a clear the host made between runs starts one (X4)
-                    self.run_id = event.data.message_id or event.id
-            case UserMessageEvent() if event.data.source != "hook":  # (a note: D13)
-                self.run_id = event.data.message_id or event.id
+            case UserMessageEvent():
+                self._message(event)
             case AssistantTurnStartEvent():
                 self.turns += 1
                 self.open_turn, self.batch = event.data.turn_id, Batch()
@@ -243,6 +242,18 @@ class SessionState:
             case _:
                 pass
         return False
+
+    def _message(self, event: UserMessageEvent) -> None:
+        """A user message: an input starts its run; a clear's seed is recorded, and starts a
+        run when the host cleared between runs (X4); a hook's note (D13) goes on with the run
+        in progress."""
+        source = event.data.source
+        if source == "context_cleared":
+            self.seed_recorded = True
+            if self.run_id is None:
+                self.run_id = event.data.message_id or event.id
+        elif source not in _SAME_RUN:
+            self.run_id = event.data.message_id or event.id
 
     def _calibrate(self, event: AssistantUsageEvent | SessionWarningEvent) -> None:
         """Fold a model call's size, or a refusal as too long, into the model's ratio (X1)."""
