@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import Recorder, echo_tool, open_session
 from trimtab import Client, ProviderError, SessionError
 from trimtab._calibration import MAX_RATIO, MIN_RATIO, NONE, observed, overflowed, ratio
-from trimtab._compaction import COMPACTION_PROMPT
+from trimtab._compaction import COMPACTION_PROMPT, HANDOFF_PROMPT
 from trimtab._state import state_of
 from trimtab._window import estimate_tokens
 from trimtab.providers import ModelRequest, ModelResponse, ToolCall, Usage
@@ -53,6 +53,8 @@ class Counted:
                 status_code=400,
             )
         answer = self.reply(request)
+        if isinstance(answer, ProviderError):
+            return answer
         usage = Usage(input_tokens=tokens, output_tokens=len(str(answer)) // 4 + 1)
         if isinstance(answer, ToolCall):
             return ModelResponse(tool_calls=(answer,), usage=usage, finish_reason="tool_calls")
@@ -338,3 +340,108 @@ async def test_x4_crash_after_the_host_clear_delivers_its_seed_once() -> None:
     seeds = [e for e in log if e.type == "user.message" and e.data.source == "context_cleared"]
     assert len(seeds) == 1 and [e.type for e in log].count("session.context_cleared") == 1
     assert [e.type for e in log].count("assistant.message") == 2
+
+
+# --- X5: the handoff policy --------------------------------------------------------------
+
+
+def is_note(request: ModelRequest) -> bool:
+    return request.messages[0].content == HANDOFF_PROMPT
+
+
+def handing(request: ModelRequest) -> str:
+    return "NOTE: facts gathered so far." if is_note(request) else "ok"
+
+
+async def test_x5_past_the_threshold_the_work_is_handed_to_a_fresh_window(
+    client: Client,
+) -> None:
+    counted = Counted(limit=4_000, ratio=1.0, reply=handing)
+    model = ScriptedModel(then=counted)
+    session = await open_session(
+        client, model, model_limits={"context_window": 4_000}, handoff={"threshold": 0.5}
+    )
+    await history(session, counted, turns=3)  # ~1,900 tokens: below the handoff's 2,000
+    assert not any(is_note(r) for r in model.requests)
+    rec = Recorder(session)
+
+    reply = await session.send_and_wait("fact " * 200 + "now the last fact please")
+
+    assert reply is not None and reply.data.content == "ok"
+    assert [is_note(r) for r in model.requests[-2:]] == [True, False]
+    seeded = model.requests[-1].messages
+    assert [m.role for m in seeded] == ["system", "user"]
+    assert seeded[1].content.startswith("NOTE: facts gathered so far.")
+    assert seeded[1].content.endswith("now the last fact please")
+    types = [t for t in rec.types if t != "assistant.message_delta"]
+    cleared = types.index("session.context_cleared")
+    assert types[cleared + 1 : cleared + 3] == ["user.message", "assistant.turn_start"]
+    assert "session.compaction_start" not in types
+    assert types.count("session.idle") == 1 and session.context_epoch == 1
+    log = await session.get_events()
+    seeds = [e for e in log if e.type == "user.message" and e.data.source == "context_cleared"]
+    assert len(seeds) == 1 and seeds[0].data.content == seeded[1].content
+    assert reply.data.originating_message_id == rec.of("user.message")[0].data.message_id
+
+
+async def test_x5_a_tool_loop_hands_off_with_its_request_and_counts_turns_afresh(
+    client: Client,
+) -> None:
+    """Mid-run, the run's own prompt is what the seed carries; the seeded run counts its
+    model calls afresh (C8), and the discovered tools are gone with the window."""
+    calls = iter(range(100))
+
+    def reply(request: ModelRequest) -> Any:
+        if is_note(request):
+            return "NOTE: read 3 chunks."
+        if request.messages[-1].role == "user" and "NOTE" in request.messages[-1].content:
+            return "finished"
+        return tool_call("echo", {"text": "chunk " * 300}, id=f"c{next(calls)}")
+
+    model = ScriptedModel(then=Counted(limit=4_000, ratio=1.0, reply=reply))
+    session = await open_session(
+        client,
+        model,
+        echo_tool(),
+        model_limits={"context_window": 4_000},
+        handoff={"threshold": 0.5},
+        max_turns=4,
+    )
+    reply_event = await session.send_and_wait("Read the chunks")
+    assert reply_event is not None and reply_event.data.content == "finished"
+    seeded = model.requests[-1].messages
+    assert seeded[-1].content.endswith("Read the chunks")
+    assert session.context_epoch == 1
+
+
+async def test_x5_a_note_that_cannot_be_written_falls_back_to_compaction(client: Client) -> None:
+    def reply(request: ModelRequest) -> Any:
+        if is_note(request):
+            return ProviderError("provider_unavailable", "down", status_code=503)
+        return "SUMMARY" if is_summary(request) else "ok"
+
+    counted = Counted(limit=4_000, ratio=1.0, reply=reply)
+    model = ScriptedModel(then=counted)
+    session = await open_session(
+        client,
+        model,
+        model_limits={"context_window": 4_000},
+        handoff={"threshold": 0.5},
+        infinite_sessions={"threshold": 0.5},
+    )
+    await history(session, counted, turns=3)
+    await session.send_and_wait("fact " * 200)
+    assert session.context_epoch == 0
+    assert [is_note(model.requests[-3]), is_summary(model.requests[-2])] == [True, True]
+
+
+async def test_x5_the_policy_is_off_by_default_logged_and_checked(client: Client) -> None:
+    plain = await open_session(client, ScriptedModel())
+    assert plain.config.handoff is None
+    session = await open_session(client, ScriptedModel(), handoff={"threshold": 0.6})
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+    assert resumed.config.handoff is not None and resumed.config.handoff.threshold == 0.6
+    for bad in ({"threshold": 0}, {"threshold": 1.5}, {}):
+        with pytest.raises(ValueError, match="handoff"):
+            await open_session(client, ScriptedModel(), handoff=bad)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
 from trimtab._compaction import fit_window, raw_request_tokens, recover_overflow
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
+from trimtab._handoff import hand_off
 from trimtab._hooks import SUPPRESSED, Hooks
 from trimtab._permissions import (
     APPROVED,
@@ -214,11 +215,12 @@ async def run(
         if aborted:
             await _stop_unstarted(host, started)
         step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
-        turns, stopped = 0, False
+        turns, stopped, request = 0, False, host.context().prompt
         while step != "end":
             if isinstance(step, _Seed):
                 turns = 0  # the seeded run is a run of its own (C8)
                 trace.start(host.state.epoch, host.state.config.model, seeded=True)
+                request = step.request or step.prompt
                 if not step.recorded:
                     await emit(host, user_message(step.prompt, new_id(), "context_cleared"))
             if turns >= host.state.config.max_turns:
@@ -230,7 +232,7 @@ async def run(
                     message_id,
                 )
                 break
-            step = await _turn(host, message_id, result, started)
+            step = await _turn(host, message_id, result, started, request)
             turns, started = turns + 1, None
             if step == "end" and result.error is None and hooks:
                 # An `agentStop` hook may keep the run going, as a user message of the same
@@ -311,6 +313,9 @@ class _Seed:
     prompt: str
     recorded: bool
     """Its `user.message` is logged already (a crash came after it, C10)."""
+    request: str | None = None
+    """What the seeded run works on, for a handoff of its own to carry over (X5): the seed
+    itself, unless the seed is a handoff's, which carries the run's request."""
 
 
 _Step = Literal["end", "continue"] | _Seed
@@ -318,13 +323,23 @@ _Step = Literal["end", "continue"] | _Seed
 
 
 async def _turn(
-    host: LoopHost, message_id: str, result: RunEnd, started: str | None = None
+    host: LoopHost,
+    message_id: str,
+    result: RunEnd,
+    started: str | None = None,
+    request: str | None = None,
 ) -> _Step:
     """One model call and its batch, bracketed by turn_start / turn_end (`started`: the
-    turn's start is logged already, with the run's user message)."""
+    turn's start is logged already, with the run's user message). Before it the window is
+    handed off (X5, which makes this the seeded run's turn instead: `request` is what it
+    carries over) or fitted."""
     await host.refresh_tools()  # (started: no tool source, so nothing it could log)
     ctx = host.context()
     if started is None:
+        handed = await hand_off(ctx, host, request)
+        if handed is not None:
+            host.live.discovered = _NO_TOOLS  # a fresh window, as a new session's (C8)
+            return _Seed(handed[0], recorded=True, request=handed[1])
         await fit_window(ctx, host)
     model = ctx.config.model
     turn_id = started or str(host.state.turns)

@@ -48,6 +48,9 @@ class RunContext:
     tracing: Tracing
     request_headers: dict[str, str] | None = None
     """The HTTP headers the run's `send` gave for its model requests (spec D9)."""
+    prompt: str | None = None
+    """The run's prompt, as stored: the request a handoff carries over (X5); None when this
+    runtime was not given it (a run a crash interrupted goes on)."""
 
     @property
     def session_id(self) -> str:

@@ -233,6 +233,7 @@ class Runner:
             hooks=self.hooks,
             tracing=self.tracing,
             request_headers=running.headers if running is not None else None,
+            prompt=(running.prompt or None) if running is not None else None,
         )
 
     async def refresh_tools(self) -> None:

@@ -28,7 +28,9 @@ from trimtab.store import open_store
 PROVIDER = {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key": "k"}
 """Never called: these sessions only open."""
 
-EXTENSIONS = frozenset({"developerMessages", "maxTurns", "modelLimits"})
+EXTENSIONS = frozenset(
+    {"developerMessages", "maxTurns", "modelLimits", "contextOverflow", "handoff", "recall"}
+)
 """trimtab's own fields of `session.create` and `session.resume` (spec D15)."""
 
 CLAIMED = frozenset(
