@@ -445,3 +445,125 @@ async def test_x5_the_policy_is_off_by_default_logged_and_checked(client: Client
     for bad in ({"threshold": 0}, {"threshold": 1.5}, {}):
         with pytest.raises(ValueError, match="handoff"):
             await open_session(client, ScriptedModel(), handoff=bad)
+
+
+# --- X6: steering ------------------------------------------------------------------------
+
+
+def gated_tool(started: Any, release: Any) -> Any:
+    from trimtab import define_tool
+
+    async def slow(params: Any) -> str:
+        started.set()
+        await release.wait()
+        return "slow done"
+
+    return define_tool("slow", handler=slow)
+
+
+async def test_x6_immediate_send_enters_the_running_turn_after_its_results(
+    client: Client,
+) -> None:
+    import asyncio
+
+    started, release = asyncio.Event(), asyncio.Event()
+    model = ScriptedModel([tool_call("slow", id="s1"), "steered answer"])
+    session = await open_session(client, model, gated_tool(started, release))
+    rec = Recorder(session)
+    first = await session.send("do the slow thing")
+    await asyncio.wait_for(started.wait(), 10)
+
+    steer = await session.send("STEER: also mention the weather", mode="immediate")
+    assert [m.message_id for m in await session.pending_messages()] == [steer]
+    release.set()
+    await session.wait_idle()
+
+    assert [(m.role, m.content) for m in model.requests[1].messages][-3:] == [
+        ("assistant", ""),
+        ("tool", "slow done"),
+        ("user", "STEER: also mention the weather"),
+    ]
+    messages = rec.of("user.message")
+    assert [(m.data.source, m.data.message_id) for m in messages] == [
+        ("user", first),
+        ("immediate", steer),
+    ]
+    assert rec.types.count("session.idle") == 1 and len(model.requests) == 2
+    assert await session.pending_messages() == []
+    log = await session.get_events()
+    assert state_of(log).run_id is None
+    steered = [e for e in log if e.type == "user.message" and e.data.source == "immediate"]
+    assert len(steered) == 1 and log.index(steered[0]) > next(
+        i for i, e in enumerate(log) if e.type == "tool.execution_complete"
+    )
+
+
+async def test_x6_a_steered_send_is_waited_for_with_the_run_it_joined(client: Client) -> None:
+    import asyncio
+
+    started, release = asyncio.Event(), asyncio.Event()
+    model = ScriptedModel([tool_call("slow"), "the answer"])
+    session = await open_session(client, model, gated_tool(started, release))
+    rec = Recorder(session)
+    await session.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    waiting = asyncio.create_task(session.send_and_wait("and hurry", mode="immediate"))
+    await rec.wait_for("pending_messages.modified")  # queued, offered to the run
+    release.set()
+    reply = await asyncio.wait_for(waiting, 10)
+    assert reply is not None and reply.data.content == "the answer"
+    assert len(model.requests) == 2
+
+
+async def test_x6_a_run_that_makes_no_further_call_leaves_it_queued(client: Client) -> None:
+    """Sent while the run's last model call is answering: it runs next, as a queued input,
+    with its own idle (the run was not to call the model again)."""
+    import asyncio
+
+    answering, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        answering.set()
+        await answer.wait()
+        return "first answer"
+
+    model = ScriptedModel([slow, "second answer"])
+    session = await open_session(client, model)
+    rec = Recorder(session)
+    await session.send("first")
+    await asyncio.wait_for(answering.wait(), 10)
+    steer = await session.send("too late to steer", mode="immediate")
+    answer.set()
+    await session.wait_idle()
+    assert rec.types.count("session.idle") == 2
+    user = [(m.data.source, m.data.message_id) for m in rec.of("user.message")]
+    assert user[1] == ("user", steer)
+    assert model.requests[1].messages[-1].content == "too late to steer"
+
+
+async def test_x6_immediate_on_an_idle_session_is_a_send(client: Client) -> None:
+    model = ScriptedModel(["hi"])
+    session = await open_session(client, model)
+    reply = await session.send_and_wait("hello", mode="immediate")
+    assert reply is not None and reply.data.content == "hi"
+    assert [e.data.source for e in await session.get_events() if e.type == "user.message"] == [
+        "user"
+    ]
+    with pytest.raises(ValueError, match="mode"):
+        await session.send("x", mode="later")  # type: ignore[arg-type]
+
+
+async def test_x6_clearing_the_queue_takes_a_steering_message_away(client: Client) -> None:
+    import asyncio
+
+    started, release = asyncio.Event(), asyncio.Event()
+    model = ScriptedModel([tool_call("slow"), "done"])
+    session = await open_session(client, model, gated_tool(started, release))
+    await session.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    steer = await session.send("never mind", mode="immediate")
+    assert await session.clear_pending_messages() == [steer]
+    release.set()
+    await session.wait_idle()
+    assert all(m.content != "never mind" for m in model.requests[-1].messages)
+    assert len(model.requests) == 2

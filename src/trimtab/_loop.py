@@ -59,6 +59,7 @@ from trimtab.events import (
     ExternalToolCompletedEvent,
     ExternalToolRequestedData,
     ExternalToolRequestedEvent,
+    PendingMessagesModifiedEvent,
     PermissionCompletedData,
     PermissionCompletedEvent,
     PermissionRequestedData,
@@ -156,6 +157,9 @@ class LoopState:
     """Deferred tools found by `tool_search`, callable for the rest of the window's run.
 
     A frozen set, replaced on change, so that the empty one is shared."""
+    steering: tuple[UserMessageEvent, ...] = ()
+    """Messages sent with `mode="immediate"` while the run is in flight, for its next model
+    call (spec X6): each is an input waiting in the store's inbox until it is logged."""
 
 
 class LoopHost(Writer, Protocol):
@@ -336,6 +340,7 @@ async def _turn(
     await host.refresh_tools()  # (started: no tool source, so nothing it could log)
     ctx = host.context()
     if started is None:
+        await _steer(host)
         handed = await hand_off(ctx, host, request)
         if handed is not None:
             host.live.discovered = _NO_TOOLS  # a fresh window, as a new session's (C8)
@@ -362,6 +367,15 @@ async def _turn(
         if writable and host.state.open_turn == turn_id:
             await emit(host, _turn_end(turn_id, model))
     return "end" if calls is None else _next_step(host.state)
+
+
+async def _steer(host: LoopHost) -> None:
+    """Log the steering messages sent since the last model call, so that the next one reads
+    them after the batch's results (spec X6); each claims its input in the inbox."""
+    live = host.live
+    if live.steering:
+        messages, live.steering = live.steering, ()
+        await host.emit_all((*messages, PendingMessagesModifiedEvent()))
 
 
 async def _reply(

@@ -100,6 +100,8 @@ class Pending:
     with its seed (the prompt) in one append."""
     stored: asyncio.Future[None] | None = None
     """Settled once its message is stored (or could not be)."""
+    immediate: bool = False
+    """Sent with `mode="immediate"` (spec X6): the run in flight may take it first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +113,12 @@ class Attached:
     attachments: tuple[dict[str, Any], ...] = ()
     """As the sender described them, for clients to show."""
 
-    def message(self, prompt: str, message_id: str) -> UserMessageEvent:
+    def message(self, prompt: str, message_id: str, source: str = "user") -> UserMessageEvent:
         """The input's `user.message`."""
         data = UserMessageData(
             content=prompt,
             message_id=message_id,
-            source="user",
+            source=source,
             images=list(self.images) or None,
             attachments=list(self.attachments) or None,
         )
@@ -293,9 +295,12 @@ class Runner:
         message_id: str,
         headers: dict[str, str] | None = None,
         attached: Attached | None = None,
+        *,
+        immediate: bool = False,
     ) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
-        the store's inbox behind the runs queued before it (spec P4)."""
+        the store's inbox behind the runs queued before it (spec P4). An `immediate` input
+        is also offered to the run in flight, whose next model call takes it (X6)."""
         log_ = self.log
         pending = Pending(
             prompt,
@@ -304,6 +309,7 @@ class Runner:
             parent=self.tracing.parent(),
             headers=headers,
             attached=attached,
+            immediate=immediate,
         )
         async with log_.exclusive():
             if self._worker is None:
@@ -315,8 +321,24 @@ class Runner:
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
                 await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
+                if immediate and self._in_flight():
+                    steer = _message(prompt, message_id, attached, "immediate")
+                    self.live.steering = (*self.live.steering, steer)
             self._queue.append(pending)
             self._start_worker()
+
+    def _in_flight(self) -> bool:
+        """A run is in progress that has not ended in the log: it makes another model call
+        before it ends only if it is to make one anyway (X6)."""
+        current = self._current
+        return current is not None and not current.done() and self.log.state.run_id is not None
+
+    def _steered(self, item: Pending) -> bool:
+        """The input's message was logged by the run it steered (X6): it has no run of its
+        own (an input's message is claimed until it is stored)."""
+        return (
+            item.immediate and not item.appended and item.message_id not in (self.log.claimed or ())
+        )
 
     async def take_inputs(self) -> None:
         """Queue the stored inputs (sent by other runtimes, or left by a crash, spec R1) that
@@ -379,6 +401,8 @@ class Runner:
                 if isinstance(item, Pending) and item.message_id in gone and item.ended:
                     item.ended.set()  # an abort waiting for it to end
             self._queue = [item for item in self._queue if _queue_id(item) not in gone]
+            steering = self.live.steering
+            self.live.steering = tuple(m for m in steering if m.data.message_id not in gone)
             log_.claimed = (log_.claimed or set()) - gone or None
             data = PendingMessagesModifiedData(removed=removed or None)
             await log_.emit_unlocked((PendingMessagesModifiedEvent(data=data),))
@@ -474,6 +498,10 @@ class Runner:
                 if isinstance(item, Command):
                     await self._dispatch(item)
                     continue
+                if self._steered(item):
+                    if item.ended is not None:
+                        item.ended.set()
+                    continue
                 try:
                     await self._run(item)
                 finally:
@@ -512,6 +540,7 @@ class Runner:
             return
         finally:
             self._current = self._running = None
+            self.live.steering = ()  # not taken by the run: each runs as queued (X6)
         # The run's one idle (E1), from here: an abort cancels the run's task, not this one.
         await self.log.emit(SessionIdleEvent(data=SessionIdleData(aborted=end.aborted or None)))
 
@@ -739,8 +768,10 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _message(prompt: str, message_id: str, attached: Attached | None) -> UserMessageEvent:
+def _message(
+    prompt: str, message_id: str, attached: Attached | None, source: str = "user"
+) -> UserMessageEvent:
     """An input's `user.message`, with what it attached."""
     if attached is None:
-        return _loop.user_message(prompt, message_id, "user")
-    return attached.message(prompt, message_id)
+        return _loop.user_message(prompt, message_id, source)
+    return attached.message(prompt, message_id, source)

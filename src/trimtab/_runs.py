@@ -9,6 +9,7 @@ events a session delivers are enough to know each run's end, wherever it ran.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -24,7 +25,10 @@ from trimtab.events import (
 
 __all__ = ["RunEnd", "RunLedger"]
 
-_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook"})
+_UNSEEN = ""
+"""The message id of a run whose start a ledger did not see (it began following later)."""
+
+_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook", "immediate"})
 """Sources of user messages that go on with the run in progress rather than start one."""
 
 
@@ -52,7 +56,7 @@ class RunLedger:
     that cleared (its `user.message` has source `context_cleared`).
     """
 
-    __slots__ = ("_current", "_ended", "_removed", "_waiters")
+    __slots__ = ("_current", "_ended", "_removed", "_steered", "_waiters")
 
     _KEEP = 64
     """Ended runs remembered for a waiter that has not asked yet."""
@@ -63,6 +67,8 @@ class RunLedger:
         self._waiters: dict[str, asyncio.Future[RunEnd]] = {}
         self._removed: OrderedDict[str, None] = OrderedDict()
         """Messages taken off the queue before a waiter asked (a clear right after a send)."""
+        self._steered: list[str] = []
+        """Steering messages the run in progress took (X6): their sends end with it."""
 
     def observe(self, event: Event) -> None:
         """Account for one event of the session, in delivery order."""
@@ -73,8 +79,15 @@ class RunLedger:
             ):
                 if event.data.message_id is not None:
                     self._current = RunEnd(event.data.message_id)
+                    self._steered = []
+            case UserMessageEvent() if event.data.source == "immediate":
+                if event.data.message_id is not None:
+                    # (A run whose start this ledger did not see: it follows it from here.)
+                    self._current = self._current or RunEnd(_UNSEEN)
+                    self._steered.append(event.data.message_id)
             case AssistantMessageEvent() if self._current is not None:
-                if event.data.originating_message_id == self._current.message_id:
+                run = self._current.message_id
+                if event.data.originating_message_id == run or run == _UNSEEN:
                     self._current.last_message = event
             case SessionErrorEvent() if self._current is not None and not event.data.logged:
                 self._current.error = event
@@ -90,7 +103,9 @@ class RunLedger:
                 if self._current is not None:
                     self._current.idle, self._current.aborted = event, bool(event.data.aborted)
                     self._ended_run(self._current)
-                self._current = None
+                    for message_id in self._steered:
+                        self._ended_run(dataclasses.replace(self._current, message_id=message_id))
+                self._current, self._steered = None, []
             case _:
                 pass
 

@@ -75,9 +75,12 @@ if TYPE_CHECKING:
     from trimtab._history import SessionOwner
     from trimtab.store import Lease
 
-__all__ = ["LogLevel", "QueuedCommand", "QueuedMessage", "Session", "ownership_of"]
+__all__ = ["LogLevel", "QueuedCommand", "QueuedMessage", "SendMode", "Session", "ownership_of"]
 
 LogLevel = Literal["info", "warning", "error"]
+
+SendMode = Literal["enqueue", "immediate"]
+"""How a `send` meets a run in progress: queued behind it, or taken by it (spec X6)."""
 
 _log = logging.getLogger("trimtab")
 
@@ -89,6 +92,9 @@ class QueuedMessage(BaseModel):
 
     message_id: str
     prompt: str
+    immediate: bool = False
+    """Sent with `mode="immediate"`: the run in progress takes it at its next model call
+    (spec X6)."""
 
 
 class QueuedCommand(BaseModel):
@@ -417,6 +423,7 @@ class Session:
         request_headers: Mapping[str, str] | None = None,
         images: Sequence[Image | Mapping[str, str]] = (),
         attachments: Sequence[Mapping[str, Any]] = (),
+        mode: SendMode = "enqueue",
     ) -> str:
         """Queue `prompt` for the agent and return its message id once it is stored.
 
@@ -434,8 +441,16 @@ class Session:
         the message for clients to show (spec D14). Both are stored with the message; an
         input that waits in the inbox holds them in memory until then, and one that another
         runtime runs goes without them (its prompt should describe them).
+
+        With `mode="immediate"` (spec X6) a run in progress takes the message at its next
+        model call, which reads it after the current batch's results, and the `send`'s run
+        is that one; when the run makes no further call, the message runs next as a queued
+        one does. The mode is the sending process's: a remote session's owner, or a crash,
+        leaves the input queued.
         """
         _text("prompt", prompt)
+        if mode not in get_args(SendMode):
+            raise ValueError(f"mode must be 'enqueue' or 'immediate', not {mode!r}")
         if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         if self._hooks:
@@ -444,7 +459,8 @@ class Session:
         attached = _attached(images, attachments)
         message_id = new_id()
         if self._log.writable:
-            await self._runner.submit(prompt, message_id, headers, attached)
+            immediate = mode == "immediate"
+            await self._runner.submit(prompt, message_id, headers, attached, immediate=immediate)
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
         return message_id
@@ -502,7 +518,8 @@ class Session:
             inputs = await self._runner.pending()
         else:
             inputs = await self._log.store.pending_inputs(self.session_id)
-        return [QueuedMessage(message_id=m, prompt=p) for p, m in inputs]
+        steering = {m.data.message_id for m in self._runner.live.steering}
+        return [QueuedMessage(message_id=m, prompt=p, immediate=m in steering) for p, m in inputs]
 
     async def pending_items(self) -> list[QueuedMessage | QueuedCommand]:
         """The messages and commands waiting behind the run in progress, in the order they
@@ -510,10 +527,11 @@ class Session:
         if not self._log.writable:
             return list(await self.pending_messages())
         runner = self._runner
+        steering = {m.data.message_id for m in runner.live.steering}
         return [
             QueuedCommand(request_id=i.request_id, command=i.command, display_text=i.display_text)
             if isinstance(i, Command)
-            else QueuedMessage(message_id=i[1], prompt=i[0])
+            else QueuedMessage(message_id=i[1], prompt=i[0], immediate=i[1] in steering)
             for i in runner.queued(await runner.pending())
         ]
 
@@ -678,6 +696,7 @@ class SendOptions(TypedDict, total=False):
     request_headers: Mapping[str, str] | None
     images: Sequence[Image | Mapping[str, str]]
     attachments: Sequence[Mapping[str, Any]]
+    mode: SendMode
 
 
 def _text(what: str, value: object) -> str:

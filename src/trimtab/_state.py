@@ -52,8 +52,9 @@ from trimtab.providers import Usage
 
 __all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
 
-_SAME_RUN = frozenset({"hook"})
-"""Sources of user messages that go on with the run in progress."""
+_SAME_RUN = frozenset({"hook", "immediate"})
+"""Sources of user messages that go on with the run in progress: a hook's note (D13), a
+steering message (X6)."""
 
 _NOTHING: frozenset[str] = frozenset()
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
@@ -245,8 +246,8 @@ class SessionState:
 
     def _message(self, event: UserMessageEvent) -> None:
         """A user message: an input starts its run; a clear's seed is recorded, and starts a
-        run when the host cleared between runs (X4); a hook's note (D13) goes on with the run
-        in progress."""
+        run when the host cleared between runs (X4); a hook's note (D13) and a steering
+        message (X6) go on with the run in progress."""
         source = event.data.source
         if source == "context_cleared":
             self.seed_recorded = True

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, cast, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -175,14 +175,18 @@ class RemoteSession:
         request_headers: Mapping[str, str] | None = None,
         images: Sequence[Image | Mapping[str, str]] = (),
         attachments: Sequence[Mapping[str, Any]] = (),
+        mode: Literal["enqueue", "immediate"] = "enqueue",
     ) -> str:
-        """Queue `prompt` and return its message id at once, as `Session.send`.
+        """Queue `prompt` and return its message id at once, as `Session.send` (`mode`:
+        spec X6).
 
         `attachments` are the Copilot protocol's (`{"type": "file", "path": ...}`, a
         `directory`, a `selection` or a `blob`): the server reads them and puts their text
         after the prompt (spec D11), where an in-process session only records its own.
         """
         params = self._send_params(prompt, request_headers, images, attachments)
+        if mode != "enqueue":
+            params = params.model_copy(update={"mode": mode})
         return (await self._call("session.send", params, SendResult)).message_id
 
     async def send_and_wait(

@@ -296,6 +296,7 @@ class CopilotConnection:
                 request_headers=request.request_headers,
                 images=composed.images,
                 attachments=composed.attachments,
+                mode=request.mode or "enqueue",
             )
         return shared, message_id
 
