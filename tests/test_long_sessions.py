@@ -567,3 +567,78 @@ async def test_x6_clearing_the_queue_takes_a_steering_message_away(client: Clien
     await session.wait_idle()
     assert all(m.content != "never mind" for m in model.requests[-1].messages)
     assert len(model.requests) == 2
+
+
+# --- X7: recall --------------------------------------------------------------------------
+
+
+async def test_x7_recall_finds_what_an_earlier_window_held(client: Client) -> None:
+    model = ScriptedModel(
+        [
+            "noted",
+            "FRESH_CONTEXT",
+            tool_call("recall", {"query": "zebra CODE"}),
+            tool_call("recall", {"query": "FRESH"}),
+            "found it",
+        ]
+    )
+    session = await open_session(client, model, recall={"enabled": True})
+    await session.send_and_wait("Remember: the secret code is ZEBRA-42.")
+    await (await session.history.clear_context(SEED))
+    await session.wait_idle()
+    assert "ZEBRA" not in " ".join(m.content for m in session.window())
+
+    await session.send_and_wait("What was the code?")
+
+    assert "recall" in [t.name for t in model.requests[2].tools]
+    results = [m for m in model.requests[-1].messages if m.role == "tool"]
+    log = await session.get_events()
+    said = next(e for e in log if e.type == "user.message" and "ZEBRA" in e.data.content)
+    assert f"[event {said.id}, user message, epoch 0]" in results[0].content
+    assert "the secret code is ZEBRA-42." in results[0].content
+    # What the current window holds is not searched: the seed's run is after the base.
+    assert results[1].content.startswith("Nothing in the earlier conversation matches")
+
+
+async def test_x7_recall_searches_what_compaction_took_and_is_off_by_default(
+    client: Client,
+) -> None:
+    plain = ScriptedModel(["a"])
+    await (await open_session(client, plain)).send_and_wait("hello")
+    assert "recall" not in [t.name for t in plain.requests[0].tools]
+
+    model = ScriptedModel(
+        ["one", "two", "three", "SUMMARY", tool_call("recall", {"query": "first-fact"}), "ok"]
+    )
+    session = await open_session(client, model, recall={"max_results": 1, "max_chars": 60})
+    for prompt in ("first-fact: the sky is green " * 5, "second", "third"):
+        await session.send_and_wait(prompt)
+    await session.history.compact()
+    await session.send_and_wait("what was the first fact?")
+    result = [m for m in model.requests[-1].messages if m.role == "tool"][0].content
+    assert result.startswith("1 excerpt(s)") and "first-fact" in result
+    excerpt = result.split("]\n", 1)[1]
+    assert len(excerpt) <= 60 + 2  # the bound, and the marks of a cut
+
+
+def test_x7_recall_bounds_and_orders_its_excerpts() -> None:
+    from trimtab._recall import recall
+    from trimtab.events import (
+        SessionCompactionCompleteEvent,
+        CompactionCompleteData,
+        UserMessageData,
+        UserMessageEvent,
+    )
+
+    said = [
+        UserMessageEvent(data=UserMessageData(content=f"{n}: apple " + "x" * 500))
+        for n in range(10)
+    ]
+    base = SessionCompactionCompleteEvent(data=CompactionCompleteData(success=True))
+    later = UserMessageEvent(data=UserMessageData(content="apple in the window"))
+    text = recall([*said, base, later], "APPLE", max_results=3, max_chars=50)
+    assert text.count("[event ") == 3
+    assert text.index(said[9].id) < text.index(said[8].id) < text.index(said[7].id)
+    assert "in the window" not in text
+    assert all(len(part.split("]\n", 1)[1]) <= 52 for part in text.split("\n\n")[1:])
+    assert recall(said, "   ", 3, 50).startswith("Give a query")
