@@ -624,8 +624,8 @@ async def test_x7_recall_searches_what_compaction_took_and_is_off_by_default(
 def test_x7_recall_bounds_and_orders_its_excerpts() -> None:
     from trimtab._recall import recall
     from trimtab.events import (
-        SessionCompactionCompleteEvent,
         CompactionCompleteData,
+        SessionCompactionCompleteEvent,
         UserMessageData,
         UserMessageEvent,
     )
