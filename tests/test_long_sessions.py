@@ -642,3 +642,128 @@ def test_x7_recall_bounds_and_orders_its_excerpts() -> None:
     assert "in the window" not in text
     assert all(len(part.split("]\n", 1)[1]) <= 52 for part in text.split("\n\n")[1:])
     assert recall(said, "   ", 3, 50).startswith("Give a query")
+
+
+# --- X8: retention -----------------------------------------------------------------------
+
+
+async def long_history(client: Client) -> tuple[Any, ScriptedModel]:
+    """A session with two epochs, a compaction in the second, and a turn after it."""
+    model = ScriptedModel(["one", "two", "FRESH", "three", "four", "SUMMARY", "five"])
+    session = await open_session(client, model, developer_messages=["DEV"])
+    await session.send_and_wait("first")
+    await session.send_and_wait("second")
+    await (await session.history.clear_context(SEED))
+    await session.wait_idle()
+    await session.send_and_wait("third")
+    await session.send_and_wait("fourth")
+    await session.history.compact()
+    await session.send_and_wait("fifth")
+    await session.set_name("long one")
+    return session, model
+
+
+async def test_x8_prune_keeps_the_window_state_and_metrics_of_the_whole_log(
+    client: Client,
+) -> None:
+    session, _ = await long_history(client)
+    before = await session.get_events()
+    window, usage, epoch = session.window(), session.usage, session.context_epoch
+    metrics = await session.metrics()
+    replayed = state_of(before)
+
+    result = await session.history.prune()
+
+    after = await session.get_events()
+    base = next(i for i, e in enumerate(before) if e.type == "session.compaction_complete")
+    assert result.events_removed == base - 1 and result.position == base
+    assert [e.id for e in after] == [
+        before[0].id,
+        before[base - 1].id,
+        *(e.id for e in before[base:]),
+    ]
+    marker = after[1]
+    assert marker.type == "session.pruned" and marker.data.events_pruned == base - 1
+    assert [b.type for b in marker.data.bases] == ["session.context_cleared"]
+    pruned = state_of(after)
+    assert pruned.window() == replayed.window() == window
+    assert (pruned.epoch, pruned.usage, pruned.name, pruned.event_count) == (
+        epoch,
+        usage,
+        "long one",
+        replayed.event_count,
+    )
+    assert pruned.config == replayed.config and pruned.ratios == replayed.ratios
+    assert await session.metrics() == metrics
+    for at, event in enumerate(after):  # the chain is whole (E3)
+        assert at == 0 or event.parent_id == after[at - 1].id
+    # Nothing new before the base: a second prune removes nothing.
+    assert (await session.history.prune()).events_removed == 0
+
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel(["six"]))
+    assert resumed.window() == window and resumed.usage == usage and resumed.name == "long one"
+    reply = await resumed.send_and_wait("sixth")
+    assert reply is not None and reply.data.content == "six"
+
+
+async def test_x8_a_pruned_log_truncates_forks_and_prunes_again(client: Client) -> None:
+    session, _ = await long_history(client)
+    await session.history.prune()
+    log = await session.get_events()
+    base = next(e for e in log if e.type == "session.compaction_complete")
+    with pytest.raises(ValueError, match="pruned"):
+        await session.history.truncate(base.id)
+    fifth = next(e for e in log if e.type == "user.message" and e.data.content == "fifth")
+    await session.history.truncate(fifth.id)
+    assert session.window()[2].content.startswith("Summary of the conversation")
+    assert session.window()[-1].content == "four"
+
+    fork = await session.history.fork()
+    assert fork.window() == session.window()
+    copied = await fork.get_events()
+    assert copied[1].type == "session.pruned" and copied[1].data.position == 2
+    assert state_of(copied).event_count == len(copied)
+
+
+async def test_x8_prune_is_refused_during_a_run_and_on_a_remote_session(client: Client) -> None:
+    import asyncio
+
+    from trimtab import PruneError
+
+    session, model = await long_history(client)
+    answering, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        answering.set()
+        await answer.wait()
+        return "late"
+
+    model.add(slow)
+    await session.send("slowly")
+    await asyncio.wait_for(answering.wait(), 10)
+    with pytest.raises(PruneError) as refused:
+        await session.history.prune()
+    assert refused.value.code == "run_in_flight"
+    answer.set()
+    await session.wait_idle()
+
+    # Another runtime's call without the lease: the session is open here.
+    from trimtab._retention import prune_log
+
+    store = session._log.store
+    with pytest.raises(PruneError) as open_here:
+        await prune_log(store, session.session_id)
+    assert open_here.value.code == "session_open"
+    assert (await session.history.prune()).events_removed > 0
+
+
+def test_x8_positions_after_a_marker() -> None:
+    from trimtab._retention import position_after
+    from trimtab.events import PrunedData, SessionPrunedEvent, UserMessageData, UserMessageEvent
+
+    said = UserMessageEvent(data=UserMessageData(content="x"))
+    marker = SessionPrunedEvent(data=PrunedData(events_pruned=9, position=10, state={}))
+    assert position_after(0, [said, marker, said, said]) == 12
+    assert position_after(3, [marker, said]) == 11
+    assert position_after(11, [said]) == 12

@@ -7,13 +7,20 @@ from trimtab._errors import (
     PolicyRefusedError,
     PromptBlockedError,
     ProviderError,
+    PruneError,
     SessionError,
     SessionNotFoundError,
     StoreUnavailableError,
     ToolError,
     TrimtabError,
 )
-from trimtab._history import ClearContextResult, CompactResult, History, TruncateResult
+from trimtab._history import (
+    ClearContextResult,
+    CompactResult,
+    History,
+    PruneResult,
+    TruncateResult,
+)
 from trimtab._metrics import SessionMetrics
 from trimtab._options import SessionOptions
 from trimtab._permissions import PermissionDecision, PermissionHandler
@@ -43,6 +50,8 @@ __all__ = [
     "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
+    "PruneError",
+    "PruneResult",
     "QueuedCommand",
     "QueuedMessage",
     "Session",

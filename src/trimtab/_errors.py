@@ -13,6 +13,8 @@ __all__ = [
     "LogTailLostError",
     "PolicyRefusedError",
     "PromptBlockedError",
+    "PruneError",
+    "PruneErrorCode",
     "ProviderError",
     "ProviderErrorType",
     "SessionError",
@@ -69,6 +71,19 @@ class ClearContextError(TrimtabError):
     def __init__(self, code: ClearContextErrorCode, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code: ClearContextErrorCode = code
+
+
+PruneErrorCode: TypeAlias = Literal[
+    "run_in_flight", "session_open", "follower_behind", "log_changed", "remote_session"
+]
+
+
+class PruneError(TrimtabError):
+    """A prune that was refused; nothing was removed (spec X8)."""
+
+    def __init__(self, code: PruneErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: PruneErrorCode = code
 
 
 ProviderErrorType: TypeAlias = Literal[

@@ -14,8 +14,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import compact, summarize_for_handoff
-from trimtab._errors import ClearContextError, TrimtabError
+from trimtab._errors import ClearContextError, PruneError, TrimtabError
 from trimtab._results import ClearContextResult, CompactResult, TruncateResult
+from trimtab._retention import PruneResult, prune_log
 from trimtab._run_context import emit
 from trimtab._runner import Runner
 from trimtab._state import state_of
@@ -23,11 +24,19 @@ from trimtab._tools import SessionHandle, valid_text
 from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
+    SessionPrunedEvent,
     SessionTruncatedEvent,
     TruncatedData,
 )
 
-__all__ = ["ClearContextResult", "CompactResult", "History", "SessionOwner", "TruncateResult"]
+__all__ = [
+    "ClearContextResult",
+    "CompactResult",
+    "History",
+    "PruneResult",
+    "SessionOwner",
+    "TruncateResult",
+]
 
 T = TypeVar("T")
 S = TypeVar("S", bound=SessionHandle)
@@ -145,6 +154,11 @@ class History(Generic[S]):
                 raise ValueError(
                     f"no event {event_id!r} to truncate at in session {runner.session_id}"
                 )
+            if isinstance(events[cut - 1], SessionPrunedEvent):
+                raise ValueError(
+                    f"the window before event {event_id!r} was pruned (spec X8): truncate at"
+                    " a later event"
+                )
             data = TruncatedData(
                 event_id=event_id,
                 events_removed=len(events) - cut,
@@ -183,6 +197,31 @@ class History(Generic[S]):
                 "summarize it there"
             )
         return await summarize_for_handoff(runner.context(), runner)
+
+    async def prune(self) -> PruneResult:
+        """Remove the log's events before the window's base from the store, keeping what they
+        folded to in one `session.pruned` event (spec X8): the window, the configuration, the
+        usage and the epochs' markers stay; `get_events()` no longer returns those events.
+
+        Refused with `PruneError` (`run_in_flight`) while a run or window operation is in
+        progress or queued, on a remote session (`remote_session`), and while a subscription
+        of this runtime's store still has to read what it would remove
+        (`follower_behind`)."""
+        runner = self._runner
+        _open(runner)
+        if not runner.log.writable:
+            raise PruneError(
+                "remote_session", f"session {runner.session_id} is run by another runtime"
+            )
+        if runner.busy:
+            raise PruneError(
+                "run_in_flight",
+                f"session {runner.session_id} has a run or window operation in progress or"
+                " queued: prune it once it is idle",
+            )
+        log = runner.log
+        async with log.exclusive():  # (no append comes between the read and the prune)
+            return await prune_log(log.store, runner.session_id, lease=log.lease)
 
     async def _between_runs(self, apply: Callable[[], Awaitable[T]]) -> T:
         """Run a window operation between runs, never during one (queued behind them)."""

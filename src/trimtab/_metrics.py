@@ -17,6 +17,7 @@ from trimtab.events import (
     ModelMetric,
     ModelRequests,
     ModelTokens,
+    SessionPrunedEvent,
     SessionStartEvent,
     UserMessageEvent,
     now,
@@ -58,6 +59,14 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
                 duration += data.duration or 0.0
             case UserMessageEvent() if event.data.source not in ("context_cleared", "hook"):
                 requests += 1
+            case SessionPrunedEvent() if event.data.metrics:  # what the events it replaced spent
+                pruned = SessionMetrics.model_validate(event.data.metrics)
+                duration, requests = pruned.api_duration_ms, pruned.user_requests
+                last = pruned.last_call_tokens
+                calls = {
+                    model: (m.requests.count, m.usage.input_tokens, m.usage.output_tokens)
+                    for model, m in pruned.models.items()
+                }
             case _:
                 pass
     models = {

@@ -37,6 +37,7 @@ from trimtab.events import (
     SessionMode,
     SessionModeChangedEvent,
     SessionModelChangeEvent,
+    SessionPrunedEvent,
     SessionResumeEvent,
     SessionStartEvent,
     SessionTitleChangedEvent,
@@ -160,6 +161,8 @@ class SessionState:
 
     def apply(self, event: Event) -> bool:
         """Advance the state by one persisted event; True when the event ended a run."""
+        if isinstance(event, SessionPrunedEvent):
+            return self._pruned(event)
         self.event_count += 1
         self.last_id = event.id
         match event:
@@ -243,6 +246,16 @@ class SessionState:
             case _:
                 pass
         return False
+
+    def _pruned(self, event: SessionPrunedEvent) -> bool:
+        """The state the events a prune removed folded to (spec X8), at the marker's place;
+        True when that ended the run this state had in progress (a reader behind the cut)."""
+        running = self.run_id
+        restored = SessionState.restore(StateSnapshot.model_validate(event.data.state))
+        for name in SessionState.__dataclass_fields__:
+            setattr(self, name, getattr(restored, name))
+        self.event_count, self.last_id = event.data.position, event.id
+        return running is not None and self.run_id != running
 
     def _message(self, event: UserMessageEvent) -> None:
         """A user message: an input starts its run; a clear's seed is recorded, and starts a

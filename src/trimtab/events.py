@@ -67,6 +67,8 @@ __all__ = [
     "PermissionsChangedData",
     "PlanChangedData",
     "PlanOperation",
+    "PrunedBase",
+    "PrunedData",
     "Recall",
     "SessionConfigData",
     "SessionCompactionCompleteEvent",
@@ -82,6 +84,7 @@ __all__ = [
     "SessionModelChangeEvent",
     "SessionPermissionsChangedEvent",
     "SessionPlanChangedEvent",
+    "SessionPrunedEvent",
     "SessionResumeData",
     "SessionResumeEvent",
     "SessionStartData",
@@ -549,6 +552,33 @@ class TruncatedData(WireModel):
     """The conversation as it was just before `event_id`."""
 
 
+class PrunedBase(WireModel):
+    """A window base (clear, compaction, truncation) a prune removed, as the marker keeps it."""
+
+    event_id: str
+    type: str
+    timestamp: datetime
+    context_epoch: int
+
+
+class PrunedData(WireModel):
+    """What `session.pruned` stands for: the events a prune removed (spec X8)."""
+
+    events_pruned: int
+    """How many events of the log this one replaced: those from the second (the first is
+    the session's start, kept) through its own position."""
+    position: int
+    """Its position in the log (1-based): the last position it stands for."""
+    state: dict[str, Any]
+    """The session's state after those events (a `StateSnapshot`, without the window's
+    conversation, which the next event sets): what replaying them gave."""
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    """What those events spent (a `SessionMetrics`), so that `session.metrics()` stays whole."""
+    bases: list[PrunedBase] = Field(default_factory=list)
+    """The epochs' markers among them (clears, compactions, truncations), oldest first."""
+    pruned_at: datetime = Field(default_factory=now)
+
+
 class WarningData(WireModel):
     warning_type: str
     message: str
@@ -817,6 +847,15 @@ class SessionTruncatedEvent(EventBase):
     data: TruncatedData
 
 
+class SessionPrunedEvent(EventBase):
+    """The events before the window's base, removed from the store by a prune (spec X8): it
+    takes the place (position and id) of the last of them, so positions and the `parent_id`
+    chain after it stay as they were."""
+
+    type: Literal["session.pruned"] = "session.pruned"
+    data: PrunedData
+
+
 class SessionWarningEvent(EventBase):
     type: Literal["session.warning"] = "session.warning"
     data: WarningData
@@ -926,6 +965,7 @@ Event: TypeAlias = Annotated[
     | SessionCompactionStartEvent
     | SessionCompactionCompleteEvent
     | SessionTruncatedEvent
+    | SessionPrunedEvent
     | SessionWarningEvent
     | SessionInfoEvent
     | SessionModelChangeEvent
@@ -966,6 +1006,7 @@ EventType: TypeAlias = Literal[
     "session.compaction_start",
     "session.compaction_complete",
     "session.truncated",
+    "session.pruned",
     "session.warning",
     "session.info",
     "session.model_change",

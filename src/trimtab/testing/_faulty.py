@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from trimtab._errors import StoreUnavailableError
-from trimtab.events import Event
+from trimtab.events import Event, SessionPrunedEvent
 from trimtab.store import Lease, SessionRecord, Store
 
 __all__ = ["FaultyStore"]
@@ -50,7 +50,7 @@ class FaultyStore:
         self.durable = durable
         self.pause = pause
         self.writes = 0
-        """Writes (creates and appends) tried so far."""
+        """Writes (creates, appends and prunes) tried so far."""
         self.crashed = False
 
     def crash(self) -> None:
@@ -149,6 +149,14 @@ class FaultyStore:
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         await self._enter()
         return await self.inner.discard_inputs(session_id, message_ids)
+
+    async def prune(
+        self, session_id: str, marker: SessionPrunedEvent, *, lease: Lease | None
+    ) -> int:
+        """A write like an append: the crash point counts it (spec X8)."""
+        removed = await self._write(lambda: self.inner.prune(session_id, marker, lease=lease))
+        assert removed is not None
+        return removed
 
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         await self._enter()
