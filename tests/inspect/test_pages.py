@@ -509,3 +509,25 @@ async def test_l7_the_list_and_the_session_page_count_model_calls_alike(
     assert facts == chart == ["3"]
     assert "a point for each of the 2 answers" in visible(html)
     assert "The window of model call 1 of 3" in window
+
+
+async def test_x8_a_pruned_session_shows_what_was_pruned_and_counts_as_before(
+    client: Client, inspector: httpx.AsyncClient
+) -> None:
+    session, model = await seed_scenario(client)
+    model.add("again")
+    await session.send_and_wait("and again")
+    result = await session.history.prune()
+    facts = ["3"]  # the clearing call, the seeded run's and the last run's
+
+    html = await page(inspector, url(session.session_id))
+    ops = re.findall(r'<div class="op op-(\w+)" data-op="\w+">\s*<header><strong>([^<]*)', html)
+    assert ("pruned", f"{result.events_removed} events pruned before here") in ops
+    assert "session.context_cleared (epoch 0," not in html  # (the clear itself is kept)
+    assert re.findall(r"<dt>model calls</dt><dd>(\d+)</dd>", html) == facts
+    assert "1 clear, 0 compactions, 0 truncations" in visible(html)
+    last = int(facts[0])
+    window = visible(await page(inspector, url(session.session_id, f"/calls/{last}")))
+    assert f"The window of model call {last} of {last}" in window
+    listed = row(await page(inspector, "/"), session.session_id)
+    assert listed.split()[-4] == facts[0]
