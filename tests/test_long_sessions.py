@@ -65,13 +65,16 @@ class Counted:
 
 
 def test_x1_ratio_folds_observations_with_bounded_weight() -> None:
-    ratios = observed(NONE, "m", 100, 200)
+    ratios = observed(NONE, "m", 1_000, 2_000)
     assert ratio(ratios, "m") == 2.0 and ratio(ratios, "other") == 1.0
-    ratios = observed(ratios, "m", 100, 100)  # the second weighs a half
+    ratios = observed(ratios, "m", 1_000, 1_000)  # the second weighs a half
     assert ratio(ratios, "m") == 1.5
     for _ in range(20):  # then a quarter each: it follows a change within a few calls
-        ratios = observed(ratios, "m", 100, 120)
+        ratios = observed(ratios, "m", 1_000, 1_200)
     assert ratio(ratios, "m") == pytest.approx(1.2, abs=0.01)
+    # A short request (mostly per-message overhead) moves it in proportion to its size.
+    assert ratio(observed(ratios, "m", 100, 300), "m") == pytest.approx(1.2 + 0.025 * 1.8, 0.01)
+    assert ratio(observed(NONE, "m", 100, 200), "m") == 2.0  # (the first counts fully)
     assert observed(ratios, "m", 100, 0) == ratios  # a provider that reported nothing
     assert observed(ratios, "m", None, 50) == ratios  # a call logged before calibration
     assert ratio(observed(NONE, "m", 10, 10_000), "m") == MAX_RATIO

@@ -20,6 +20,7 @@ __all__ = [
     "MIN_WEIGHT",
     "NONE",
     "OVERFLOW_MARGIN",
+    "SIGNIFICANT",
     "Ratios",
     "observed",
     "overflowed",
@@ -33,16 +34,22 @@ common tokenizers, code and JSON 1.2-2, scripts without spaces up to ~4; a figur
 these is a provider's miscount (a cached prefix left out, a proxy's total), not the model's."""
 
 MIN_WEIGHT = 0.25
-"""The least weight a new observation gets: the first ones are averaged (1, 1/2, 1/3, ...),
-then each moves the ratio by a quarter of its difference, so that the ratio follows a
-conversation whose content changes (prose, then a tool's JSON) within a few calls."""
+"""The least weight a new observation of a full size (`SIGNIFICANT`) gets: the first ones are
+averaged (1, 1/2, 1/3, ...), then each moves the ratio by a quarter of its difference, so that
+the ratio follows a conversation whose content changes (prose, then a tool's JSON) within a
+few calls."""
+
+SIGNIFICANT = 1_000
+"""Requests of at least this many tokens (by the estimate) count fully; a smaller one in
+proportion to its size: its count is mostly the provider's per-message overhead, and the
+ratio matters where a window nears the model's context, not in a short request."""
 
 OVERFLOW_MARGIN = 1.1
 """A refused request was more than the model's limit: the ratio becomes at least this much
 above `limit / estimate`, the least that explains the refusal."""
 
-Ratios = Mapping[str, tuple[float, int]]
-"""Model -> (ratio, observations folded in)."""
+Ratios = Mapping[str, tuple[float, float]]
+"""Model -> (ratio, the weight of the observations folded in: one per full-size request)."""
 
 NONE: Ratios = MappingProxyType({})
 
@@ -58,10 +65,11 @@ def observed(ratios: Ratios, model: str, estimated: int | None, reported: int | 
     estimate (a log written before calibration) or its provider reported no tokens."""
     if not estimated or not reported or estimated <= 0 or reported <= 0:
         return ratios
-    current, samples = ratios.get(model, (1.0, 0))
-    weight = max(1.0 / (samples + 1), MIN_WEIGHT)
+    current, mass = ratios.get(model, (1.0, 0.0))
+    size = min(1.0, estimated / SIGNIFICANT)
+    weight = max(size / (mass + size), MIN_WEIGHT * size)  # (the first counts fully)
     sample = _bounded(reported / estimated)
-    return {**ratios, model: (_bounded(current + weight * (sample - current)), samples + 1)}
+    return {**ratios, model: (_bounded(current + weight * (sample - current)), mass + size)}
 
 
 def overflowed(ratios: Ratios, model: str, estimated: int | None, limit: int | None) -> Ratios:
@@ -69,11 +77,11 @@ def overflowed(ratios: Ratios, model: str, estimated: int | None, limit: int | N
     its `limit`: the ratio is raised to explain it (never lowered)."""
     if not estimated or not limit or estimated <= 0 or limit <= 0:
         return ratios
-    current, samples = ratios.get(model, (1.0, 0))
+    current, mass = ratios.get(model, (1.0, 0.0))
     least = _bounded(OVERFLOW_MARGIN * limit / estimated)
     if least <= current:
         return ratios
-    return {**ratios, model: (least, samples)}
+    return {**ratios, model: (least, mass)}
 
 
 def _bounded(value: float) -> float:

@@ -112,7 +112,7 @@ class StateSnapshot(BaseModel):
     name: str | None = None
     name_auto: bool = False
     mode: SessionMode = "interactive"
-    ratios: dict[str, tuple[float, int]] = {}
+    ratios: dict[str, tuple[float, float]] = {}
 
 
 @dataclass(slots=True)
