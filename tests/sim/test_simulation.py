@@ -1,9 +1,12 @@
-"""Deterministic fault simulation of the session core (spec E1, E3, O1, C6-C10, P3, P4, R1).
+"""Deterministic fault simulation of the session core (spec E1, E3, O1, C6-C10, P3, P4, R1,
+X4-X6, X8).
 
 A seeded Hypothesis state machine drives one session through sends, sends queued behind a run,
-tool batches with every outcome (terminal calls, clears that commit and clears that roll back,
-rejections, denials, gated calls), aborts, compactions, truncations, forks, disconnects and
-resumes, crashes at a chosen write (the write stored or not), and takeovers by a new runtime.
+steering messages, tool batches with every outcome (terminal calls, clears that commit and
+clears that roll back, rejections, denials, gated calls), the host's clears, handoffs (its
+window is small, with the handoff policy on), aborts, compactions, truncations, forks, prunes,
+disconnects and resumes, crashes at a chosen write (the write stored or not), and takeovers
+by a new runtime.
 After every step it checks what must always hold, and whenever it lets the world settle, every
 promise, from the log alone: one chain of distinct events; every acknowledged input ran exactly
 once; every run ended in one idle, where its log says it ended; the live window is the log's;
@@ -95,6 +98,23 @@ class Simulation(RuleBasedStateMachine):
     def send(self, plan: list[Any]) -> None:
         self.sent += 1
         self.run(self.world.send(f"prompt {self.sent}", plan))
+
+    @rule(plan=PLANS)
+    def steer(self, plan: list[Any]) -> None:
+        """A message for the run in flight (spec X6), or a plain send when idle."""
+        self.sent += 1
+        self.run(self.world.send(f"steer {self.sent}", plan, immediate=True))
+
+    @rule(seed=st.integers(0, 99))
+    def host_clear(self, seed: int) -> None:
+        """The host clears between runs (X4); refused while a run is in flight."""
+        self.run(asyncio.wait_for(self.world.clear(f"HOSTSEED-{seed}"), 20))
+
+    @rule()
+    def prune(self) -> None:
+        """Retention (X8): refused while a run is in flight, else the log before the
+        window's base becomes a marker."""
+        self.run(asyncio.wait_for(self.world.prune(), 20))
 
     @rule(yields=st.integers(0, 20))
     def let_it_run(self, yields: int) -> None:
@@ -188,6 +208,9 @@ class Simulation(RuleBasedStateMachine):
                 event(f"crash at write {min(write, 30)}{'+' if write > 30 else ''}")
                 event(f"crash, the write {'stored' if durable else 'lost'}")
             event(f"{len(self.world.runtimes)} runtime(s)")
+            event(f"prunes: {min(self.world.prunes, 3)}")
+            whole = self.world.whole()
+            event(f"handoffs: {sum(e.type == 'session.context_cleared' for e in whole) > 0}")
         finally:
             self.run(self.world.close())
             self.run(self.world.durable.close())

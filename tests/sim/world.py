@@ -28,6 +28,7 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
+from trimtab._compaction import HANDOFF_PROMPT
 from trimtab._session import ownership_of
 from trimtab._state import state_of
 from trimtab._window import estimate_tokens
@@ -58,15 +59,22 @@ class PlannedModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         self.requests.append(request)
         await asyncio.sleep(0)
+        # It counts as the window's estimate does: the calibration (X1) stays at 1.
+        tools = sum(len(t.model_dump_json()) for t in request.tools) // 4
+        usage = Usage(input_tokens=estimate_tokens(request.messages) + tools)
+        if request.messages[0].content == HANDOFF_PROMPT:
+            # A handoff's note (spec X5) uses no plan: the runs' answers stay in order.
+            yield ModelResponse(content="NOTE", usage=usage, finish_reason="stop")
+            return
         step = self.plans.popleft() if self.plans else "done"
         if isinstance(step, str):
-            yield ModelResponse(content=step, usage=Usage(input_tokens=1), finish_reason="stop")
+            yield ModelResponse(content=step, usage=usage, finish_reason="stop")
             return
         calls = []
         for name, arguments in step:
             self.calls += 1
             calls.append(ToolCall(id=f"c{self.calls}", name=name, arguments=json.dumps(arguments)))
-        yield ModelResponse(tool_calls=tuple(calls), usage=Usage(input_tokens=1))
+        yield ModelResponse(tool_calls=tuple(calls), usage=usage)
 
     async def aclose(self) -> None:
         pass
@@ -175,6 +183,10 @@ class World:
         self.forks: list[Session] = []
         self.follower: Runtime | None = None
         """A runtime following the session it does not run, ready to take it over."""
+        self.seen: dict[str, Event] = {}
+        """Every stored event read so far, by id: the log as it would be without prunes (a
+        marker takes the id of the last event it stands for, which stays here)."""
+        self.prunes = 0
 
     # --- runtimes --------------------------------------------------------------------------
 
@@ -185,10 +197,18 @@ class World:
             "on_permission_request": permissions,
         }
 
+    def _policy(self) -> dict[str, Any]:
+        """A window the conversation outgrows within a few runs, handed off past its half
+        (spec X5): the system message and tool schemas take ~560 tokens of its 1,300."""
+        return {
+            "model_limits": {"context_window": 1_300, "max_output_tokens": 100},
+            "handoff": {"threshold": 0.5},
+        }
+
     async def start(self) -> None:
         runtime = await self._runtime()
         session = await runtime.client.create_session(
-            session_id=self.SESSION, system_message=SYSTEM, **self._options()
+            session_id=self.SESSION, system_message=SYSTEM, **self._options(), **self._policy()
         )
         self._attach(runtime, session)
 
@@ -289,13 +309,35 @@ class World:
 
     # --- driving ---------------------------------------------------------------------------
 
-    async def send(self, prompt: str, plan: Plan) -> None:
+    async def send(self, prompt: str, plan: Plan, *, immediate: bool = False) -> None:
         session = self.owner.session
         if session is None or self.owner.dead or session.closed:
             return
         self.model.plans.extend(plan)
+        mode: Any = "immediate" if immediate else "enqueue"
         with contextlib.suppress(TrimtabError):
-            self.acknowledged.append(await session.send(prompt))
+            self.acknowledged.append(await session.send(prompt, mode=mode))
+
+    async def clear(self, prompt: str) -> None:
+        """The host clears between runs (spec X4): refused while a run is in flight."""
+        session = self.owner.session
+        if session is None or self.owner.dead or session.closed:
+            return
+        with contextlib.suppress(TrimtabError):
+            result = session.history.clear_context(prompt)
+            assert result.message_id is not None
+            await result
+            self.acknowledged.append(result.message_id)  # its seed runs exactly once
+
+    async def prune(self) -> None:
+        """Prune the log before the window's base (spec X8), as an idle session allows."""
+        session = self.owner.session
+        if session is None or self.owner.dead or session.closed:
+            return
+        await self.log()  # (everything it may remove has been seen)
+        with contextlib.suppress(TrimtabError):
+            if (await session.history.prune()).events_removed:
+                self.prunes += 1
 
     async def settle(self) -> None:
         """Open the gates and wait until nothing runs (recovering from a crash if needed)."""
@@ -342,23 +384,34 @@ class World:
     # --- invariants ------------------------------------------------------------------------
 
     async def log(self) -> list[Event]:
-        return await self.durable.read(self.SESSION)
+        """The stored log; what it holds is remembered (`seen`)."""
+        log = await self.durable.read(self.SESSION)
+        for event in log:
+            self.seen.setdefault(event.id, event)
+        return log
+
+    def whole(self) -> list[Event]:
+        """The log as it would be without prunes: every event seen, in log order."""
+        return list(self.seen.values())
 
     async def check_always(self) -> None:
         """What holds after every step, mid-run and mid-crash included."""
         log = await self.log()
         assert_chain(log)
-        assert_clears(log, complete=False)
+        assert_clears(self.whole(), complete=False)
+        assert_pruned(log, self.whole())
         for request in self.model.requests:
             assert_request(request)
 
     async def check_settled(self) -> None:
         """What holds once nothing runs: every promise kept, from the log alone."""
         log = await self.log()
+        whole = self.whole()
         assert_chain(log)
-        assert_clears(log, complete=True)
-        assert_calls_complete(log)
-        delivered = [e.data.message_id for e in log if e.type == "user.message"]
+        assert_clears(whole, complete=True)
+        assert_calls_complete(whole)
+        assert_pruned(log, whole)
+        delivered = [e.data.message_id for e in whole if e.type == "user.message"]
         for message_id in self.acknowledged:
             assert delivered.count(message_id) == 1, (
                 f"input {message_id} ran {delivered.count(message_id)} times"
@@ -372,7 +425,7 @@ class World:
         )
         for runtime in [*self.runtimes, *([self.follower] if self.follower else [])]:
             if not runtime.dead:
-                assert_one_idle_per_run(runtime, log)
+                assert_one_idle_per_run(runtime, whole)
         for fork in self.forks:
             fork_log = await self.durable.read(fork.session_id)
             assert_chain(fork_log)
@@ -389,15 +442,23 @@ def assert_chain(log: list[Event]) -> None:
 
 
 def assert_clears(log: list[Event], *, complete: bool) -> None:
-    """C6, C7, C10: a clear is committed only right after its own call's success, never by a
-    failed call, and its seed is logged exactly once (at most once while runs go on)."""
+    """C6, C7, C10, X4, X5: a clear is committed only right after its own call's success,
+    never by a failed call, or (the host's, a handoff's) in one append with its seed; and its
+    seed is logged exactly once (at most once while runs go on)."""
     calls = {e.data.tool_call_id: e.data.tool_name for e in log if e.type == "tool.execution_start"}
     for index, event in enumerate(log):
         if event.type != "session.context_cleared":
             continue
-        before = log[index - 1]
-        assert before.type == "tool.execution_complete" and before.data.success
-        assert calls.get(before.data.tool_call_id) == "clear_context"
+        before, after = log[index - 1], log[index + 1] if index + 1 < len(log) else None
+        seeded = (
+            after is not None
+            and after.type == "user.message"
+            and after.data.source == "context_cleared"
+            and after.data.content == event.data.initial_message
+        )
+        if not seeded:
+            assert before.type == "tool.execution_complete" and before.data.success
+            assert calls.get(before.data.tool_call_id) == "clear_context"
         following = log[index + 1 :]
         end = next(
             (i for i, e in enumerate(following) if e.type == "session.context_cleared"), None
@@ -411,6 +472,30 @@ def assert_clears(log: list[Event], *, complete: bool) -> None:
         assert all(s.data.content == event.data.initial_message for s in seeds)
         if complete:
             assert len(seeds) == 1, "a committed clear's seed was lost"
+
+
+def assert_pruned(log: list[Event], whole: list[Event]) -> None:
+    """X8: the pruned log replays to the state and window of the whole one, at the same
+    length; each marker stands at its position."""
+    if not any(e.type == "session.pruned" for e in log):
+        return
+    pruned, full = state_of(log), state_of(whole)
+    assert pruned.window() == full.window(), "the pruned log's window is not the log's"
+    assert (pruned.event_count, pruned.epoch, pruned.usage, pruned.config) == (
+        full.event_count,
+        full.epoch,
+        full.usage,
+        full.config,
+    )
+    assert (pruned.run_id, pruned.pending_seed, pruned.open_turn) == (
+        full.run_id,
+        full.pending_seed,
+        full.open_turn,
+    )
+    for event in log:
+        if event.type == "session.pruned":
+            at = [e.id for e in whole].index(event.id) + 1
+            assert event.data.position == at, "a marker is not where it stands"
 
 
 def assert_calls_complete(log: list[Event]) -> None:
