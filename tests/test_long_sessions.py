@@ -159,6 +159,25 @@ async def test_x2_refused_request_is_compacted_and_retried_once(client: Client) 
     assert not rec.of("session.error")
 
 
+async def test_x2_compacts_with_automatic_compaction_off(client: Client) -> None:
+    """`infinite_sessions.enabled: False` turns off compaction before a call, not the
+    recovery from a refusal: the `"compact"` policy still summarises."""
+    counted = Counted(limit=3_000, ratio=1.0)
+    model = ScriptedModel(then=counted)
+    session = await open_session(
+        client,
+        model,
+        model_limits={"context_window": 3_000},
+        infinite_sessions={"enabled": False},
+    )
+    await history(session, counted)
+    counted.ratio = 1.6
+    reply = await session.send_and_wait("fact " * 240)
+    assert reply is not None and reply.data.content == "ok"
+    assert len(counted.refused) == 1
+    assert [is_summary(r) for r in model.requests[-3:]] == [False, True, False]
+
+
 async def test_x2_a_second_refusal_ends_the_run(client: Client) -> None:
     refusal = ProviderError("context_length", "too long", status_code=400)
     model = ScriptedModel(["a", "b", refusal, "SUMMARY", refusal])
