@@ -293,6 +293,23 @@ _ACQUIRE = """
     SELECT (SELECT lease_token FROM taken) FROM sessions WHERE session_id = %(session_id)s
 """
 
+# An engine's claim (see `Store.claim_lease`): the outer SELECT reads the row as it was
+# before the update, so a refused claim still learns the token it was refused by.
+_CLAIM_FENCED = """
+    WITH taken AS (
+        UPDATE sessions SET
+            lease_token = %(fence)s,
+            lease_owner = %(owner)s,
+            lease_expires_at = now() + make_interval(secs => %(ttl)s)
+        WHERE session_id = %(session_id)s
+          AND (lease_token < %(fence)s
+               OR (lease_token = %(fence)s AND lease_owner IS NOT DISTINCT FROM %(owner)s))
+        RETURNING lease_token
+    )
+    SELECT (SELECT lease_token FROM taken), lease_token FROM sessions
+    WHERE session_id = %(session_id)s
+"""
+
 # The least recently updated session with pending input and no live lease, locked so that
 # concurrent claimers skip it rather than wait (scale-out.md 4.4).
 _CLAIM = """
@@ -839,6 +856,17 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         (token,) = row
         return None if token is None else Lease(session_id=session_id, owner=owner, token=token)
+
+    @_bounded
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence` (see `Store`)."""
+        params = {"session_id": session_id, "owner": owner, "fence": fence, "ttl": ttl}
+        async with self._connection() as conn:
+            row = await (await conn.execute(_CLAIM_FENCED, params)).fetchone()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        taken, token = row
+        return token if taken is None else Lease(session_id=session_id, owner=owner, token=fence)
 
     @_bounded
     async def renew_leases(self, owner: str, ttl: float) -> list[str]:
