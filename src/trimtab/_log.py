@@ -67,6 +67,7 @@ class SessionLog:
 
     __slots__ = (
         "_end_logged",
+        "_halted",
         "_idle_delivered",
         "idle_given",
         "_unsure",
@@ -104,6 +105,15 @@ class SessionLog:
         self.idle_given: str | None = None
         """A run of this runtime whose idle was delivered here before its end was in the log
         (the lease was lost under it): the end, when it comes, brings no second one (E1)."""
+        self._halted = False
+
+    def halt(self) -> None:
+        """Stop writing, silently: every later batch is dropped (neither stored nor applied
+        nor delivered), so that the log reads as if this runtime had stopped right here. What
+        an engine does to a run it parks (spec EN5): the run is then let go of, and whatever
+        its stopping would log (cancelled calls, an abort, its idle) is never written."""
+        self._halted = True
+        self.lease = None
 
     @property
     def writable(self) -> bool:
@@ -157,6 +167,8 @@ class SessionLog:
         `first` gives events to store before `events`, from the state as the log holds it
         (after an append given up on is caught up with)."""
         state = self.state
+        if self._halted:
+            return chained(events, state.last_id, state.epoch)
         if self._unsure and self.lease is not None and not all(e.ephemeral for e in events):
             await self.catch_up()
         if first is not None:
