@@ -31,12 +31,18 @@ def echo_tool() -> Any:
     return define_tool("echo", params_type=Text, skip_permission=True, handler=lambda p: p.text)
 
 
-async def _workflow_activities(engine: Any, session_id: str) -> int:
-    """How many activities the session's workflow has in flight (0: nothing runs it)."""
+async def parked(engine: Any, session_id: str, within: float = 10.0) -> None:
+    """Return once the session's workflow has no activity in flight: no worker holds its
+    run (Temporal is polled: it tells nobody)."""
     from trimtab.temporal._workflow import workflow_id
 
-    described = await engine.client.get_workflow_handle(workflow_id(session_id)).describe()
-    return len(described.raw_description.pending_activities)
+    handle = engine.client.get_workflow_handle(workflow_id(session_id))
+    for _ in range(int(within / 0.05)):
+        described = await handle.describe()
+        if not described.raw_description.pending_activities:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"an activity still runs session {session_id} after {within} s")
 
 
 async def test_en2_each_input_runs_once_in_order_each_run_to_one_idle(
@@ -187,9 +193,7 @@ async def test_en5_a_run_parks_on_an_unanswered_question_holding_no_worker_then_
         await seen.wait_for("permission.requested", timeout=20)
 
         # Parked: the attempt ended, and no worker holds the run while nobody decides.
-        async with asyncio.timeout(10):
-            while await _workflow_activities(engine, session.session_id):
-                await asyncio.sleep(0.05)
+        await parked(engine, session.session_id)
         assert not waiting.done()
         decided.set()
         reply = await waiting
@@ -233,9 +237,7 @@ async def test_e4_en5_an_abort_ends_a_parked_run_with_its_question_closed(
         seen = Recorder(session)
         await session.send("go")
         await seen.wait_for("permission.requested", timeout=20)
-        async with asyncio.timeout(10):
-            while await _workflow_activities(engine, session.session_id):
-                await asyncio.sleep(0.05)
+        await parked(engine, session.session_id)
 
         await session.abort()
 
