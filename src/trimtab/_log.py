@@ -245,6 +245,12 @@ class SessionLog:
                         self.session_id, events, lease=self.lease, durable=durable
                     )
                 return
+            except LeaseLostError:
+                # Fenced out: another runtime (or an engine's later attempt) holds the
+                # session now. Said here, where it happens: the run that wrote may be
+                # stopping anyway, and then nothing else reports it.
+                log.warning("session %s: an append was refused, the lease is lost", self.session_id)
+                raise
             except StoreUnavailableError:
                 delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]
                 # Retried only while a try as long as this one still fits: one that waited

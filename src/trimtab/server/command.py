@@ -54,6 +54,9 @@ LOG_LEVELS = {
 }
 """`--log-level`'s values: the official SDKs' names for them."""
 
+ENGINE_VARIABLE = "TRIMTAB_ENGINE"
+"""Where an operator names the engine of a server an SDK spawns (it passes no `--engine`)."""
+
 TOKEN_VARIABLE = "COPILOT_CONNECTION_TOKEN"
 """Where the official SDKs put the connection token of a TCP runtime they spawn."""
 
@@ -152,6 +155,8 @@ def _options(ctx: click.Context, given: dict[str, Any]) -> ServerOptions:
         for name, value in given.items()
         if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
     }
+    if "engine" not in values and os.environ.get(ENGINE_VARIABLE):
+        values["engine"] = os.environ[ENGINE_VARIABLE]
     if "token" not in values and not values.get("stdio") and os.environ.get(TOKEN_VARIABLE):
         # A stdio client sends no token: one inherited in the environment would lock it out.
         values["token"] = os.environ[TOKEN_VARIABLE]

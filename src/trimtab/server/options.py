@@ -93,6 +93,10 @@ class ServerOptions(BaseModel):
     """Time the tool calls a dropped client left unanswered wait for a resuming one."""
     frame_timeout: Seconds = 10.0
     """Time a message's header may take once begun (and longest pause in its body)."""
+    engine: Annotated[str | None, Flag("URL")] = None
+    """Run sessions on a durable execution engine, temporal://HOST:PORT[/NAMESPACE], whose
+    workers (trimtab worker) run the loop; this server stores inputs, follows the logs and
+    asks its clients the runs' questions [env TRIMTAB_ENGINE; needs the temporal extra]."""
 
     @field_validator("store", mode="before")
     @classmethod
@@ -104,6 +108,13 @@ class ServerOptions(BaseModel):
     def _empty_is_none(cls, value: SecretStr | None) -> SecretStr | None:
         # An empty token would authenticate nobody, nor allow listening beyond loopback (S2).
         return value if value is not None and value.get_secret_value() else None
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("temporal://"):
+            raise ValueError(f"an engine is temporal://HOST:PORT[/NAMESPACE], not {value!r}")
+        return value or None
 
     @field_validator("provider", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client as TemporalClient
@@ -129,6 +130,9 @@ class TemporalEngine:
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            # A worker that stalls or is paused may have taken the workflow's task already:
+            # it is handed to another after this, not Temporal's default 10 s.
+            task_timeout=timedelta(seconds=min(self.heartbeat_timeout, 60.0)),
         )
 
     async def submit(self, session_id: str, message_id: str) -> None:
