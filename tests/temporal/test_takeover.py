@@ -48,10 +48,15 @@ async def _blocking(markers: Path, workers: list[WorkerProcess]) -> WorkerProces
     """The worker running the `block` tool, once one started it."""
     by_pid = {worker.pid: worker for worker in workers}
     for _ in range(1000):
-        for path in markers.glob("block-*"):
-            return by_pid[int(path.name.removeprefix("block-"))]
+        for pid in _started(markers):
+            return by_pid[pid]
         await asyncio.sleep(0.02)
     raise AssertionError("no worker started the tool within 20 s")
+
+
+def _started(markers: Path) -> list[int]:
+    """The pids of the workers whose `block` tool started."""
+    return [int(path.name.removeprefix("block-")) for path in markers.glob("block-*")]
 
 
 async def test_en3_p3_a_run_whose_worker_is_killed_mid_model_call_finishes_on_another(

@@ -39,7 +39,7 @@ async def _stall(params: Nothing, invocation: ToolInvocation) -> str:
     markers = Path(os.environ["TRIMTAB_TEST_MARKERS"])
     (markers / f"stall-{os.getpid()}").write_text(invocation.tool_call_id)
     while not (markers / "go").exists():
-        time.sleep(0.05)  # (on purpose: the worker stalls as a whole)
+        time.sleep(0.05)  # noqa: ASYNC251 (on purpose: the worker stalls as a whole)
     return "stalled"
 
 
