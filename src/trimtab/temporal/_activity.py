@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from trimtab import Client, PermissionDecision, Tool, ToolInvocation
 from trimtab._engine import Answer, PermissionAnswer, ToolAnswer
@@ -92,6 +92,7 @@ class _Attempt:
                 claimed,
                 type=FENCE_BEHIND,
                 non_retryable=True,
+                category=ApplicationErrorCategory.BENIGN,  # (the workflow goes on above it)
             )
         session = self._session = await runs.client._host(
             params.session_id,

@@ -92,6 +92,8 @@ class SessionParams:
     """An abort asked of a run that is not executing (parked, or about to start)."""
     runs: int = 0
     """Attempts made, over every history."""
+    rollover: int = ROLLOVER_RUNS
+    """Attempts per history before it continues as new."""
 
 
 @dataclass
@@ -133,11 +135,9 @@ class SessionWorkflow:
         p = self._p
         while True:
             await workflow.wait_condition(lambda: self._due() or self._rollover())
-            if not self._due():
-                # Between runs, and no handler in flight: nothing is lost by moving on.
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                if not self._due():
-                    workflow.continue_as_new(p)
+            if self._rollover():
+                # Between attempts, no handler in flight: what it holds is carried over.
+                workflow.continue_as_new(p)
             if p.waits and not p.aborting and not self._answered():
                 try:
                     await workflow.wait_condition(
@@ -159,7 +159,10 @@ class SessionWorkflow:
         return any(request_id in self._p.answers for request_id in self._p.waits)
 
     def _rollover(self) -> bool:
-        return self._here >= ROLLOVER_RUNS or workflow.info().is_continue_as_new_suggested()
+        """Time to continue as new: the history is long, and no handler is in flight (an
+        abort waits for the attempt it asked for, which comes first)."""
+        long = self._here >= self._p.rollover or workflow.info().is_continue_as_new_suggested()
+        return long and workflow.all_handlers_finished()
 
     async def _attempt(self) -> None:
         p = self._p
