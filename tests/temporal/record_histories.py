@@ -152,7 +152,7 @@ async def taken_over(run: Scenario) -> list[str]:
     from tests.temporal.tools import TOOLS
 
     async with ConversationModel() as model:
-        process = await run.worker_process(model)
+        process = await asyncio.to_thread(run.worker_process, model)
         try:
             session = await run.client().create_session(provider=model.provider(), tools=TOOLS)
             answer = asyncio.ensure_future(session.send_and_wait("block it", timeout=60))
@@ -205,7 +205,8 @@ class Scenario:
         await worker.start()
         self._workers.append(worker)
 
-    async def worker_process(self, model: Any) -> subprocess.Popen[bytes]:
+    def worker_process(self, model: Any) -> subprocess.Popen[bytes]:
+        """A `trimtab worker` process on the scenario's queue (blocks until it is ready)."""
         root = Path(__file__).resolve().parents[2]
         command = [
             sys.executable,
@@ -230,7 +231,7 @@ class Scenario:
         }
         process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env)
         assert process.stdout is not None
-        line = await asyncio.to_thread(process.stdout.readline)
+        line = process.stdout.readline()
         assert line.startswith(b"worker ready"), line
         return process
 
