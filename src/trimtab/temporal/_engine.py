@@ -11,6 +11,7 @@ import logging
 import uuid
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from temporalio.client import Client as TemporalClient
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
@@ -29,17 +30,24 @@ DEFAULT_TASK_QUEUE = "trimtab"
 """The task queue sessions' runs go to, which `trimtab worker` serves."""
 
 
-def parse_engine_url(url: str) -> tuple[str, str]:
-    """`(address, namespace)` of `temporal://HOST:PORT[/NAMESPACE]`; `ValueError` for
-    anything else."""
-    scheme, sep, rest = url.partition("://")
-    if scheme != "temporal" or not sep or not rest:
+def parse_engine_url(url: str) -> tuple[str, str, str | None]:
+    """`(address, namespace, task queue)` of
+    `temporal://HOST:PORT[/NAMESPACE][?task_queue=NAME]`; `ValueError` for anything else."""
+    parts = urlsplit(url)
+    if parts.scheme != "temporal" or not parts.netloc or parts.fragment:
         raise ValueError(f"an engine is temporal://HOST:PORT[/NAMESPACE], not {url!r}")
-    address, _, namespace = rest.partition("/")
-    host, colon, port = address.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"an engine address is HOST:PORT, not {address!r}")
-    return address, namespace.strip("/") or "default"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None or port == 0:
+        raise ValueError(f"an engine address is HOST:PORT, not {parts.netloc!r}")
+    query = parse_qs(parts.query, strict_parsing=bool(parts.query))
+    unknown = set(query) - {"task_queue"}
+    if unknown or any(len(values) != 1 for values in query.values()):
+        raise ValueError(f"an engine URL takes one task_queue=NAME, not {parts.query!r}")
+    namespace = parts.path.strip("/") or "default"
+    return parts.netloc, namespace, query.get("task_queue", [None])[0]
 
 
 class TemporalEngine:
@@ -52,7 +60,8 @@ class TemporalEngine:
     ```
 
     Args:
-        address: The Temporal frontend, `HOST:PORT` (or a `temporal://` URL).
+        address: The Temporal frontend, `HOST:PORT`, or a URL
+            `temporal://HOST:PORT[/NAMESPACE][?task_queue=NAME]`.
         namespace: The Temporal namespace of the sessions' workflows.
         task_queue: Where their runs go: the queue the workers serve.
         heartbeat_timeout: Seconds after which an attempt that stopped heartbeating (its
@@ -82,8 +91,9 @@ class TemporalEngine:
         check_seconds("park_after", park_after)
         check_seconds("pending_timeout", pending_timeout)
         if address.startswith("temporal://"):
-            address, parsed = parse_engine_url(address)
+            address, parsed, queue = parse_engine_url(address)
             namespace = namespace or parsed
+            task_queue = queue or task_queue
         self.address = address
         self.namespace = namespace or "default"
         self.task_queue = task_queue
