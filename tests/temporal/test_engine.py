@@ -226,7 +226,7 @@ async def test_en5_d6_a_parked_question_nobody_answers_is_given_up_after_the_pen
         assert [e.data.outcome for e in log if e.type == "tool.execution_complete"] == ["denied"]
 
 
-async def test_e4_en5_an_abort_ends_a_parked_run_with_its_question_closed(
+async def test_e4_en4_an_abort_ends_a_parked_run_with_its_question_closed(
     pg_dsn: str, engine: Any, start_worker: StartWorker
 ) -> None:
     echo = define_tool("echo", params_type=Text, handler=lambda p: p.text)
@@ -254,7 +254,7 @@ async def test_e4_en5_an_abort_ends_a_parked_run_with_its_question_closed(
         assert len(idle) == 1 and idle[0].data.aborted
 
 
-async def test_e4_an_abort_ends_the_run_a_worker_executes(
+async def test_e4_en4_an_abort_ends_the_run_a_worker_executes(
     pg_dsn: str, engine: Any, start_worker: StartWorker
 ) -> None:
     started = asyncio.Event()
@@ -312,3 +312,17 @@ async def test_c8_c10_a_clear_from_a_worker_tool_seeds_one_run(
         assert [m.role for m in model.requests[1].messages] == ["user"]
         await seen.wait_for("session.idle", timeout=10)
         assert len(seen.of("session.idle")) == 1  # no idle between the clear and its seed
+
+
+@pytest.mark.parametrize(
+    "option",
+    [{"hooks": {"on_pre_tool_use": lambda *a: None}}, {"mcp_servers": {"x": {"command": "x"}}}],
+    ids=["hooks", "mcp_servers"],
+)
+async def test_en1_a_session_on_an_engine_refuses_what_only_its_own_process_could_run(
+    pg_dsn: str, engine: Any, option: dict[str, Any]
+) -> None:
+    async with Client(store=pg_dsn, engine=engine) as client:
+        with pytest.raises(ValueError, match="cannot be given to a session on an engine"):
+            await client.create_session(provider=ScriptedModel(), **option)
+        assert await client.list_sessions() == []  # nothing stored

@@ -84,17 +84,23 @@ def run_worker(
         lease_ttl=lease_ttl,
         max_runs=max_runs,
     )
+    status = 0
     try:
         asyncio.run(_serve(worker))
     except KeyboardInterrupt:
         pass
-    # Stopped cleanly: the process ends here, skipping the interpreter's teardown, during
-    # which the Temporal SDK's own threads may still call into Python and abort it
+    except CliError as exc:
+        from trimtab.cli.render import Terminal
+
+        Terminal.detect().error(exc.message, exc.hint)
+        status = exc.exit_code
+    # Stopped: the process ends here, skipping the interpreter's teardown, during which the
+    # Temporal SDK's own threads may still call into Python and abort it
     # (temporalio/sdk-python#300).
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)
 
 
 async def _serve(worker: Any) -> None:

@@ -201,6 +201,13 @@ def _serve(log_level: str, **given: Any) -> None:
         raise ServeFailed(str(exc), exc.hint) from None
     except KeyboardInterrupt:
         pass  # how a server in a terminal is stopped
+    if options.engine is not None:
+        # Stopped cleanly: end here, skipping the interpreter's teardown, during which the
+        # Temporal SDK's threads may still call into Python and abort it (sdk-python#300).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 async def _run(options: ServerOptions) -> None:
