@@ -31,7 +31,7 @@ history once, where a payload past a few MiB is refused (spec EN6)."""
 class PermissionAnswer(BaseModel):
     """A decision on a permission request a run announced (`permission.requested`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["permission"] = "permission"
     decision: PermissionDecision
@@ -41,7 +41,7 @@ class ToolAnswer(BaseModel):
     """How a call of a tool the worker does not hold ended, where the tool was (an
     `external_tool.requested`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     kind: Literal["tool"] = "tool"
     outcome: ToolOutcome

@@ -107,5 +107,5 @@ async def _attempts(engine: Any, session_id: str) -> int:
     from trimtab.temporal._workflow import workflow_id
 
     history = await engine.client.get_workflow_handle(workflow_id(session_id)).fetch_history()
-    completed = "EVENT_TYPE_ACTIVITY_TASK_COMPLETED"
-    return history.to_json().count(completed)
+    completed: int = history.to_json().count("EVENT_TYPE_ACTIVITY_TASK_COMPLETED")
+    return completed

@@ -24,6 +24,7 @@ from trimtab.protocol.errors import SERVER_BUSY
 from trimtab.protocol.framing import encode_frame
 from trimtab.protocol.jsonrpc import Connection
 from trimtab.providers import ProviderConfig, make_provider
+from trimtab.providers._install import install_command
 from trimtab.server.copilot import CANCELLABLE, CopilotConnection
 from trimtab.server.hub import SessionHub
 from trimtab.server.options import ServerOptions
@@ -171,7 +172,7 @@ def _engine(options: ServerOptions) -> Engine | None:
     except ImportError as exc:
         raise ServeError(
             f"--engine needs the temporal extra ({exc})",
-            hint="pip install 'trimtab[temporal]'",
+            hint=install_command("temporal"),
         ) from None
     return TemporalEngine(options.engine, pending_timeout=options.pending_timeout)
 

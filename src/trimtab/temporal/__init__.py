@@ -1,4 +1,5 @@
-"""Sessions on Temporal (`pip install 'trimtab[temporal]'`, spec section 14).
+"""Sessions on Temporal (the `temporal` extra: `pip install '.[temporal]'` in the checkout;
+spec section 14).
 
 `Client(engine=TemporalEngine(...))` stores its sessions' inputs and follows their logs;
 `Worker` processes (or `trimtab worker`) run their runs, one activity per attempt, taken over

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -39,7 +40,10 @@ __all__ = ["Runs"]
 
 log = logging.getLogger("trimtab.temporal")
 
-_ANSWER: TypeAdapter[Answer] = TypeAdapter(Answer)
+
+@functools.cache
+def _answers() -> TypeAdapter[Answer]:
+    return TypeAdapter(Answer)  # built on first use, as every trimtab model is
 
 
 class Runs:
@@ -245,7 +249,7 @@ class _Questions:
             self._waits.pop(request_id, None)
         self.used.append(request_id)
         try:
-            return _ANSWER.validate_python(raw)
+            return _answers().validate_python(raw)
         except ValidationError:
             return None
 
