@@ -326,3 +326,22 @@ async def test_en1_a_session_on_an_engine_refuses_what_only_its_own_process_coul
         with pytest.raises(ValueError, match="cannot be given to a session on an engine"):
             await client.create_session(provider=ScriptedModel(), **option)
         assert await client.list_sessions() == []  # nothing stored
+
+
+async def test_en2_the_workflow_of_a_session_deleted_elsewhere_ends(
+    pg_dsn: str, engine: Any, start_worker: StartWorker
+) -> None:
+    from trimtab.temporal._workflow import workflow_id
+
+    model = ScriptedModel(then=lambda request: "ok")
+    await start_worker(pg_dsn, provider=model)
+    async with Client(store=pg_dsn, engine=engine) as client:
+        session = await client.create_session(provider=model)
+    async with Client(store=pg_dsn) as elsewhere:  # not on the engine: it tells it nothing
+        await elsewhere.delete_session(session.session_id)
+
+    await engine.submit(session.session_id, "late")  # an attempt finds the session gone
+
+    handle = engine.client.get_workflow_handle(workflow_id(session.session_id))
+    async with asyncio.timeout(20):
+        await handle.result()  # ended, rather than retrying for ever

@@ -162,7 +162,7 @@ async def test_en3_a_worker_paused_past_its_heartbeat_timeout_stores_nothing_whe
         await seen.wait_for("session.idle", timeout=10)
         logged = await session.get_events()
         paused.signal(signal.SIGCONT)
-        await _logged(paused, "Activity cancelled", "an append was refused")
+        await _logged(paused, "lets the session go", "an append was refused")
 
         assert answer is not None and answer.data.content == "re: hello"
         after = await session.get_events()

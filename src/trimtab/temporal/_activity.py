@@ -29,16 +29,26 @@ from pydantic import TypeAdapter, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from trimtab import Client, PermissionDecision, Tool, ToolInvocation
+from trimtab import Client, PermissionDecision, SessionNotFoundError, Tool, ToolInvocation
 from trimtab._engine import Answer, PermissionAnswer, ToolAnswer
 from trimtab._session import Session, ownership_of
 from trimtab._tools import CallOutcome, ExternalTool, failed_call
 from trimtab.events import PermissionRequestData, SessionConfigData, ToolDefinition
-from trimtab.temporal._workflow import FENCE_BEHIND, RUN_ACTIVITY, RunOutcome, RunParams
+from trimtab.temporal._workflow import (
+    FENCE_BEHIND,
+    LET_GO,
+    RUN_ACTIVITY,
+    SESSION_GONE,
+    RunOutcome,
+    RunParams,
+)
 
 __all__ = ["Runs"]
 
 log = logging.getLogger("trimtab.temporal")
+
+BENIGN = ApplicationErrorCategory.BENIGN
+"""Errors the workflow expects: logged at debug level by the SDK, not as failures."""
 
 
 @functools.cache
@@ -87,16 +97,21 @@ class _Attempt:
     async def run(self) -> RunOutcome:
         params, runs = self._params, self._runs
         store = await runs.client._open_store()
-        claimed = await store.claim_lease(
-            params.session_id, self.owner, params.fence, runs.lease_ttl
-        )
+        try:
+            claimed = await store.claim_lease(
+                params.session_id, self.owner, params.fence, runs.lease_ttl
+            )
+        except SessionNotFoundError:
+            raise ApplicationError(
+                f"session {params.session_id} was deleted", type=SESSION_GONE, non_retryable=True
+            ) from None
         if isinstance(claimed, int):
             raise ApplicationError(
                 f"fence {params.fence} is behind the session's {claimed}",
                 claimed,
                 type=FENCE_BEHIND,
                 non_retryable=True,
-                category=ApplicationErrorCategory.BENIGN,  # (the workflow goes on above it)
+                category=BENIGN,  # (the workflow goes on above it)
             )
         session = self._session = await runs.client._host(
             params.session_id,
@@ -118,9 +133,12 @@ class _Attempt:
                 # An abort (E4): the run ends here, with its one idle; what is queued
                 # behind it runs in the next attempt.
                 await session.abort()
-            else:
-                halted = True  # taken over, or the worker stops: write nothing more
-            raise
+                raise
+            halted = True  # taken over, or the worker stops: write nothing more
+            log.info("session %s: attempt %d lets the session go", params.session_id, params.fence)
+            raise ApplicationError(
+                "the attempt let the session go", type=LET_GO, category=BENIGN
+            ) from None
         except BaseException:
             halted = True
             raise
@@ -138,7 +156,11 @@ class _Attempt:
                 with contextlib.suppress(Exception):
                     await store.release_lease(claimed)
         if self._lost.is_set():
-            raise ApplicationError(f"session {params.session_id} was claimed by another attempt")
+            raise ApplicationError(
+                f"session {params.session_id} was claimed by another attempt",
+                type=LET_GO,
+                category=BENIGN,
+            )
         return RunOutcome(parked=parked, used=self._questions.used)
 
     def _tools(self, config: SessionConfigData) -> list[Tool]:
@@ -204,6 +226,7 @@ class _Attempt:
                     log.warning("could not renew the lease of session %s", session.session_id)
                 else:
                     if session.session_id not in kept:
+                        log.info("session %s: claimed by a later attempt", session.session_id)
                         ownership.halt()
                         self._lost.set()
                         return

@@ -25,6 +25,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 
 __all__ = [
     "FENCE_BEHIND",
+    "LET_GO",
+    "SESSION_GONE",
     "RUN_ACTIVITY",
     "UNANSWERED",
     "WORKFLOW",
@@ -39,6 +41,11 @@ WORKFLOW = "trimtab.Session"
 RUN_ACTIVITY = "trimtab.run"
 FENCE_BEHIND = "FenceBehind"
 """The `ApplicationError` type of an attempt whose fence the session's token had passed."""
+LET_GO = "LetGo"
+"""The type of an attempt that let the session go unfinished (its worker is stopping, or
+another attempt claimed it): the next one goes on at once."""
+SESSION_GONE = "SessionGone"
+"""The type of an attempt that found the session deleted: the workflow ends."""
 
 ROLLOVER_RUNS = 200
 """Attempts per workflow history before it continues as new: about 11 events each."""
@@ -129,11 +136,13 @@ class SessionWorkflow:
         """Attempts in this history."""
         self._failures = 0
         """Attempts failed in a row (not taken over): retried after a growing pause."""
+        self._gone = False
+        """The session was deleted."""
 
     @workflow.run
     async def run(self, params: SessionParams) -> None:
         p = self._p
-        while True:
+        while not self._gone:
             await workflow.wait_condition(lambda: self._due() or self._rollover())
             if self._rollover():
                 # Between attempts, no handler in flight: what it holds is carried over.
@@ -210,6 +219,10 @@ class SessionWorkflow:
         if isinstance(cause, ApplicationError) and cause.type == FENCE_BEHIND:
             (token,) = cause.details
             p.fence = max(p.fence, int(token) + 1)
+        elif isinstance(cause, ApplicationError) and cause.type == SESSION_GONE:
+            self._gone = True
+        elif isinstance(cause, ApplicationError) and cause.type == LET_GO:
+            pass  # the next attempt goes on from the log, at once
         elif isinstance(cause, CancelledError):
             # Aborted: the activity ended the run (E4); inputs behind it still run.
             p.waits, p.answers, p.aborting = [], {}, False
