@@ -283,8 +283,22 @@ async def record(name: str, scenario: Recorder, shared: bool, address: str) -> N
                 if not any(event.event_type == 7 for event in history.events):
                     continue  # no workflow task completed yet: nothing to replay
                 path = HISTORIES / f"{name}-{index}.json"
-                path.write_text(history.to_json())
+                path.write_text(_scrubbed(history.to_json()))
                 print(f"wrote {path.name}: {len(history.events)} events")
+
+
+def _scrubbed(text: str) -> str:
+    """A history without the stack traces of its failures: they name this machine's paths,
+    and a replay reads none of them."""
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: "" if k == "stackTrace" else scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scrub(item) for item in value]
+        return value
+
+    return json.dumps(scrub(json.loads(text)), indent=2) + "\n"
 
 
 async def main(names: list[str]) -> None:

@@ -45,7 +45,9 @@ async def test_en8_the_workflow_replays_the_histories_recorded_by_earlier_code()
     assert failures == {}
 
 
-@pytest.mark.parametrize("name", ["taken_over", "fence_behind", "aborted_running", "given_up"])
+@pytest.mark.parametrize(
+    "name", ["taken_over", "fence_behind", "aborted_running", "given_up", "rolled_over"]
+)
 def test_en8_the_recorded_histories_hold_the_paths_they_guard(name: str) -> None:
     """Each recorded history still goes through the path it was recorded for."""
     text = (HISTORIES / f"{name}-0.json").read_text()
@@ -54,5 +56,6 @@ def test_en8_the_recorded_histories_hold_the_paths_they_guard(name: str) -> None
         "fence_behind": "FenceBehind",
         "aborted_running": "EVENT_TYPE_ACTIVITY_TASK_CANCELED",
         "given_up": "EVENT_TYPE_TIMER_FIRED",
+        "rolled_over": "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW",
     }
     assert marks[name] in text
