@@ -414,7 +414,7 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--takeovers", type=int, default=3)
     parser.add_argument("--sessions", type=int, default=20)
-    parser.add_argument("--session-runs", type=int, default=10)
+    parser.add_argument("--session-runs", type=int, default=20)
     outcome = asyncio.run(main(parser.parse_args()))
     print(json.dumps(outcome), flush=True)
     # The Temporal SDK may abort the interpreter's teardown (temporalio/sdk-python#300).
