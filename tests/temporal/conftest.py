@@ -47,7 +47,9 @@ def temporal_binary() -> str:
 def require_temporalio() -> None:
     """Skip without the `temporalio` SDK, except in CI (the import then fails)."""
     if not in_ci():
-        pytest.importorskip("temporalio", reason="needs the trimtab[temporal] extra")
+        pytest.importorskip(
+            "temporalio", reason="needs the temporal extra (pip install -e '.[temporal]')"
+        )
 
 
 def free_port() -> int:

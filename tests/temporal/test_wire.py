@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from tests.server.conftest import (
+pytest.importorskip("copilot", reason="needs the dev extra: the official Copilot client")
+
+from tests.server.conftest import (  # noqa: E402 (after the skip: it imports the client)
     ServerProcess,
     assistant,
     call,
@@ -20,9 +22,9 @@ from tests.server.conftest import (
     tool,
     user,
 )
-from tests.server.drivers import Ctx, OfficialDriver, ToolSpec
-from tests.temporal.conftest import StartWorker
-from trimtab.testing import ReplayServer
+from tests.server.drivers import Ctx, OfficialDriver, ToolSpec  # noqa: E402
+from tests.temporal.conftest import StartWorker  # noqa: E402
+from trimtab.testing import ReplayServer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("temporal_server")
 
