@@ -23,12 +23,14 @@ from trimtab.protocol.errors import SERVER_BUSY
 from trimtab.protocol.framing import encode_frame
 from trimtab.protocol.jsonrpc import Connection
 from trimtab.providers import ProviderConfig, make_provider
-from trimtab.server.auth import Credentials, TokenFile
+from trimtab.server.auth import Credentials
 from trimtab.server.copilot import CANCELLABLE, CopilotConnection
 from trimtab.server.hub import SessionHub
 from trimtab.server.isolation import undumpable
 from trimtab.server.options import ServerOptions
 from trimtab.server.policy import HostPolicy
+from trimtab.store import data_home
+from trimtab.store._files import TokenFile
 
 __all__ = ["START_CHECK", "ServeError", "serve"]
 
@@ -147,7 +149,7 @@ def _credentials(options: ServerOptions) -> tuple[Credentials, TokenFile | None]
         return Credentials.from_file(options.tokens_file, options.admin), None
     if options.token_value is not None:
         return Credentials.single(options.token_value), None
-    made = TokenFile()
+    made = TokenFile(data_home() / "serve")
     return Credentials.single(made.token), made
 
 
