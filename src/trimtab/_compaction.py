@@ -257,9 +257,16 @@ async def _rebase(
 
 
 def _newest(groups: Sequence[list[Message]], budget: int) -> list[list[Message]]:
-    """The newest units that fit the keep limits; never all of them (something must go)."""
+    """The newest units that fit the keep limits; never all of them (something must go),
+    but always a newest user message, whatever its size (spec H1)."""
     kept: list[list[Message]] = []
     count = 0
+    if groups and groups[-1][0].role == "user":
+        # The prompt the model is about to answer: summarised, it could not be answered (a
+        # summary quotes no long text verbatim), and with the summary failed it would be gone.
+        kept, groups = [groups[-1]], groups[:-1]
+        budget -= estimate_tokens(kept[0])
+        count += len(kept[0])
     for unit in reversed(groups[1:]):
         budget -= estimate_tokens(unit)
         count += len(unit)

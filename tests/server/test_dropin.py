@@ -514,7 +514,10 @@ async def test_D9_excluded_and_available_tools_filter_what_the_model_is_offered(
 
 async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotClient) -> None:
     long_prompt = "Remember these words: " + " ".join(f"word{i}" for i in range(800))
-    async with ReplayServer([conversation(user(long_prompt), assistant("Noted."))]) as model:
+    # The summary request has no recording (it fails: the older turns are dropped); the long
+    # prompt, kept whatever its size (H1), is answered alone.
+    noted = conversation(user(long_prompt), assistant("Noted."))
+    async with ReplayServer([HELLO, noted]) as model:
         byok: Any = {**provider(model), "max_retries": 0}
         session = await official.create_session(
             provider=byok,
@@ -524,16 +527,19 @@ async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotCl
                 "buffer_exhaustion_threshold": 0.01,
             },
         )
-        # Past 0.5% of the window already: compacted before the first call, for which the
-        # recording has no answer (the compaction is what is checked).
-        with pytest.raises(Exception, match="no recorded conversation"):
-            await session.send_and_wait(long_prompt, timeout=30)
+        hello = await session.send_and_wait("Say hello", timeout=30)
+        assert hello is not None and hello.data.content == "Hello!"  # type: ignore[union-attr]
+        # Past 0.5% of the window now: compacted before the call.
+        reply = await session.send_and_wait(long_prompt, timeout=30)
+        assert reply is not None and reply.data.content == "Noted."  # type: ignore[union-attr]
         events: list[Any] = await session.get_events()
         await session.disconnect()
-    [start] = [e for e in events if e.type.value == "session.compaction_start"]
-    [complete] = [e for e in events if e.type.value == "session.compaction_complete"]
-    assert start.data.trigger.value == complete.data.trigger.value == "threshold"
-    assert complete.data.success is True
+    # (Compacted, then what was kept still too large: the oldest turns dropped, a second.)
+    starts = [e for e in events if e.type.value == "session.compaction_start"]
+    completes = [e for e in events if e.type.value == "session.compaction_complete"]
+    assert starts and len(starts) == len(completes)
+    assert {e.data.trigger.value for e in starts + completes} == {"threshold"}
+    assert all(e.data.success is True for e in completes)
 
 
 # --- D12: reasoning effort -----------------------------------------------------------------
