@@ -17,11 +17,13 @@ from copilot import CopilotClient, RuntimeConnection
 from copilot.generated.rpc import (
     ModelSetReasoningEffortRequest,
     ModelSwitchToRequest,
+    PermissionDecisionReject,
+    PermissionDecisionUserNotAvailable,
     SessionsForkRequest,
 )
 from copilot.rpc import HandlePendingToolCallRequest
 from copilot.session import PermissionHandler
-from copilot.tools import define_tool
+from copilot.tools import ToolResult, define_tool
 from pydantic import BaseModel
 
 import trimtab
@@ -1022,3 +1024,86 @@ async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_opti
             await first.disconnect()
     finally:
         await second.force_stop()
+
+
+# --- spec section 1: each outcome as an official client reads it --------------------------
+
+
+async def test_every_outcome_reaches_an_official_client_as_success_and_error_code(
+    official: CopilotClient,
+) -> None:
+    """A Copilot client tells outcomes apart by `success` and `error.code` alone: a call that
+    did not run (denied, rejected, invalid, unknown) must never read as a success."""
+
+    def answer(text: str, kind: str) -> Any:
+        return lambda params, invocation: ToolResult(text_result_for_llm=text, result_type=kind)
+
+    def boom(params: Any, invocation: Any) -> str:
+        raise RuntimeError("client-side secret")
+
+    tools = [
+        define_tool("ok", description="ok", handler=lambda p, i: "fine", skip_permission=True),
+        define_tool("boom", description="fails", handler=boom, skip_permission=True),
+        *(
+            define_tool(f"typed_{kind}", description=kind, handler=answer(kind, kind))
+            for kind in ("failure", "denied", "rejected", "timeout")
+        ),
+        define_tool("guarded", description="denied", handler=lambda p, i: "ran"),
+        define_tool("asked", description="rejected", handler=lambda p, i: "ran"),
+    ]
+
+    def permission(request: Any, invocation: Any) -> Any:
+        if request.tool_name == "guarded":
+            return PermissionDecisionUserNotAvailable()
+        if request.tool_name == "asked":
+            return PermissionDecisionReject()
+        return PermissionHandler.approve_all(request, invocation)
+
+    expected = {  # call id: (tool, arguments, success, error code)
+        "c1": ("ok", "{}", True, None),
+        "c2": ("boom", "{}", False, "failure"),
+        "c3": ("typed_failure", "{}", False, "failure"),
+        "c4": ("typed_timeout", "{}", False, "failure"),
+        "c5": ("missing", "{}", False, "failure"),
+        "c6": ("ok", "{not json", False, "invalid_arguments"),
+        "c7": ("guarded", "{}", False, "denied"),
+        "c8": ("typed_denied", "{}", False, "denied"),
+        "c9": ("asked", "{}", False, "rejected"),
+        "c10": ("typed_rejected", "{}", False, "rejected"),
+    }
+    calls = [
+        {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+        for id_, (name, arguments, _, _) in expected.items()
+    ]
+    # A rejection ends the run after its batch (O2): the model is asked once.
+    recorded = conversation(user("Try everything"), assistant(None, *calls))
+    async with ReplayServer([recorded]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=permission,
+            tools=tools,
+        )
+        seen: list[Any] = []
+        session.on(seen.append)
+        await session.send_and_wait("Try everything", timeout=30)
+        stored: list[Any] = await session.get_events()
+        await session.disconnect()
+    assert len(model.requests) == 1
+    for events in (seen, stored):  # live, and as `session.getMessages` reads the log back
+        completes = {
+            e.data.tool_call_id: e.data for e in events if e.type.value == "tool.execution_complete"
+        }
+        got = {
+            call_id: (
+                data.success,
+                data.error.code if data.error else None,
+                bool(data.error and data.error.message),
+                data.result is not None,
+            )
+            for call_id, data in completes.items()
+        }
+        assert got == {
+            call_id: (success, code, not success, success)
+            for call_id, (_, _, success, code) in expected.items()
+        }
+    assert "client-side secret" not in str(stored)
