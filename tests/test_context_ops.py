@@ -348,7 +348,9 @@ class Answers:
                 sent = sent[1:]
             whole = [
                 message
-                for prompt, reply in zip(prompts[: run + 1], [*self.replies[:run], None])
+                for prompt, reply in zip(
+                    prompts[: run + 1], [*self.replies[:run], None], strict=True
+                )
                 for message in (("user", prompt), ("assistant", reply))
                 if message[1] is not None
             ]

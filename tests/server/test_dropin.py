@@ -1029,27 +1029,34 @@ async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_opti
 # --- spec section 1: each outcome as an official client reads it --------------------------
 
 
+class NoArgs(BaseModel):
+    pass
+
+
 async def test_every_outcome_reaches_an_official_client_as_success_and_error_code(
     official: CopilotClient,
 ) -> None:
     """A Copilot client tells outcomes apart by `success` and `error.code` alone: a call that
     did not run (denied, rejected, invalid, unknown) must never read as a success."""
 
-    def answer(text: str, kind: str) -> Any:
-        return lambda params, invocation: ToolResult(text_result_for_llm=text, result_type=kind)
+    def answer(kind: Any) -> Any:
+        return lambda params, invocation: ToolResult(text_result_for_llm=kind, result_type=kind)
 
-    def boom(params: Any, invocation: Any) -> str:
+    def boom(params: NoArgs, invocation: Any) -> str:
         raise RuntimeError("client-side secret")
 
+    def tool_(name: str, handler: Any, **options: Any) -> Any:
+        return define_tool(name, description=name, params_type=NoArgs, handler=handler, **options)
+
     tools = [
-        define_tool("ok", description="ok", handler=lambda p, i: "fine", skip_permission=True),
-        define_tool("boom", description="fails", handler=boom, skip_permission=True),
+        tool_("ok", lambda p, i: "fine", skip_permission=True),
+        tool_("boom", boom, skip_permission=True),
         *(
-            define_tool(f"typed_{kind}", description=kind, handler=answer(kind, kind))
+            tool_(f"typed_{kind}", answer(kind))
             for kind in ("failure", "denied", "rejected", "timeout")
         ),
-        define_tool("guarded", description="denied", handler=lambda p, i: "ran"),
-        define_tool("asked", description="rejected", handler=lambda p, i: "ran"),
+        tool_("guarded", lambda p, i: "ran"),
+        tool_("asked", lambda p, i: "ran"),
     ]
 
     def permission(request: Any, invocation: Any) -> Any:
