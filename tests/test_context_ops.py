@@ -412,6 +412,29 @@ async def test_h1_a_prompt_over_the_keep_share_is_never_summarised(
     answers.assert_newest_kept(model, prompts)
 
 
+@pytest.mark.parametrize("failing", [False, True], ids=["nothing-fits", "summary-failed"])
+async def test_h1_compaction_never_leaves_the_model_no_conversation(
+    client: Client, failing: bool
+) -> None:
+    # A tool result too large for the keep share, and for the summary's own request: with no
+    # summary, the newest turn stays (the model used to be asked with no conversation).
+    result = "result " * 500
+    model = ScriptedModel([tool_call("big", id="c1")], then=Answers(failing=failing))
+    session = await open_session(
+        client,
+        model,
+        define_tool("big", handler=lambda params: result),
+        model_limits={"context_window": LIMIT, "max_output_tokens": 200},
+    )
+    await session.send_and_wait("go " + "word " * 150)
+    after = [r for r in model.requests if not is_compaction(r)][1]
+    assert [(m.role, m.content) for m in after.messages[-2:]] == [
+        ("assistant", ""),
+        ("tool", result),
+    ]
+    assert "session.compaction_complete" in [e.type for e in await session.get_events()]
+
+
 async def test_auto_compaction_can_be_disabled(client: Client) -> None:
     model = ScriptedModel(["ok"] * 6)
     session = await open_session(

@@ -152,6 +152,10 @@ async def compact(
     await host.emit(SessionCompactionStartEvent(data=CompactionStartData(trigger=trigger)))
     prompt = COMPACTION_PROMPT + (f"\n\nAlso: {custom_instructions}" if custom_instructions else "")
     summary = await _summarize_fitting(host, older, prompt)
+    if summary is None and not keep:
+        # Nothing else would be left to answer from: the newest unit stays, whatever its
+        # size (spec H1), and if it does not fit, the request says so at the provider.
+        keep, older = older[-1:], older[:-1]
     before = estimate_tokens(m for unit in groups for m in unit)
     base = [Message(role="user", content=SUMMARY_PREFIX + summary)] if summary else []
     base += [m for unit in keep for m in unit]
