@@ -84,14 +84,12 @@ class PlannedModel:
         self.plans: deque[list[tuple[str, dict[str, Any]]] | str] = deque()
         self.requests: list[tuple[ModelRequest, int]] = []
         """Each request but summaries, with the length of the durable log when it came."""
-        self.summaries = 0
         self.calls = 0
         self.fails: Callable[[], bool] = lambda: False
         self.log_length: Callable[[], int] = lambda: 0
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         if is_summary(request):
-            self.summaries += 1
             await asyncio.sleep(0)
             if self.fails():
                 raise ProviderError("provider_unavailable", "the summary failed (simulated)")
