@@ -54,7 +54,7 @@ from hypothesis.stateful import (
 from tests.sim.world import REACHABLE, World
 from trimtab.store import MemoryStore, SqliteStore, Store, sqlite
 
-EXAMPLES = int(os.environ.get("TRIMTAB_SIM_EXAMPLES", "600"))
+EXAMPLES = int(os.environ.get("TRIMTAB_SIM_EXAMPLES", "500"))
 STEPS = int(os.environ.get("TRIMTAB_SIM_STEPS", "40"))
 
 REPLAYED = 25
