@@ -544,6 +544,18 @@ async def _run_batch(
     """Run every call of one response concurrently and wait for all of them (spec T3)."""
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(_execute(ctx, host, c, turn_id, started)) for c in calls]
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            # An abort ends the calls in the order the model asked for them (E4), and their
+            # `cancelled` completions are logged so: the group would cancel them in the
+            # order of its set of tasks (their addresses), which differs from one process to
+            # the next. Those the group cancelled already (a call failed) are left to it.
+            for task in tasks:
+                if not task.cancelling():
+                    task.cancel()
+            await asyncio.wait(tasks)
+            raise
     return [task.result() for task in tasks]
 
 
