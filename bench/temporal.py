@@ -1,4 +1,4 @@
-"""Sessions on Temporal (spec section 14): what the engine costs, in one run.
+"""Sessions on Temporal (spec section 15): what the engine costs, in one run.
 
     python bench/temporal.py [--dsn URL] [--runs 100] [--takeovers 3] [--sessions 20]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -28,6 +29,9 @@ from trimtab.events import AssistantMessageEvent
 
 LEASE_TTL = 3.0
 
+TOKEN = secrets.token_urlsafe(32)
+"""The servers' connection token: one for both, so that a client reaches either."""
+
 
 def start_server(store: str, provider: str) -> tuple[subprocess.Popen[bytes], str]:
     """A server on a free port; returns it and its URL once it listens."""
@@ -35,6 +39,7 @@ def start_server(store: str, provider: str) -> tuple[subprocess.Popen[bytes], st
         [sys.executable, "-m", "trimtab.server", "--store", store, "--provider", provider,
          "--lease-ttl", str(LEASE_TTL)],
         stdout=subprocess.PIPE,
+        env={**os.environ, "COPILOT_CONNECTION_TOKEN": TOKEN},  # not on the command line
     )  # fmt: skip
     assert server.stdout is not None
     line = server.stdout.readline().decode()  # "listening on port N"
@@ -53,7 +58,10 @@ async def main(store: str) -> None:
     a, a_url = start_server(store, provider)
     b, b_url = start_server(store, provider)
     try:
-        async with Client.connect(a_url) as on_a, Client.connect(b_url) as on_b:
+        async with (
+            Client.connect(a_url, token=TOKEN) as on_a,
+            Client.connect(b_url, token=TOKEN) as on_b,
+        ):
             session = await on_a.create_session()
             print("A:", text(await session.send_and_wait("Say hello.", timeout=120)))
 

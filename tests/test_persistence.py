@@ -266,6 +266,9 @@ async def test_r1_remote_session_is_taken_over_when_the_owner_leaves(tmp_path: P
         await session.disconnect()
         await rec.wait_for("session.resume")
         assert not remote.is_remote
+        # Every resume says whether it continues pending work; a takeover does not (D5).
+        [taken] = [e for e in await remote.get_events() if e.type == "session.resume"][-1:]
+        assert taken.data.continue_pending_work is False
         reply = await remote.send_and_wait("second")
         assert reply is not None and reply.data.content == "two"
         assert roles(model, 0)[-3:] == [("user", "first"), ("assistant", "one"), ("user", "second")]

@@ -7,7 +7,6 @@ Ollama on 11434)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -20,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import in_ci
 from tests.fake_ollama import FakeOllama, ollama  # noqa: F401 (a fixture)
+from tests.requirements import require_llama_cpp
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,12 +111,7 @@ def test_s6_keys_then_ollama_announced_once(ollama: FakeOllama) -> None:  # noqa
 
 
 def test_s6_the_embedded_model_is_the_last_resort(closed_url: str) -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        # Without it, the next test's case: the choice fails in one line.
-        message = "needs llama-cpp-python: pip install -e '.[local]'"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+    require_llama_cpp()  # without it, the next test's case: the choice fails in one line
 
     result = _run(SHOW, {"TRIMTAB_OLLAMA_URL": closed_url})
 

@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import EchoArgs, clear_tool, echo_tool, open_session
+from tests.requirements import require_import
 from tests.test_context_ops import LIMIT, many_tools, responder
 from trimtab import Client, ProviderError, SessionError, define_tool
 from trimtab.testing import ScriptedModel, tool_call
 
-pytest.importorskip("opentelemetry.sdk", reason="needs the SDK (in the dev extra)")
+require_import("opentelemetry.sdk", "needs the OpenTelemetry SDK (in the dev extra)")
 
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import (  # noqa: E402

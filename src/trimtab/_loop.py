@@ -428,6 +428,7 @@ async def _answer(
         output_tokens=response.usage.output_tokens,
         duration=duration,
         finish_reason=response.finish_reason,
+        reasoning_effort=ctx.config.reasoning_effort,
     )
     info = UsageInfoData(token_limit=limit, current_tokens=tokens, messages_length=length)
     events = (
@@ -562,6 +563,18 @@ async def _run_batch(
             group.create_task(_execute(ctx, host, c, turn_id, started, waiting.get(c.id)))
             for c in calls
         ]
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            # An abort ends the calls in the order the model asked for them (E4), and their
+            # `cancelled` completions are logged so: the group would cancel them in the
+            # order of its set of tasks (their addresses), which differs from one process to
+            # the next. Those the group cancelled already (a call failed) are left to it.
+            for task in tasks:
+                if not task.cancelling():
+                    task.cancel()
+            await asyncio.wait(tasks)
+            raise
     return [task.result() for task in tasks]
 
 

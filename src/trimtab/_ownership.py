@@ -93,8 +93,10 @@ class Ownership:
         async with log.exclusive():
             await log.catch_up()
             log.lease = lease
-            resumed = SessionResumeData(event_count=log.state.event_count)
-            await log.emit_unlocked((SessionResumeEvent(data=resumed),))
+            # Not a resume asked with `continue_pending_work` (unfinished calls of tools that
+            # are not idempotent end `cancelled`): every resume says which it was (spec D5).
+            resumed = _resume(log, continue_pending=False)
+            await log.emit_unlocked((resumed,))
             # Hosts here were following a run the crashed owner left: it goes on, from here.
             await self._recover(continue_pending=False, continue_run=True)
         await self._runner.take_inputs()
@@ -108,12 +110,7 @@ class Ownership:
         resume has its `session.resume`. A session another runtime runs is logged there."""
         log = self._log
         if log.writable:
-            data = SessionResumeData(
-                event_count=log.state.event_count,
-                selected_model=log.state.config.model,
-                continue_pending_work=continue_pending,
-            )
-            await log.emit(SessionResumeEvent(data=data))
+            await log.emit(_resume(log, continue_pending=continue_pending))
 
     async def attempt(self) -> None:
         """Take the session up for an engine's attempt at running it (spec EN3): a run the
@@ -181,3 +178,15 @@ def _idempotent(tool: Tool | None) -> bool:
 
 def _arguments_text(arguments: object) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _resume(log: SessionLog, *, continue_pending: bool) -> SessionResumeEvent:
+    """A resume of the session as its log has it (its configuration unchanged)."""
+    config = log.state.config
+    data = SessionResumeData(
+        event_count=log.state.event_count,
+        selected_model=config.model,
+        reasoning_effort=config.reasoning_effort,
+        continue_pending_work=continue_pending,
+    )
+    return SessionResumeEvent(data=data)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import needs_fitting
-from trimtab._errors import LeaseLostError, TrimtabError
+from trimtab._errors import LeaseLostError, LogTailLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
@@ -30,6 +30,10 @@ from trimtab._tracing import Tracing
 from trimtab._window import estimate_tokens
 from trimtab.events import (
     AssistantTurnStartEvent,
+    CommandCompletedData,
+    CommandCompletedEvent,
+    CommandQueuedData,
+    CommandQueuedEvent,
     Event,
     Image,
     ModelLimits,
@@ -51,9 +55,13 @@ from trimtab.providers._limits import limits_for
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-__all__ = ["Attached", "Pending", "Runner"]
+__all__ = ["COMMAND_TIMEOUT", "Attached", "Command", "Pending", "Runner"]
 
 T = TypeVar("T")
+
+COMMAND_TIMEOUT = 120.0
+"""Seconds a queued command waits for a host's answer once its turn came (spec K13); then
+the queue goes on without it."""
 
 log = logging.getLogger("trimtab")
 
@@ -109,6 +117,17 @@ class Attached:
 
 
 @dataclass(slots=True, eq=False)
+class Command:
+    """A slash command queued behind the session's runs, for a host to run (spec K13)."""
+
+    request_id: str
+    command: str
+    display_text: str
+    answered: asyncio.Future[bool]
+    """Set by `Runner.answer`: whether a host ran it."""
+
+
+@dataclass(slots=True, eq=False)
 class _Operation:
     """A queued window operation (compact, truncate): it never overlaps a run."""
 
@@ -121,6 +140,7 @@ class Runner:
 
     __slots__ = (
         "_current",
+        "_dispatching",
         "_handle",
         "_lease_lost",
         "_ledger",
@@ -168,7 +188,9 @@ class Runner:
         """The session, as the tool handlers of its runs get it."""
         self._lease_lost = lease_lost
         """Called when a run finds the session's lease gone: another runtime may own it."""
-        self._queue: list[Pending | _Operation] = []
+        self._queue: list[Pending | _Operation | Command] = []
+        self._dispatching: Command | None = None
+        """The command whose turn came, waiting for a host's answer."""
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunEnd] | None = None
         self._running: Pending | None = None
@@ -315,8 +337,22 @@ class Runner:
         inputs = await self.log.store.pending_inputs(self.session_id)
         return [(prompt, message_id) for prompt, message_id in inputs if message_id != starting]
 
-    async def clear_queue(self) -> list[str]:
-        """Remove every input still waiting (spec K9); the message ids removed.
+    def queued(self, inputs: Sequence[tuple[str, str]]) -> list[tuple[str, str] | Command]:
+        """What waits behind the run in progress, in order: `inputs` (`pending()`) and the
+        commands queued here among them; inputs this runtime has not taken yet come last."""
+        waiting = {message_id: prompt for prompt, message_id in inputs}
+        items: list[tuple[str, str] | Command] = []
+        for item in self._queue:
+            if isinstance(item, Command):
+                items.append(item)
+            elif isinstance(item, Pending) and item.message_id in waiting:
+                items.append((waiting.pop(item.message_id), item.message_id))
+        items += [(prompt, message_id) for message_id, prompt in waiting.items()]
+        return items
+
+    async def remove_queued(self, ids: Collection[str] | None = None) -> list[str]:
+        """Remove the waiting inputs and commands named by `ids` (every one when None), spec
+        K9; the ids removed, in queue order.
 
         With the writer held, no input's message can be stored meanwhile: an input is either
         still pending and removed, or its run has begun and it stays (never half of each)."""
@@ -324,22 +360,58 @@ class Runner:
         if not log_.writable:
             raise TrimtabError(f"session {self.session_id} is run by another runtime (remote)")
         async with log_.exclusive():
-            waiting = [message_id for _, message_id in await self.pending()]
-            removed = await log_.store.discard_inputs(self.session_id, waiting)
-            if removed:
-                gone = set(removed)
-                for item in self._queue:
-                    if isinstance(item, Pending) and item.message_id in gone and item.ended:
-                        item.ended.set()  # an abort waiting for it to end
-                self._queue = [
-                    item
-                    for item in self._queue
-                    if not (isinstance(item, Pending) and item.message_id in gone)
-                ]
-                log_.claimed = (log_.claimed or set()) - gone or None
-                data = PendingMessagesModifiedData(removed=removed)
-                await log_.emit_unlocked((PendingMessagesModifiedEvent(data=data),))
-        return removed
+            items = self.queued(await self.pending())
+            chosen = [i for i in items if ids is None or _id(i) in ids]
+            inputs = [_id(i) for i in chosen if not isinstance(i, Command)]
+            removed = await log_.store.discard_inputs(self.session_id, inputs) if inputs else []
+            gone = set(removed) | {i.request_id for i in chosen if isinstance(i, Command)}
+            if not gone:
+                return []
+            for item in self._queue:
+                if isinstance(item, Pending) and item.message_id in gone and item.ended:
+                    item.ended.set()  # an abort waiting for it to end
+            self._queue = [item for item in self._queue if _queue_id(item) not in gone]
+            log_.claimed = (log_.claimed or set()) - gone or None
+            data = PendingMessagesModifiedData(removed=removed or None)
+            await log_.emit_unlocked((PendingMessagesModifiedEvent(data=data),))
+        return [_id(i) for i in items if _id(i) in gone]
+
+    async def enqueue_command(self, command: str, display_text: str, request_id: str) -> None:
+        """Queue a command behind the inputs and commands queued before it (spec K13)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        async with self.log.exclusive():
+            self._queue.append(Command(request_id, command, display_text, future))
+            await self.log.emit_unlocked((PendingMessagesModifiedEvent(),))
+        self._start_worker()
+
+    def answer(self, request_id: str, handled: bool) -> bool:
+        """A host's answer to the command whose turn came; False for any other id."""
+        command = self._dispatching
+        if command is None or command.request_id != request_id or command.answered.done():
+            return False
+        command.answered.set_result(handled)
+        return True
+
+    async def _dispatch(self, command: Command) -> None:
+        """Ask the hosts to run `command` (`command.queued`), and wait a bounded time for one
+        to answer before the queue goes on."""
+        self._dispatching = command
+        request_id = command.request_id
+        try:
+            queued = CommandQueuedData(request_id=request_id, command=command.command)
+            await self.log.emit(CommandQueuedEvent(data=queued))
+            await asyncio.wait_for(asyncio.shield(command.answered), COMMAND_TIMEOUT)
+        except TimeoutError:
+            log.warning("session %s: no host answered command %s", self.session_id, request_id)
+        except Exception:
+            log.exception("session %s: command %s failed", self.session_id, request_id)
+        finally:
+            self._dispatching = None
+        try:
+            done = CommandCompletedData(request_id=request_id)
+            await self.log.emit(CommandCompletedEvent(data=done))
+        except Exception:
+            log.exception("session %s: command %s failed", self.session_id, request_id)
 
     def go_on(self, interrupted: _loop.Interrupted, message_id: str) -> None:
         """Queue the continuation of a run a crash interrupted (spec P3, C10)."""
@@ -372,6 +444,9 @@ class Runner:
                 item = self._queue.pop(0)
                 if isinstance(item, _Operation):
                     await _settle(item)
+                    continue
+                if isinstance(item, Command):
+                    await self._dispatch(item)
                     continue
                 try:
                     await self._run(item)
@@ -417,22 +492,32 @@ class Runner:
         *,
         queued: bool = False,
     ) -> None:
-        """Store the input's `user.message` with `emit`, and its run's first turn start in
-        the same append when nothing comes between them (E7): the end of a run a crash
-        interrupted goes first, in an append of its own; the end of one the store failed
-        under, in the same. A queued input's message also tells watchers the queue changed
-        (an ephemeral event, last: stores that do not carry one in their append store what
-        comes before it in one)."""
+        """Store the input's `user.message` with `emit` (`_store_message_once`). Refused
+        because the database lost the log's last appends in a crash, it is stored once more,
+        after what the log kept, which the session has read again meanwhile (spec P6)."""
+        try:
+            await self._store_message_once(item, emit, queued=queued)
+        except LogTailLostError:
+            await self._store_message_once(item, emit, queued=queued)
+        item.appended, item.attached = True, None
+
+    async def _store_message_once(
+        self, item: Pending, emit: Callable[..., Awaitable[list[Event]]], *, queued: bool
+    ) -> None:
+        """Store the input's message, and its run's first turn start in the same append when
+        nothing comes between them (E7): the end of a run the log holds open goes first, in
+        an append of its own; the end of one the store failed under, in the same. A queued
+        input's message also tells watchers the queue changed (an ephemeral event, last:
+        stores that do not carry one in their append store what comes before it in one)."""
         message = _message(item.prompt, item.message_id, item.attached)
         if self._interrupted():
-            await emit((), first=_loop.end_of_interrupted_run)
+            await emit((), first=self._end_of_interrupted_run)
         start = self._turn_start(message)
         events: tuple[Event, ...] = (message,) if start is None else (message, start)
         if queued:
             events += (PendingMessagesModifiedEvent(),)
         await emit(events, first=self._first())
         item.turn = start.data.turn_id if start else None
-        item.appended, item.attached = True, None
         self._store_failed = False
 
     async def _body(self, item: Pending) -> RunEnd:
@@ -465,18 +550,30 @@ class Runner:
             return None
         return _loop.turn_start(str(self.log.state.turns), self.log.state.config.model)
 
+    def _end_of_interrupted_run(self, state: SessionState) -> list[Event]:
+        """`_loop.end_of_interrupted_run`, without the idle of a run whose idle was delivered
+        here already (its end was in a tail the database lost, P6: E1)."""
+        events = _loop.end_of_interrupted_run(state)
+        if events and state.run_id == self.log.idle_given:
+            self.log.idle_given = None
+            return events[:-1]
+        return events
+
     def _interrupted(self) -> bool:
-        """The log holds a run nothing here runs or ran (a crash interrupted it, and the
-        session was resumed without continuing it, P3): a new input ends it first, with its
-        idle, in an append of their own (the idle comes right after the run's end there, for
-        whoever follows the log: after a batch's stored events, it would come late)."""
+        """The log holds a run nothing here runs (a crash interrupted it, and the session was
+        resumed without continuing it, P3; or the database lost its end, P6): a new input ends
+        it first, with its idle unless delivered already, in an append of their own (the idle
+        comes right after the run's end there, for whoever follows the log: after a batch's
+        stored events, it would come late)."""
         return not self._store_failed and self.log.state.run_id is not None
 
     def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
         """A run that could not go on (`logged`: its `user.message` is in the log)."""
         self._store_failed = True
         cause = _cause(exc)
-        lost = isinstance(cause, LeaseLostError)
+        # (A log that lost its tail is still this runtime's to write: the run ends as under a
+        # failed store, and the session goes on from the log, P6.)
+        lost = isinstance(cause, LeaseLostError) and not isinstance(cause, LogTailLostError)
         if lost:
             self._lease_lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
@@ -525,6 +622,8 @@ class Runner:
                 if not item.waiter.done():
                     item.waiter.set_exception(reason)
                 continue
+            if isinstance(item, Command):
+                continue  # a host's request, not an acknowledged input: gone with the session
             if self._ledger is not None:
                 self._ledger.fail(item.message_id, reason)
             if item.ended is not None:
@@ -536,8 +635,10 @@ class Runner:
         """Stop: the run in progress (and one about to start) ends as an abort, the rest of
         the queue is dropped; returns once nothing runs."""
         self.closed = True
-        kept: list[Pending | _Operation] = []
-        dropped: list[Pending | _Operation] = []
+        if self._dispatching is not None:
+            self.answer(self._dispatching.request_id, False)  # no host will answer now
+        kept: list[Pending | _Operation | Command] = []
+        dropped: list[Pending | _Operation | Command] = []
         for item in self._queue:
             if isinstance(item, Pending) and item.appended and item.interrupted is None:
                 item.aborted = True  # its message is logged: the run ends, as an abort
@@ -579,6 +680,21 @@ def limits(config: SessionConfigData) -> ModelLimits:
     if model is None and (config.provider or {}).get("type") == "local":
         model = "smollm2"  # the embedded default model, whose window is small
     return limits_for(model, config.model_limits)
+
+
+def _id(item: tuple[str, str] | Command) -> str:
+    """A waiting item's id: an input's message id, a command's request id."""
+    return item.request_id if isinstance(item, Command) else item[1]
+
+
+def _queue_id(item: Pending | _Operation | Command) -> str | None:
+    match item:
+        case Command():
+            return item.request_id
+        case Pending():
+            return item.message_id
+        case _:
+            return None
 
 
 def _retrieve(task: asyncio.Task[RunEnd]) -> None:

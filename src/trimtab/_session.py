@@ -12,8 +12,8 @@ import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Unpack, get_args, overload
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast, get_args, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -33,15 +33,17 @@ from trimtab._history import History
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
 from trimtab._metrics import SessionMetrics, metrics_of
+from trimtab._options import SessionOptions
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._runner import Attached, Runner
+from trimtab._runner import Attached, Command, Runner
 from trimtab._runs import RunEnd
 from trimtab._subscribers import EventHandler
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
 from trimtab._tracing import OFF, Tracing
 from trimtab._window import ContextWindow, context_window
+from trimtab._workspace import Workspace
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
@@ -50,6 +52,7 @@ from trimtab.events import (
     InfoData,
     ModeChangedData,
     ModelChangeData,
+    PermissionsChangedData,
     SessionConfigData,
     SessionErrorData,
     SessionErrorEvent,
@@ -57,6 +60,7 @@ from trimtab.events import (
     SessionMode,
     SessionModeChangedEvent,
     SessionModelChangeEvent,
+    SessionPermissionsChangedEvent,
     SessionShutdownEvent,
     SessionTitleChangedEvent,
     SessionWarningEvent,
@@ -73,7 +77,14 @@ if TYPE_CHECKING:
     from trimtab._history import SessionOwner
     from trimtab.store import Lease
 
-__all__ = ["LogLevel", "QueuedMessage", "Session", "answer_waiting", "ownership_of"]
+__all__ = [
+    "LogLevel",
+    "QueuedCommand",
+    "QueuedMessage",
+    "Session",
+    "answer_waiting",
+    "ownership_of",
+]
 
 LogLevel = Literal["info", "warning", "error"]
 
@@ -88,6 +99,19 @@ class QueuedMessage(BaseModel):
     message_id: str
     prompt: str
 
+
+class QueuedCommand(BaseModel):
+    """A slash command waiting in the session's queue (`Session.pending_items`, spec K13)."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    request_id: str
+    command: str
+    display_text: str
+
+
+MAX_COMMAND_LENGTH = 10_000
+"""Characters of a queued slash command."""
 
 MAX_NAME_LENGTH = 100
 """Characters a session's name may have (as the Copilot clients allow)."""
@@ -178,17 +202,18 @@ class Session:
         """`session.rpc.history.*`: the Copilot SDK's spelling of `session.history.*`."""
         return _Rpc(self.history)  # made on use: an idle session holds none
 
-    def options(self) -> dict[str, Any]:
+    def options(self) -> SessionOptions:
         """What the host gave this session that its log does not keep (provider, tools,
         handlers, hooks, MCP servers): what a fork of it is given again."""
         runner = self._runner
-        return {
-            "provider": runner.provider,
-            "tools": list(runner.toolbox.own.values()),
-            "on_permission_request": runner.permission_handler,
-            "hooks": self._hooks.handlers,
-            "mcp_servers": runner.toolbox.source_options,
-        }
+        # Not validated again: each part was, when the session was opened.
+        return SessionOptions.model_construct(
+            provider=runner.provider,
+            tools=list(runner.toolbox.own.values()),
+            on_permission_request=runner.permission_handler,
+            hooks=self._hooks.handlers,
+            mcp_servers=cast("dict[str, dict[str, Any]] | None", runner.toolbox.source_options),
+        )
 
     @property
     def config(self) -> SessionConfigData:
@@ -199,6 +224,16 @@ class Session:
     def tools(self) -> Mapping[str, Tool]:
         """Every tool the model may call, the built-in `tool_search` included."""
         return self._runner.toolbox.callable(self.config)
+
+    @property
+    def deferred_tools(self) -> frozenset[str]:
+        """The tools left out of the model's list until `tool_search` finds them (§6)."""
+        return self._runner.toolbox.deferred(self.config)
+
+    @property
+    def workspace(self) -> Workspace:
+        """The session's plan and files, kept in its log (spec K16)."""
+        return Workspace(self._log, self._writable)  # made on use: an idle session holds none
 
     def offer_tools(self, tools: Sequence[Tool]) -> None:
         """Offer the model `tools` too while the session is open, in place of those offered
@@ -216,6 +251,11 @@ class Session:
     def name(self) -> str | None:
         """The session's friendly name (`set_name`), None until one is set."""
         return self._log.state.name
+
+    @property
+    def named_automatically(self) -> bool:
+        """Whether the name came from a summary (`set_auto_name`), not from `set_name`."""
+        return self._log.state.name_auto
 
     @property
     def is_remote(self) -> bool:
@@ -301,7 +341,13 @@ class Session:
 
     @approve_all.setter
     def approve_all(self, enabled: bool) -> None:
-        self._runner.approve_all = bool(enabled)
+        runner = self._runner
+        before, runner.approve_all = runner.approve_all, bool(enabled)
+        if runner.approve_all != before:
+            # Delivered here only: the setting is this open session's, not its log's (K6).
+            modes = ("allow-all", "manual") if runner.approve_all else ("manual", "allow-all")
+            data = PermissionsChangedData(mode=modes[0], previous_mode=modes[1])
+            self._log.subscribers.deliver(SessionPermissionsChangedEvent(data=data))
 
     async def set_name(self, name: str) -> None:
         """Name the session (trimmed, 1 to 100 characters); logged as `session.title_changed`
@@ -314,6 +360,24 @@ class Session:
         if valid_text(title) != title:
             raise ValueError("the session name is not valid Unicode text (a lone surrogate)")
         await self._writable().emit(SessionTitleChangedEvent(data=TitleChangedData(title=title)))
+
+    async def set_auto_name(self, summary: str) -> bool:
+        """Name the session from a summary of it, unless the user named it (spec K12): the
+        summary trimmed, its first line, cut at 100 characters. Returns whether it was
+        applied (not when blank, nor over a name `set_name` gave)."""
+        if not isinstance(summary, str):
+            raise ValueError(f"summary must be a string, got {type(summary).__name__}")
+        title = valid_text(summary.strip()).split("\n", 1)[0].strip()[:MAX_NAME_LENGTH].strip()
+        if not title:
+            return False
+        log = self._writable()
+        async with log.exclusive():
+            state = log.state
+            if state.name is not None and not state.name_auto:
+                return False
+            data = TitleChangedData(title=title, auto=True)
+            await log.emit_unlocked((SessionTitleChangedEvent(data=data),))
+        return True
 
     async def log(
         self,
@@ -466,13 +530,53 @@ class Session:
             inputs = await self._log.store.pending_inputs(self.session_id)
         return [QueuedMessage(message_id=m, prompt=p) for p, m in inputs]
 
+    async def pending_items(self) -> list[QueuedMessage | QueuedCommand]:
+        """The messages and commands waiting behind the run in progress, in the order they
+        will run (spec K9, K13)."""
+        if not self._log.writable:
+            return list(await self.pending_messages())
+        runner = self._runner
+        return [
+            QueuedCommand(request_id=i.request_id, command=i.command, display_text=i.display_text)
+            if isinstance(i, Command)
+            else QueuedMessage(message_id=i[1], prompt=i[0])
+            for i in runner.queued(await runner.pending())
+        ]
+
     async def clear_pending_messages(self) -> list[str]:
-        """Remove every message still waiting (spec K9), never one whose run has begun; the
-        ids removed. Their waiters (`send_and_wait`) get a `TrimtabError`, and watchers a
-        `pending_messages.modified` event."""
+        """Remove every message and command still waiting (spec K9), never one whose run has
+        begun; the ids removed. The messages' waiters (`send_and_wait`) get a
+        `TrimtabError`, and watchers a `pending_messages.modified` event."""
+        return await self.remove_pending(None)
+
+    async def remove_pending(self, ids: Collection[str] | None) -> list[str]:
+        """Remove the waiting messages and commands named by `ids` (message ids, commands'
+        request ids; every one when None), as `clear_pending_messages` does; the ids
+        removed, in queue order (spec K9)."""
         if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
-        return await self._runner.clear_queue()
+        return await self._runner.remove_queued(None if ids is None else frozenset(ids))
+
+    async def enqueue_command(self, command: str, *, display_text: str | None = None) -> str:
+        """Queue a slash command (`/name args`) behind the messages and commands queued
+        before it (spec K13); its request id. When its turn comes the session emits
+        `command.queued` for a host to run it, and waits up to `COMMAND_TIMEOUT` seconds
+        for `respond_to_command` before the queue goes on."""
+        command = _text("command", command).strip()
+        if not command.startswith("/") or len(command) < 2:
+            raise ValueError(f"a queued command starts with '/' and names one: {command!r}")
+        if len(command) > MAX_COMMAND_LENGTH:
+            raise ValueError(f"a queued command is at most {MAX_COMMAND_LENGTH} characters")
+        display = valid_text(_text("display_text", display_text or command))
+        self._writable()
+        request_id = new_id()
+        await self._runner.enqueue_command(valid_text(command), display, request_id)
+        return request_id
+
+    def respond_to_command(self, request_id: str, *, handled: bool = True) -> bool:
+        """A host's answer to the queued command whose turn came (`command.queued`): the
+        queue goes on. False when no command of that id is waiting for an answer."""
+        return self._runner.answer(request_id, bool(handled))
 
     async def abort(self) -> None:
         """Stop the current run, or the one about to start (right after `send`): running

@@ -113,6 +113,7 @@ class StateSnapshot(BaseModel):
     seed_recorded: bool
     approved_tools: list[str] = []
     name: str | None = None
+    name_auto: bool = False
     mode: SessionMode = "interactive"
 
 
@@ -158,6 +159,8 @@ class SessionState:
     """Tools approved for the rest of the session (`approve-for-session`)."""
     name: str | None = None
     """The session's friendly name, as last set (`session.title_changed`)."""
+    name_auto: bool = False
+    """Whether that name came from a summary (`set_auto_name`), not from the user."""
     mode: SessionMode = "interactive"
     """The agent's mode, as last set (`session.mode_changed`)."""
 
@@ -177,7 +180,7 @@ class SessionState:
                 }
                 self.config = _shared(self.config.model_copy(update=change))
             case SessionTitleChangedEvent():
-                self.name = event.data.title
+                self.name, self.name_auto = event.data.title, bool(event.data.auto)
             case SessionModeChangedEvent():
                 self.mode = event.data.new_mode
             case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
@@ -334,6 +337,7 @@ class SessionState:
             seed_recorded=self.seed_recorded,
             approved_tools=sorted(self.approved_tools),
             name=self.name,
+            name_auto=self.name_auto,
             mode=self.mode,
         )
 
@@ -358,6 +362,7 @@ class SessionState:
             seed_recorded=snapshot.seed_recorded,
             approved_tools=frozenset(snapshot.approved_tools) or _NOTHING,
             name=snapshot.name,
+            name_auto=snapshot.name_auto,
             mode=snapshot.mode,
         )
 

@@ -114,7 +114,8 @@ class ToolResult(BaseModel):
     model_config = ConfigDict(defer_build=True)
 
     text_result_for_llm: str
-    result_type: Literal["success", "failure", "rejected", "denied"] = "success"
+    result_type: Literal["success", "failure", "rejected", "denied", "timeout"] = "success"
+    """`timeout`: the handler enforced a time limit of its own (a shell command's)."""
     error: str | None = None
     """Detail for logs and hosts; never shown to the model."""
     tool_references: list[str] = []

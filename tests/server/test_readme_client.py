@@ -70,24 +70,33 @@ async def test_issue33_the_readme_client_runs_against_trimtab_serve(tmp_path: Pa
     args, program, _ = _snippets()
     port = str(_free_port())
     assert program.count(f"127.0.0.1:{README_PORT}") == 1 and program.count(OLLAMA) == 1
+    home = {"TRIMTAB_HOME": str(tmp_path / "home")}
     async with ReplayServer([HELLO]) as model:
+        # As the README runs it: no token given, so the server makes one and writes it where
+        # the program reads it (spec S10).
         server = ServerProcess(
-            tmp_path / "t.db", *(port if arg == README_PORT else arg for arg in args)
+            tmp_path / "t.db",
+            *(port if arg == README_PORT else arg for arg in args),
+            env=home,
+            give_token=False,
         )
         try:
             assert server.port == int(port)
             program = program.replace(README_PORT, port).replace(OLLAMA, model.base_url)
-            printed = await _run(program, dict(os.environ))
+            printed = await _run(program, {**os.environ, **home})
         finally:
             assert server.stop() == 0, server.log.read_text()
     assert printed == "Hello!\n"
+    assert not server.token_file.exists()  # removed when the server stopped
 
 
 async def test_issue33_the_readme_client_spawns_trimtab_serve_over_stdio(tmp_path: Path) -> None:
     _, program, stdio = _snippets()
-    tcp = next(line for line in program.splitlines() if "RuntimeConnection.for_uri" in line)
-    assert stdio.startswith("client = ") and tcp.strip().startswith("client = ")
-    program = program.replace(tcp.strip(), stdio)
+    # The statement that makes the TCP client: from `client = ` to its closing parenthesis.
+    tcp = re.search(r"^( +)client = CopilotClient\(\n.*?\n\1\)\n", program, re.M | re.S)
+    assert tcp is not None and "RuntimeConnection.for_uri" in tcp.group()
+    assert stdio.startswith("client = ")
+    program = program.replace(tcp.group(), tcp.group(1) + stdio + "\n")
     bin_dir = Path(sys.executable).parent
     if not (bin_dir / "trimtab").exists():
         pytest.fail("the `trimtab` command is not installed next to this interpreter")

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from tests.server.conftest import StartServer
-from tests.server.raw import RawClient
 from trimtab.protocol.framing import encode_frame
 from trimtab.server import ServerOptions, serve
 
@@ -153,14 +152,20 @@ def test_w3_serve_refuses_a_duration_that_bounds_nothing(duration: str, value: f
         ServerOptions.model_validate({"store": "memory", duration: value})
 
 
-async def test_loopback_addresses_need_no_token() -> None:
+async def test_s10_a_loopback_server_in_process_makes_its_token_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRIMTAB_HOME", str(tmp_path))
     for host in ("127.0.0.1", "127.0.0.2"):
         ready: asyncio.Queue[int] = asyncio.Queue()
         options = ServerOptions(host=host, store="memory")
         task = asyncio.create_task(serve(options, on_ready=ready.put_nowait))
-        assert await asyncio.wait_for(ready.get(), 10) > 0
+        port = await asyncio.wait_for(ready.get(), 10)
+        made = tmp_path / "serve" / f"{port}.token"
+        assert len(made.read_text()) >= 40  # written before the server says it is ready
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        assert not made.exists()
 
 
 # --- item 7: checked before "listening" -------------------------------------------------------
@@ -263,10 +268,10 @@ def test_issue15_7_both_entry_points_share_flags_defaults_and_help(tmp_path: Pat
 
 def test_issue15_7_log_level_debug_logs(start_server: StartServer) -> None:
     server = start_server(None, "--log-level", "debug")
-    client = RawClient(server.port)
+    client = server.raw()
     client.result("ping", {"message": "traced"})
     client.close()
     server.stop()
     log = server.log.read_text()
     assert " DEBUG trimtab.server: listening on 127.0.0.1 port " in log
-    assert "connected (1 open)" in log and ": ping (id 1)" in log
+    assert "connected (1 open)" in log and ": ping (id 2)" in log  # after `connect`

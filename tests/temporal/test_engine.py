@@ -1,4 +1,4 @@
-"""Sessions on Temporal, with the workers in this process (spec section 14): runs, inputs,
+"""Sessions on Temporal, with the workers in this process (spec section 15): runs, inputs,
 the questions runs ask outside themselves, parking, aborts.
 
 A `Client` on an engine runs no loop: every run here executes in a `Worker` (an activity of

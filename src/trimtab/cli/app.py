@@ -52,7 +52,8 @@ def _provider_options(command: F) -> F:
         click.option(
             "--tools",
             metavar="SET",
-            help="'demo': calculator, current_time and clear_context; 'none' (default).",
+            help="'builtin': view, create, edit, bash, grep and glob in the current directory;"
+            " 'demo': calculator, current_time and clear_context; 'none' (default).",
         ),
         click.option(
             "--system", "system_message", metavar="TEXT", help="System message of new sessions."
@@ -264,7 +265,7 @@ def worker(
     metavar="ADDRESS",
     default="127.0.0.1",
     show_default=True,
-    help="Address to listen on. Any but loopback needs a token.",
+    help="Address to listen on. Any but loopback needs --token.",
 )
 @click.option(
     "--port",
@@ -278,19 +279,28 @@ def worker(
     metavar="TOKEN",
     envvar="TRIMTAB_INSPECT_TOKEN",
     help="Token a browser must present; the printed URL carries it [env"
-    " TRIMTAB_INSPECT_TOKEN]. Empty means none.",
+    " TRIMTAB_INSPECT_TOKEN]. Without one, the inspector makes one and also keeps it in"
+    " $TRIMTAB_HOME/inspect/PORT.token (readable only by you). On the command line it shows"
+    " in the process list: prefer the variable.",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Ask no token (loopback only): every account of this machine can then read every session.",
 )
 @_common_options
-def inspect_sessions(host: str, port: int, token: str | None, **settings: Any) -> int:
+def inspect_sessions(
+    host: str, port: int, token: str | None, no_auth: bool, **settings: Any
+) -> int:
     """Serve a read-only web page to inspect the stored sessions.
 
     Runs, tool calls, context operations, the window the model saw at each call, token usage,
-    and a live view of a running session. Prints the URL to open; Ctrl-C stops it. Needs the
-    inspect extra.
+    and a live view of a running session. Prints the URL to open, which carries the token
+    every request needs; Ctrl-C stops it. Needs the inspect extra.
     """
     from trimtab.cli.inspector import run_inspector
 
-    return run_inspector(_resolve(settings), host=host, port=port, token=token)
+    return run_inspector(_resolve(settings), host=host, port=port, token=token, no_auth=no_auth)
 
 
 @cli.group()

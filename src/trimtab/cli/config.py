@@ -59,8 +59,9 @@ class CliConfig(BaseModel):
     """Sent to the provider; never printed."""
     store: str | None = None
     """Where sessions live: `memory`, a SQLite path or URL; None is `<home>/trimtab.db`."""
-    tools: Literal["none", "demo"] = "none"
-    """`demo`: the calculator, current_time and clear_context tools."""
+    tools: Literal["none", "demo", "builtin"] = "none"
+    """`demo`: the calculator, current_time and clear_context tools; `builtin`: the agent's
+    own tools (view, create, edit, bash, grep, glob) in the current directory (spec B10)."""
     script: Path | None = None
     """The replies of the `scripted` provider (JSON or YAML)."""
     system_message: str | None = None

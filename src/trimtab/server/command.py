@@ -60,6 +60,16 @@ ENGINE_VARIABLE = "TRIMTAB_ENGINE"
 TOKEN_VARIABLE = "COPILOT_CONNECTION_TOKEN"
 """Where the official SDKs put the connection token of a TCP runtime they spawn."""
 
+BOUNDARY = (
+    "A stdio client is the user who started the server: like the Copilot CLI, it may have"
+    " the server run the MCP commands it names and read the files it attaches. A TCP client"
+    " must present a token and drives sessions, nothing more: the commands it names run only"
+    " as --allow-mcp-commands or --mcp-command allow, the files it attaches are read only"
+    " under --attachments-root, the URLs it names are confined to --allowed-host when given,"
+    " and with --tokens-file it sees only its own sessions."
+)
+"""The trust boundary of a server, in two sentences (`--help`, the README, spec S11)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SdkFlag:
@@ -157,7 +167,8 @@ def _options(ctx: click.Context, given: dict[str, Any]) -> ServerOptions:
     }
     if "engine" not in values and os.environ.get(ENGINE_VARIABLE):
         values["engine"] = os.environ[ENGINE_VARIABLE]
-    if "token" not in values and not values.get("stdio") and os.environ.get(TOKEN_VARIABLE):
+    others = ("token", "stdio", "tokens_file", "no_auth")
+    if not any(values.get(name) for name in others) and os.environ.get(TOKEN_VARIABLE):
         # A stdio client sends no token: one inherited in the environment would lock it out.
         values["token"] = os.environ[TOKEN_VARIABLE]
     try:
@@ -238,7 +249,8 @@ serve_command = click.Command(
         ),
         *map(_sdk_option, SDK_FLAGS),
     ],
-    help="Serve trimtab sessions to Copilot SDK clients over JSON-RPC (TCP, or --stdio).",
+    help="Serve trimtab sessions to Copilot SDK clients over JSON-RPC (TCP, or --stdio).\n\n"
+    + BOUNDARY,
     epilog="The flags the official Copilot SDKs add when they start a runtime (--headless,"
     " --server, --no-auto-update, --auth-token-env NAME, ...) are accepted; those that mean"
     " nothing here are ignored.",

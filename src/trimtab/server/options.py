@@ -11,6 +11,7 @@ import ipaddress
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -38,13 +39,16 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False), Flag("SECONDS")]
 
 Count = Annotated[int, Field(ge=1), Flag("N")]
 
+_KEY_FILE_KEYS = frozenset({"api_key_file", "apiKeyFile"})
+
 
 class ServerOptions(BaseModel):
     """How a server listens, where its sessions live and what bounds each connection.
 
     Invalid settings raise `pydantic.ValidationError` (a `ValueError`) when the options are
     made, before anything is opened: a limit that is not positive, a port out of range, a
-    provider that is no config, an address beyond loopback without a token.
+    provider that is no config, an address beyond loopback without a token, flags that
+    contradict each other.
     """
 
     # Built on first use, as the other models are: a server's start-up builds it once.
@@ -68,11 +72,38 @@ class ServerOptions(BaseModel):
     TRIMTAB_STORE; default: $TRIMTAB_HOME/trimtab.db]."""
     token: Annotated[SecretStr | None, Flag("TOKEN")] = None
     """Connection token clients must send in 'connect' [env COPILOT_CONNECTION_TOKEN, over
-    TCP]. Empty means none."""
+    TCP]. Over TCP without one, the server makes one and says in which file it is
+    ($TRIMTAB_HOME/serve/PORT.token, readable only by you). On the command line it shows in
+    the process list: prefer the variable or --tokens-file."""
+    tokens_file: Annotated[Path | None, Flag("FILE")] = None
+    """Several clients, a token each: a TOML file of name = "token" lines, readable only by
+    you. Each client sees, resumes and deletes only the sessions its token created."""
+    admin: Annotated[list[str], Flag("NAME")] = []
+    """A name of --tokens-file whose token sees every client's sessions (repeatable)."""
+    no_auth: bool = False
+    """Accept TCP clients without a token (loopback only): every account of this machine
+    can then drive every session, and make the host do what the policy flags below let
+    clients do."""
+    allow_mcp_commands: bool = False
+    """Run any command a TCP client names in mcpServers, as this server's user. Without it
+    (or --mcp-command), a TCP client's local MCP servers are refused; a stdio client's run."""
+    mcp_command: Annotated[list[str], Flag("COMMAND")] = []
+    """Run only this command (repeatable) when a client names it in mcpServers, with the
+    arguments the client gives: a name on this server's PATH, or a path; matched by the file
+    it resolves to."""
+    attachments_root: Annotated[Path | None, Flag("DIR")] = None
+    """Read the files and directories clients attach only inside DIR (symlinks resolved).
+    Without it a TCP client's file attachments are refused; a stdio client's read."""
+    allowed_host: Annotated[list[str], Flag("HOST")] = []
+    """A host a client-named provider base_url or MCP server url may reach (repeatable;
+    *.example.com for its subdomains). None given: any."""
     provider: Annotated[ProviderConfig | None, Flag("NAME|JSON")] = None
     """Provider of sessions that bring none: openai, anthropic, ollama, local (the embedded
     model), or a JSON config such as '{"type": "openai", "base_url": "..."}'. Only it gets API
     keys from this process's environment for a base URL it names."""
+    api_key_file: Annotated[Path | None, Flag("FILE")] = None
+    """Read the --provider's API key from FILE (or api_key_file in its JSON), so that it
+    need not be in this process's environment."""
     lease_ttl: Seconds = 30.0
     """How long a crashed server's sessions stay locked before another server sharing the
     store takes them over."""
@@ -93,6 +124,10 @@ class ServerOptions(BaseModel):
     """Time the tool calls a dropped client left unanswered wait for a resuming one."""
     frame_timeout: Seconds = 10.0
     """Time a message's header may take once begun (and longest pause in its body)."""
+    builtin_tools: Annotated[bool | None, Flag("on|off")] = None
+    """Give sessions the built-in tools (view, create, edit, bash, grep, glob), working in
+    this directory or in a session's workingDirectory, which over TCP must be inside
+    --attachments-root [default: on over --stdio, off over TCP]."""
     engine: Annotated[str | None, Flag("URL")] = None
     """Run sessions on a durable execution engine, temporal://HOST:PORT[/NAMESPACE], whose
     workers (trimtab worker) run the loop; this server stores inputs, follows the logs and
@@ -121,13 +156,55 @@ class ServerOptions(BaseModel):
     def _named_or_json(cls, value: Any) -> Any:
         return provider_argument(value) if isinstance(value, str) else value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _key_file_of_provider(cls, values: Any) -> Any:
+        """A provider config's `api_key_file` (`apiKeyFile`) is `--api-key-file`: a key the
+        config names by path, not a field of the provider (a client could name any file)."""
+        if not isinstance(values, dict):
+            return values
+        provider = values.get("provider")
+        if isinstance(provider, str):
+            try:
+                provider = provider_argument(provider)
+            except ValueError:
+                return values  # said by the field's own check, which names it
+        if not isinstance(provider, dict) or not provider.keys() & _KEY_FILE_KEYS:
+            return values
+        provider = dict(provider)
+        paths = {provider.pop(key) for key in _KEY_FILE_KEYS & provider.keys()}
+        if len(paths) > 1 or values.get("api_key_file") not in (None, *paths):
+            raise ValueError("the provider's api_key_file and --api-key-file differ")
+        return {**values, "provider": provider, "api_key_file": paths.pop()}
+
     @model_validator(mode="after")
     def _loopback_or_token(self) -> ServerOptions:
-        if not self.stdio and self.token is None and not _is_loopback(self.host):
+        has_token = self.token is not None or self.tokens_file is not None
+        if self.no_auth and (self.stdio or has_token or not _is_loopback(self.host)):
+            raise ValueError(
+                "--no-auth is for a TCP server on a loopback address, without --token or"
+                " --tokens-file: every account of this machine could drive its sessions"
+            )
+        if not self.stdio and not has_token and not _is_loopback(self.host):
             raise ValueError(
                 f"refusing to listen on {self.host!r} without a connection token: anyone who"
                 " can reach it could drive your sessions (pass a token, or use 127.0.0.1)"
             )
+        if self.token is not None and self.tokens_file is not None:
+            raise ValueError("give one token (--token) or a tokens file, not both")
+        if self.stdio and self.tokens_file is not None:
+            raise ValueError("--tokens-file is for TCP: a stdio client sends no token")
+        if self.admin and self.tokens_file is None:
+            raise ValueError("--admin names a token of --tokens-file, which is not given")
+        if self.allow_mcp_commands and self.mcp_command:
+            raise ValueError(
+                "--allow-mcp-commands runs every command, --mcp-command only those named:"
+                " give one of them"
+            )
+        if self.api_key_file is not None and self.provider is None:
+            raise ValueError("--api-key-file is the key of --provider, which is not given")
+        if self.api_key_file is not None and self.provider and self.provider.api_key:
+            raise ValueError("the provider has an api_key and an api_key_file: give one")
         return self
 
     @property

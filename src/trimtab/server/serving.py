@@ -25,9 +25,14 @@ from trimtab.protocol.framing import encode_frame
 from trimtab.protocol.jsonrpc import Connection
 from trimtab.providers import ProviderConfig, make_provider
 from trimtab.providers._install import install_command
+from trimtab.server.auth import Credentials
 from trimtab.server.copilot import CANCELLABLE, CopilotConnection
 from trimtab.server.hub import SessionHub
+from trimtab.server.isolation import undumpable
 from trimtab.server.options import ServerOptions
+from trimtab.server.policy import HostPolicy
+from trimtab.store import data_home
+from trimtab.store._files import TokenFile
 
 __all__ = ["START_CHECK", "ServeError", "serve"]
 
@@ -72,21 +77,32 @@ async def serve(
     default provider is the operator's: credentials from this process's environment go with
     it (spec S1).
 
+    Over TCP a client must present a token (spec S10): given in `options`, or, with none, one
+    made here and written to `$TRIMTAB_HOME/serve/<port>.token` (its path is said on
+    stderr), removed when the server stops. What clients may make the host do beyond
+    driving sessions is `options`' host policy (spec S11). On Linux the process is made
+    undumpable, so that the commands it starts cannot read its memory or environment (S17).
+
     Args:
-        options: Where to listen, the store, the provider and the limits (default: all
-            defaults, the store in `TRIMTAB_STORE` or under `TRIMTAB_HOME`).
+        options: Where to listen, the store, the provider, the tokens, the host policy and
+            the limits (default: all defaults, the store in `TRIMTAB_STORE` or under
+            `TRIMTAB_HOME`).
         on_ready: Called with the port once listening (TCP); by default the server prints
             `listening on port N` to stdout, the line the official clients wait for.
 
     Raises:
-        ValueError: A provider config that cannot be built, or a store spec that names no
-            store.
-        ServeError: The store cannot be reached, the provider's library is missing, or the
-            port is in use.
+        ValueError: A provider config that cannot be built, a store spec that names no
+            store, a tokens file, key file, `--mcp-command` or `--attachments-root` that
+            cannot be used.
+        ServeError: The store cannot be reached, the provider's library is missing, the
+            port is in use, or the token cannot be written.
     """
     options = options or ServerOptions()
-    await _check_provider(options.provider)
-    provider = options.provider.model_dump(exclude_none=True) if options.provider else None
+    policy = HostPolicy.of(options)
+    credentials, made = _credentials(options)
+    provider = _provider(options)
+    await _check_provider(ProviderConfig.model_validate(provider) if provider else None)
+    undumpable()
     # Checks for queued input and expired leases at least every second, faster for short
     # leases, so that a takeover follows soon after the lease expires.
     poll = min(1.0, options.lease_ttl / 10)
@@ -102,9 +118,12 @@ async def serve(
     await _check_store(client, min(options.store_timeout, START_CHECK))
     async with client:
         hub = SessionHub(
-            client, pending_timeout=options.pending_timeout, has_provider=provider is not None
+            client,
+            policy=policy,
+            pending_timeout=options.pending_timeout,
+            has_provider=provider is not None,
         )
-        limits = _Limits.of(options)
+        limits = _Limits.of(options, credentials)
         try:
             if options.stdio:
                 # The one client is the process that started the server: no deadlines for it.
@@ -112,16 +131,71 @@ async def serve(
                 await own.connection(hub, *await _stdio_streams()).serve()
             else:
                 listen = _Listener(partial(limits.connection, hub), options.max_connections)
-                await listen(options.host, options.port, on_ready or _announce)
+                ready = on_ready or _announce
+                if made is not None:
+                    ready = partial(_token_ready, made, ready)
+                await listen(options.host, options.port, ready)
         finally:
+            if made is not None:
+                made.remove()
             await hub.close_all()
+
+
+def _credentials(options: ServerOptions) -> tuple[Credentials, TokenFile | None]:
+    """The tokens the server accepts (spec S10), and the file of the one it made, if it did.
+
+    Raises:
+        ValueError: A tokens file that cannot be used.
+    """
+    if options.stdio or options.no_auth:
+        return Credentials(), None
+    if options.tokens_file is not None:
+        return Credentials.from_file(options.tokens_file, options.admin), None
+    if options.token_value is not None:
+        return Credentials.single(options.token_value), None
+    made = TokenFile(data_home() / "serve")
+    return Credentials.single(made.token), made
+
+
+def _token_ready(made: TokenFile, ready: Callable[[int], None], port: int) -> None:
+    """Write the token the server made for `port`, say where, then that it is ready."""
+    try:
+        path = made.write(port)
+    except OSError as exc:
+        raise ServeError(
+            f"cannot write the connection token: {exc.strerror or exc}",
+            hint="set TRIMTAB_HOME to a directory of yours, or pass --token",
+        ) from None
+    # Where, never what: the token itself stays in the file (spec S10).
+    print(f"trimtab: connection token in {path} (clients send what it holds)", file=sys.stderr)
+    ready(port)
+
+
+def _provider(options: ServerOptions) -> dict[str, Any] | None:
+    """The operator's provider config, with its key read from `--api-key-file`.
+
+    Raises:
+        ValueError: The key file cannot be read, or is empty.
+    """
+    if options.provider is None:
+        return None
+    config = options.provider.model_dump(exclude_none=True)
+    if (path := options.api_key_file) is not None:
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--api-key-file {path}: {getattr(exc, 'strerror', exc)}") from None
+        if not key:
+            raise ValueError(f"--api-key-file {path} is empty")
+        config["api_key"] = key
+    return config
 
 
 @dataclass(frozen=True, slots=True)
 class _Limits:
     """What bounds each connection (see `ServerOptions`)."""
 
-    token: str | None
+    credentials: Credentials
     max_output: int
     max_requests: int
     frame_timeout: float
@@ -129,9 +203,9 @@ class _Limits:
     idle_timeout: float | None
 
     @classmethod
-    def of(cls, options: ServerOptions) -> _Limits:
+    def of(cls, options: ServerOptions, credentials: Credentials) -> _Limits:
         return cls(
-            options.token_value,
+            credentials,
             options.max_output,
             options.max_requests,
             options.frame_timeout,
@@ -157,7 +231,7 @@ class _Limits:
         return CopilotConnection(
             conn,
             hub,
-            token=self.token,
+            credentials=self.credentials,
             connect_timeout=self.connect_timeout,
             idle_timeout=self.idle_timeout,
         )
@@ -250,9 +324,9 @@ class _Listener:
             )
         except OSError as exc:
             raise _unlistenable(exc, host, port) from None
-        on_ready(server.sockets[0].getsockname()[1])
-        log.debug("listening on %s port %d", host, server.sockets[0].getsockname()[1])
         try:
+            on_ready(server.sockets[0].getsockname()[1])
+            log.debug("listening on %s port %d", host, server.sockets[0].getsockname()[1])
             await asyncio.Event().wait()  # until cancelled
         finally:
             server.close()

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from trimtab.events import Event, UserMessageEvent
+from trimtab.events import Event, SessionStartEvent, UserMessageEvent
 
 __all__ = [
     "CarriesLive",
@@ -31,6 +31,7 @@ __all__ = [
     "Store",
     "claimed_input",
     "follow",
+    "owner_of",
     "record_of",
 ]
 
@@ -67,6 +68,8 @@ class SessionRecord(BaseModel):
     """The first user message, shortened: a human-readable label."""
     lease_expires_at: datetime | None = None
     """When the live lease expires unless its holder renews it (None without a live lease)."""
+    owner: str | None = None
+    """Who the session belongs to: its `session.start`'s `owner` (spec S16)."""
 
 
 class EventLog(Protocol):
@@ -95,8 +98,11 @@ class EventLog(Protocol):
         commits never wait for the disk (SQLite: WAL with `synchronous = NORMAL`), ignore it.
 
         With a lease, the append is fenced: it raises `LeaseLostError` unless the lease is
-        still the session's current, unexpired one. Raises `SessionNotFoundError` for an
-        unknown session, and `StoreUnavailableError` when the outcome is unknown.
+        still the session's current, unexpired one. A store whose database may lose the
+        log's last appends (P5: PostgreSQL) also refuses a leased batch whose first event
+        follows one (`parent_id`) that is not the log's last, with `LogTailLostError`. Raises
+        `SessionNotFoundError` for an unknown session, and `StoreUnavailableError` when the
+        outcome is unknown.
 
         Idempotent by event id: a batch whose first event is already in the log is the retry
         of an append that went through, and is not stored again. A `user.message` whose
@@ -286,6 +292,12 @@ def summarize(events: Sequence[Event]) -> str | None:
     return None
 
 
+def owner_of(events: Sequence[Event]) -> str | None:
+    """The owner a new log's `session.start` names (`SessionRecord.owner`), if any."""
+    first = events[0] if events else None
+    return first.data.owner if isinstance(first, SessionStartEvent) else None
+
+
 def claimed_input(event: Event) -> str | None:
     """The message id of the queued input that `event` delivers, if it is a user message."""
     return event.data.message_id if isinstance(event, UserMessageEvent) else None
@@ -327,8 +339,9 @@ def to_datetime(moment: float | datetime) -> datetime:
 
 def record_of(row: Sequence[Any]) -> SessionRecord:
     """The `SessionRecord` of a row of the SQL backends: session id, creation and update
-    times, last sequence number, live lease owner, summary, and the live lease's expiry."""
-    session_id, created_at, updated_at, last_seq, lease_owner, summary, expires_at = row
+    times, last sequence number, live lease owner, summary, the live lease's expiry and the
+    session's owner."""
+    session_id, created_at, updated_at, last_seq, lease_owner, summary, expires_at, owner = row
     return SessionRecord(
         session_id=session_id,
         created_at=to_datetime(created_at),
@@ -337,6 +350,7 @@ def record_of(row: Sequence[Any]) -> SessionRecord:
         lease_owner=lease_owner,
         summary=summary,
         lease_expires_at=None if lease_owner is None else to_datetime(expires_at),
+        owner=owner,
     )
 
 

@@ -21,6 +21,7 @@ from trimtab.store._base import (
     claimed_input,
     follow,
     holds_lease,
+    owner_of,
     summarize,
     to_datetime,
 )
@@ -36,6 +37,7 @@ class _Session:
     inputs: dict[str, str] = field(default_factory=dict)
     """Pending inputs: message id -> prompt, oldest first."""
     summary: str | None = None
+    owner: str | None = None
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires_at: float = 0.0
@@ -77,7 +79,11 @@ class MemoryStore:
             raise ValueError(f"session {session_id!r} already exists")
         now = time.time()
         self._sessions[session_id] = _Session(
-            created_at=now, updated_at=now, events=list(events), summary=summarize(events)
+            created_at=now,
+            updated_at=now,
+            events=list(events),
+            summary=summarize(events),
+            owner=owner_of(events),
         )
 
     async def append(
@@ -256,6 +262,7 @@ class MemoryStore:
             lease_expires_at=to_datetime(session.lease_expires_at)
             if session.live_owner(now) is not None
             else None,
+            owner=session.owner,
         )
 
 

@@ -38,6 +38,7 @@ from trimtab.store._base import (
     claimed_input,
     follow,
     holds_lease,
+    owner_of,
     record_of,
     summarize,
 )
@@ -47,7 +48,7 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Stored in `PRAGMA user_version`; bump it with a migration step when the schema changes."""
 
 PAGE_CACHE_KIB = 128
@@ -129,10 +130,15 @@ _SCHEMA_V4 = (
     "CREATE INDEX inputs_pending ON inputs (session_id) WHERE claimed_seq IS NULL",
 )
 
+_SCHEMA_V5 = (
+    # Who each session belongs to (its `session.start`'s owner), for a server's listings.
+    "ALTER TABLE sessions ADD COLUMN owner TEXT",
+)
+
 # The lease owner is reported only while the lease is live; `?` is the current time.
 _RECORD_COLUMNS = """
     session_id, created_at, updated_at, last_seq,
-    CASE WHEN lease_expires_at > ? THEN lease_owner END, summary, lease_expires_at
+    CASE WHEN lease_expires_at > ? THEN lease_owner END, summary, lease_expires_at, owner
 """
 
 
@@ -227,9 +233,10 @@ class SqliteStore:
 
         def insert(db: sqlite3.Connection) -> None:
             db.execute(
-                "INSERT INTO sessions (session_id, created_at, updated_at, last_seq, summary)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (session_id, now, now, len(rows), summarize(events)),
+                "INSERT INTO sessions"
+                " (session_id, created_at, updated_at, last_seq, summary, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, now, now, len(rows), summarize(events), owner_of(events)),
             )
             db.executemany(
                 "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
@@ -634,7 +641,7 @@ def _migrate(db: sqlite3.Connection) -> None:
                 f" {SCHEMA_VERSION}: upgrade trimtab"
             )
         for number, statements in enumerate(
-            (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4), start=1
+            (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5), start=1
         ):
             if version < number:
                 for statement in statements:

@@ -1,5 +1,5 @@
 """Sessions on Temporal (the `temporal` extra: `pip install '.[temporal]'` in the checkout;
-spec section 14).
+spec section 15).
 
 `Client(engine=TemporalEngine(...))` stores its sessions' inputs and follows their logs;
 `Worker` processes (or `trimtab worker`) run their runs, one activity per attempt, taken over
