@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,8 +27,13 @@ from trimtab.events import (
     AssistantTurnStartEvent,
     AssistantUsageEvent,
     Event,
+    ExternalToolCompletedEvent,
+    ExternalToolRequestedData,
+    ExternalToolRequestedEvent,
     Message,
     PermissionCompletedEvent,
+    PermissionRequestedData,
+    PermissionRequestedEvent,
     SessionCompactionCompleteEvent,
     SessionConfigData,
     SessionContextClearedEvent,
@@ -47,10 +53,15 @@ from trimtab.events import (
 )
 from trimtab.providers import Usage
 
-__all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
+__all__ = ["Batch", "SessionState", "StateSnapshot", "Wait", "state_of"]
+
+Wait: TypeAlias = PermissionRequestedData | ExternalToolRequestedData
+"""What an unfinished call waits for from outside its run: a permission decision, or the
+result of a call a client runs."""
 
 _NOTHING: frozenset[str] = frozenset()
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
+_NO_WAITS: Mapping[str, Wait] = MappingProxyType({})
 """Shared empties: most sessions have no approvals and no unfinished calls."""
 
 
@@ -128,6 +139,11 @@ class SessionState:
     )
     """Tool calls started but never completed (a crash mid-call), by call id; replaced on
     change, so that the empty one is shared."""
+    waiting: Mapping[str, Wait] = field(default_factory=lambda: _NO_WAITS)
+    """Unfinished calls whose announced question (a `permission.requested`, an
+    `external_tool.requested`) has no answer logged yet, by call id: a run parked on an
+    engine waits on these (spec EN5). Never held in a snapshot, which is only kept when no
+    call is unfinished."""
     open_turn: str | None = None
     """The id of a turn started and not ended (a crash mid-turn)."""
     run_id: str | None = None
@@ -192,7 +208,26 @@ class SessionState:
                     self.approved_tools |= {start.tool_name}
             case _:
                 pass
+        if self.unfinished_calls:
+            self._track_waits(event)
         return self._track_run(event)
+
+    def _track_waits(self, event: Event) -> None:
+        """Follow the questions the unfinished calls wait on (`waiting`)."""
+        match event:
+            case PermissionRequestedEvent():
+                call_id = event.data.permission_request.tool_call_id
+                if call_id is not None and call_id in self.unfinished_calls:
+                    self.waiting = {**self.waiting, call_id: event.data}
+            case ExternalToolRequestedEvent() if event.data.tool_call_id in self.unfinished_calls:
+                self.waiting = {**self.waiting, event.data.tool_call_id: event.data}
+            case PermissionCompletedEvent() | ExternalToolCompletedEvent():
+                answered = event.data.request_id
+                if any(wait.request_id == answered for wait in self.waiting.values()):
+                    waits = {k: w for k, w in self.waiting.items() if w.request_id != answered}
+                    self.waiting = waits or _NO_WAITS
+            case _:
+                pass
 
     def _track_run(self, event: Event) -> bool:
         """Follow the run in progress (spec E1, P3); True when `event` ended it."""
@@ -237,6 +272,9 @@ class SessionState:
         if call_id in self.unfinished_calls:
             calls = {k: v for k, v in self.unfinished_calls.items() if k != call_id}
             self.unfinished_calls = calls or _NO_CALLS
+        if call_id in self.waiting:
+            waits = {k: w for k, w in self.waiting.items() if k != call_id}
+            self.waiting = waits or _NO_WAITS
 
     def _end_run(self) -> bool:
         ended = self.run_id is not None
