@@ -1,4 +1,4 @@
-"""A session that never dies of its context (issue 38, spec section 14).
+"""A session that never dies of its context (issue 38, spec section 16).
 
 Drives `--turns` runs (500 by default) of one session whose tool results grow, turn after
 turn, until each is several times the model's whole context: a fake model, in process, counts

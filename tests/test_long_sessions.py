@@ -1,4 +1,4 @@
-"""Long sessions under the host's control (spec section 14): the estimate calibrated from what
+"""Long sessions under the host's control (spec section 16): the estimate calibrated from what
 models report (X1), a refused request compacted and retried (X2), a turn too large for any
 window cut to fit (X3)."""
 

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 
@@ -28,8 +29,13 @@ from trimtab.events import (
     AssistantUsageData,
     AssistantUsageEvent,
     Event,
+    ExternalToolCompletedEvent,
+    ExternalToolRequestedData,
+    ExternalToolRequestedEvent,
     Message,
     PermissionCompletedEvent,
+    PermissionRequestedData,
+    PermissionRequestedEvent,
     SessionCompactionCompleteEvent,
     SessionConfigData,
     SessionContextClearedEvent,
@@ -51,7 +57,11 @@ from trimtab.events import (
 )
 from trimtab.providers import Usage
 
-__all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
+__all__ = ["Batch", "SessionState", "StateSnapshot", "Wait", "state_of"]
+
+Wait: TypeAlias = PermissionRequestedData | ExternalToolRequestedData
+"""What an unfinished call waits for from outside its run: a permission decision, or the
+result of a call a client runs."""
 
 _SAME_RUN = frozenset({"hook", "immediate"})
 """Sources of user messages that go on with the run in progress: a hook's note (D13), a
@@ -59,6 +69,7 @@ steering message (X6)."""
 
 _NOTHING: frozenset[str] = frozenset()
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
+_NO_WAITS: Mapping[str, Wait] = MappingProxyType({})
 """Shared empties: most sessions have no approvals and no unfinished calls."""
 
 
@@ -137,6 +148,11 @@ class SessionState:
     )
     """Tool calls started but never completed (a crash mid-call), by call id; replaced on
     change, so that the empty one is shared."""
+    waiting: Mapping[str, Wait] = field(default_factory=lambda: _NO_WAITS)
+    """Unfinished calls whose announced question (a `permission.requested`, an
+    `external_tool.requested`) has no answer logged yet, by call id: a run parked on an
+    engine waits on these (spec EN5). Never held in a snapshot, which is only kept when no
+    call is unfinished."""
     open_turn: str | None = None
     """The id of a turn started and not ended (a crash mid-turn)."""
     run_id: str | None = None
@@ -170,16 +186,8 @@ class SessionState:
                 self.config = _shared(event.data.config)
             case SessionResumeEvent() if event.data.config is not None:
                 self.config = _shared(event.data.config)
-            case SessionModelChangeEvent():
-                change = {
-                    "model": event.data.new_model,
-                    "reasoning_effort": event.data.reasoning_effort,
-                }
-                self.config = _shared(self.config.model_copy(update=change))
-            case SessionTitleChangedEvent():
-                self.name, self.name_auto = event.data.title, bool(event.data.auto)
-            case SessionModeChangedEvent():
-                self.mode = event.data.new_mode
+            case SessionModelChangeEvent() | SessionTitleChangedEvent() | SessionModeChangedEvent():
+                self._setting(event)
             case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
                 self.projection.add(event)
             case SessionContextClearedEvent():
@@ -208,7 +216,42 @@ class SessionState:
                     self.approved_tools |= {start.tool_name}
             case _:
                 pass
+        if self.unfinished_calls:
+            self._track_waits(event)
         return self._track_run(event)
+
+    def _setting(
+        self, event: SessionModelChangeEvent | SessionTitleChangedEvent | SessionModeChangedEvent
+    ) -> None:
+        """A setting the host changed: the model (K1), the name (K2), the mode (K7)."""
+        match event:
+            case SessionModelChangeEvent():
+                change = {
+                    "model": event.data.new_model,
+                    "reasoning_effort": event.data.reasoning_effort,
+                }
+                self.config = _shared(self.config.model_copy(update=change))
+            case SessionTitleChangedEvent():
+                self.name, self.name_auto = event.data.title, bool(event.data.auto)
+            case SessionModeChangedEvent():
+                self.mode = event.data.new_mode
+
+    def _track_waits(self, event: Event) -> None:
+        """Follow the questions the unfinished calls wait on (`waiting`)."""
+        match event:
+            case PermissionRequestedEvent():
+                call_id = event.data.permission_request.tool_call_id
+                if call_id is not None and call_id in self.unfinished_calls:
+                    self.waiting = {**self.waiting, call_id: event.data}
+            case ExternalToolRequestedEvent() if event.data.tool_call_id in self.unfinished_calls:
+                self.waiting = {**self.waiting, event.data.tool_call_id: event.data}
+            case PermissionCompletedEvent() | ExternalToolCompletedEvent():
+                answered = event.data.request_id
+                if any(wait.request_id == answered for wait in self.waiting.values()):
+                    waits = {k: w for k, w in self.waiting.items() if w.request_id != answered}
+                    self.waiting = waits or _NO_WAITS
+            case _:
+                pass
 
     def _track_run(self, event: Event) -> bool:
         """Follow the run in progress (spec E1, P3); True when `event` ended it."""
@@ -285,6 +328,9 @@ class SessionState:
         if call_id in self.unfinished_calls:
             calls = {k: v for k, v in self.unfinished_calls.items() if k != call_id}
             self.unfinished_calls = calls or _NO_CALLS
+        if call_id in self.waiting:
+            waits = {k: w for k, w in self.waiting.items() if k != call_id}
+            self.waiting = waits or _NO_WAITS
 
     def _end_run(self) -> bool:
         ended = self.run_id is not None
