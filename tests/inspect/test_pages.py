@@ -68,7 +68,7 @@ async def test_issue19_index_lists_sessions_with_status_model_tokens_and_activit
         assert f'href="{url(session_id)}"' in html
     record = await store.get(seeded.session_id)
     assert row(html, seeded.session_id) == (
-        f"{seeded.session_id} {escape(ASK)} idle scripted 32 5 2 16"
+        f"{seeded.session_id} {escape(ASK)} idle scripted 241 5 2 16"
         f" {record.updated_at:%Y-%m-%d %H:%M:%S}"
     )
     assert " Hi failed - 0 0 1 5 " in row(html, failing.session_id)
@@ -300,7 +300,7 @@ async def test_issue19_token_usage_chart_has_a_point_per_call_and_marks_the_clea
     lines = re.findall(r'<polyline [^>]*points="([^"]*)"', svg)
     assert [len(points.split()) for points in lines] == [2, 2]
     assert re.findall(r'<line class="marker" data-op="(\w+)"', svg) == ["clear"]
-    assert "input tokens (32 in all)" in visible(html)
+    assert "input tokens (241 in all)" in visible(html)
 
 
 async def test_issue19_long_timelines_are_paginated(
