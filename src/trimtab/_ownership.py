@@ -40,7 +40,7 @@ class Ownership:
         self._runner = runner
         self._follower: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
-        """Set once the follower's subscription listens, or ended."""
+        """Set once the follower's subscription listens, or once the follower ended."""
 
     @property
     def owned(self) -> bool:
@@ -93,6 +93,7 @@ class Ownership:
     async def unfollow(self) -> None:
         if self._follower is not None:
             self._follower.cancel()
+            self._listening.set()  # (a follower cancelled before it began never sets it)
             await asyncio.wait([self._follower])
             self._follower = None
 
