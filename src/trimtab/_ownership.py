@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from trimtab import _loop
 from trimtab._errors import SessionNotFoundError
@@ -27,16 +28,20 @@ from trimtab.store import Lease
 
 __all__ = ["Ownership"]
 
+_log = logging.getLogger("trimtab")
+
 
 class Ownership:
     """A session's lease, as this runtime holds or follows it."""
 
-    __slots__ = ("_follower", "_log", "_runner")
+    __slots__ = ("_follower", "_listening", "_log", "_runner")
 
     def __init__(self, log: SessionLog, runner: Runner) -> None:
         self._log = log
         self._runner = runner
         self._follower: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        """Set once the follower's subscription listens, or once the follower ended."""
 
     @property
     def owned(self) -> bool:
@@ -52,34 +57,54 @@ class Ownership:
         where it stands (taken over, or its run parked, spec EN5)."""
         self._log.halt()
 
-    def lost(self) -> None:
+    async def lost(self) -> None:
         """Another runtime may own the session now: stop writing (the next append would fail),
         and follow it."""
         self._log.lease = None
-        self.follow()
+        await self.follow()
 
-    def follow(self) -> None:
+    async def follow(self) -> None:
         """While remote, deliver the owner's events to this session's subscribers as they are
-        stored, so that a host attached here sees a run executing elsewhere (spec R1)."""
-        if self._follower is None and not self._runner.closed:
+        stored, so that a host attached here sees a run executing elsewhere (spec R1).
+
+        Returns once the follower listens: every event the owner emits from then on reaches
+        the subscribers (E6). Bounded by the store's timeout (W1): past it the follower goes
+        on, reading the stored events as they come, and live ones once it listens."""
+        if self._follower is None:
+            if self._runner.closed:
+                return
+            self._listening = asyncio.Event()
             self._follower = asyncio.get_running_loop().create_task(
-                self._follow(), name=f"trimtab-follow-{self._log.session_id}"
+                self._follow(self._listening), name=f"trimtab-follow-{self._log.session_id}"
+            )
+        store = self._log.store
+        try:
+            async with asyncio.timeout(store.timeout):
+                await self._listening.wait()
+        except TimeoutError:
+            _log.warning(
+                "session %s: its owner's live events are not heard here yet (no listener"
+                " within %s s); its stored events still come",
+                self._log.session_id,
+                store.timeout,
             )
 
-    async def _follow(self) -> None:
+    async def _follow(self, listening: asyncio.Event) -> None:
         log = self._log
-        events = log.store.subscribe(log.session_id, after=log.state.event_count)
+        events = log.store.subscribe(log.session_id, after=log.state.event_count, ready=listening)
         try:
             async for event in events:
                 log.follow(event)
         except SessionNotFoundError:
             pass  # deleted: nothing more will come
         finally:
+            listening.set()  # (ended: nothing to wait for)
             await events.aclose()
 
     async def unfollow(self) -> None:
         if self._follower is not None:
             self._follower.cancel()
+            self._listening.set()  # (a follower cancelled before it began never sets it)
             await asyncio.wait([self._follower])
             self._follower = None
 
@@ -107,10 +132,13 @@ class Ownership:
 
     async def reopened(self, *, continue_pending: bool) -> None:
         """Log a resume of the session while it is open here already (spec D5): every
-        resume has its `session.resume`. A session another runtime runs is logged there."""
+        resume has its `session.resume`. A session another runtime runs is logged there;
+        here the resume returns once its follower listens, as the first one did (R1)."""
         log = self._log
         if log.writable:
             await log.emit(_resume(log, continue_pending=continue_pending))
+        else:
+            await self.follow()
 
     async def attempt(self) -> None:
         """Take the session up for an engine's attempt at running it (spec EN3): a run the

@@ -172,7 +172,7 @@ class Runner:
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
         tracing: Tracing,
-        lease_lost: Callable[[], None],
+        lease_lost: Callable[[], Awaitable[None]],
     ) -> None:
         self.session_id = log.session_id
         self.log = log
@@ -187,7 +187,8 @@ class Runner:
         self._handle = handle
         """The session, as the tool handlers of its runs get it."""
         self._lease_lost = lease_lost
-        """Called when a run finds the session's lease gone: another runtime may own it."""
+        """Awaited when a run finds the session's lease gone (another runtime may own it):
+        returns once the session follows its log (R1)."""
         self._queue: list[Pending | _Operation | Command] = []
         self._dispatching: Command | None = None
         """The command whose turn came, waiting for a host's answer."""
@@ -465,7 +466,7 @@ class Runner:
                 await self._store_message(item, self.log.emit_all, queued=True)
         except Exception as exc:
             self._running = None
-            self._failed(exc, item.message_id)
+            await self._failed(exc, item.message_id)
             return
         self._current = asyncio.get_running_loop().create_task(self._body(item))
         # When this waiter is cancelled (close), the run's task may still fail on its own:
@@ -478,7 +479,7 @@ class Runner:
         except Exception as exc:
             # The store failed or the lease was lost: nothing more can be logged, but no
             # waiter may hang, here or in a host following the session.
-            self._failed(exc, item.message_id, logged=True)
+            await self._failed(exc, item.message_id, logged=True)
             return
         finally:
             self._current = self._running = None
@@ -567,15 +568,18 @@ class Runner:
         stored events, it would come late)."""
         return not self._store_failed and self.log.state.run_id is not None
 
-    def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
-        """A run that could not go on (`logged`: its `user.message` is in the log)."""
+    async def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
+        """A run that could not go on (`logged`: its `user.message` is in the log).
+
+        A lost lease is followed before the run's end is told: a host that answers it with
+        a `send` (which the new owner runs) sees that run whole (R1)."""
         self._store_failed = True
         cause = _cause(exc)
         # (A log that lost its tail is still this runtime's to write: the run ends as under a
         # failed store, and the session goes on from the log, P6.)
         lost = isinstance(cause, LeaseLostError) and not isinstance(cause, LogTailLostError)
         if lost:
-            self._lease_lost()
+            await self._lease_lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
         if self._ledger is not None:
             self._ledger.fail(message_id, cause)

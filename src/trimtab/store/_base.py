@@ -142,9 +142,17 @@ class LiveFeed(Protocol):
         """
         ...
 
-    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after`, then each new one as it is stored, by any process,
         with the published ephemeral events in their places.
+
+        Like any generator it starts on its first `anext`: `ready`, if given, is set once
+        it listens, and every ephemeral event published from then on is delivered (spec E6).
+        Wait for it with a bound: it is never set for a subscription that cannot listen
+        (PostgreSQL: its listener did not connect within the store's timeout; such a
+        subscription still reads the stored events, by polling).
 
         Never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
@@ -430,20 +438,31 @@ async def follow(
     *,
     closed: Callable[[], bool],
     poll: float | None,
+    ready: asyncio.Event | None = None,
 ) -> AsyncGenerator[Event, None]:
     """A subscription's events: the log after `after`, then stored and ephemeral events as
     `listener` is told of them, each ephemeral one in its place among the stored ones.
 
+    `listener` is told of the session's changes already: `ready` (see `LiveFeed.subscribe`)
+    is set as this begins, before its first read, and every notice told from then on counts.
     `read(n)` returns the stored events after the first `n`. Without any announcement for
     `poll` seconds the log is read anyway (other processes' appends may not ring here).
     """
     cursor = max(after, 0)
     ahead: list[Event] = []  # read from the log, held back behind an ephemeral event
 
-    async def through(seq: int | None) -> list[Event]:
-        nonlocal cursor
-        if seq is None or seq > cursor + len(ahead):
+    async def more() -> bool:
+        """Read on from the log; False once the store is closed."""
+        try:
             ahead.extend(await read(cursor + len(ahead)))
+        except RuntimeError:
+            if closed():
+                return False
+            raise
+        return True
+
+    def through(seq: int | None) -> list[Event]:
+        nonlocal cursor
         count = len(ahead) if seq is None else max(0, min(len(ahead), seq - cursor))
         taken = ahead[:count]
         del ahead[:count]
@@ -453,16 +472,19 @@ async def follow(
     # Wake-ups told before the first read are covered by it. Read again later, once more is
     # stored, they would let a stored event overtake ephemeral ones published before it.
     listener.notices = [notice for notice in listener.notices if notice[1] is not None]
-    notices: list[Notice] = [(None, None)]  # catch up first
+    if ready is not None:
+        ready.set()
+    # The log first, held back until the ephemeral events told while it was read are in
+    # their places: that read may have seen events stored after them.
+    if not await more():
+        return
+    notices: list[Notice] = [*listener.notices, (cursor + len(ahead), None)]
+    listener.notices = []
     while not closed():
         for seq, ephemeral in notices:
-            try:
-                stored = await through(seq)
-            except RuntimeError:
-                if closed():
-                    return
-                raise
-            for event in stored:
+            if (seq is None or seq > cursor + len(ahead)) and not await more():
+                return
+            for event in through(seq):
                 yield event
             if ephemeral is not None:
                 yield ephemeral

@@ -6,6 +6,7 @@ test passing against it says something about the durable backends too.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -130,9 +131,11 @@ class MemoryStore:
         """Hand an ephemeral event to the session's subscribers (see `Store`)."""
         self._listeners.post(session_id, after, event)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        the published ephemeral events in their places.
+        the published ephemeral events in their places (`ready`: see `Store`).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
@@ -145,6 +148,7 @@ class MemoryStore:
                 after,
                 closed=lambda: self._closed,
                 poll=None,
+                ready=ready,
             )
             async for event in events:
                 yield event

@@ -351,9 +351,11 @@ class SqliteStore:
         other processes sharing the file see the stored events only."""
         self._listeners.post(session_id, after, event)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        this process's published ephemeral events in their places.
+        this process's published ephemeral events in their places (`ready`: see `Store`).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session. Appends through this
@@ -370,7 +372,12 @@ class SqliteStore:
 
         with self._listeners.listening_to(session_id) as listener:
             events = follow(
-                listener, read, after, closed=lambda: self._db is None, poll=SUBSCRIBE_POLL
+                listener,
+                read,
+                after,
+                closed=lambda: self._db is None,
+                poll=SUBSCRIBE_POLL,
+                ready=ready,
             )
             async for event in events:
                 yield event

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from trimtab._errors import StoreUnavailableError
@@ -99,9 +100,11 @@ class FaultyStore:
         await self._enter()
         return await self.inner.read(session_id, after=after)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         await self._enter()
-        events = self.inner.subscribe(session_id, after=after)
+        events = self.inner.subscribe(session_id, after=after, ready=ready)
         try:
             async for event in events:
                 if self.crashed:

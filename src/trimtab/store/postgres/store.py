@@ -24,6 +24,7 @@ Every call is bounded by the store's `timeout` (`_calls`, spec W1).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
@@ -241,9 +242,12 @@ class PostgresStore:
         async with self._calls.connection() as conn:
             await conn.writes.execute(sql.NOTIFY_ALL, (sql.LIVE_CHANNEL, sql.json_text(payloads)))
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        the published ephemeral events in their places.
+        the published ephemeral events in their places (`ready`: see `Store`; set once this
+        runtime's listener is up, which a first subscription waits for).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session. Notifications from any
@@ -273,9 +277,16 @@ class PostgresStore:
             # Ephemeral events published before the listener is up would be missed.
             await doorbell.listening(self.timeout)
             # The listener rang every subscriber as it connected, before `listening` returned:
-            # `follow` drops that ring, which its first read covers.
-            poll = _listener.SUBSCRIBE_POLL
-            events = follow(listener, read, after, closed=lambda: self._closed, poll=poll)
+            # `follow` drops that ring, which its first read covers. One that did not connect
+            # within the timeout leaves the subscription polling, not listening: not ready.
+            events = follow(
+                listener,
+                read,
+                after,
+                closed=lambda: self._closed,
+                poll=_listener.SUBSCRIBE_POLL,
+                ready=ready if doorbell.up else None,
+            )
             async for event in events:
                 yield event
 
