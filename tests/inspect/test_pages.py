@@ -68,10 +68,10 @@ async def test_issue19_index_lists_sessions_with_status_model_tokens_and_activit
         assert f'href="{url(session_id)}"' in html
     record = await store.get(seeded.session_id)
     assert row(html, seeded.session_id) == (
-        f"{seeded.session_id} {escape(ASK)} idle scripted 32 5 2 16"
+        f"{seeded.session_id} {escape(ASK)} idle scripted 32 5 0.0000 2 16"
         f" {record.updated_at:%Y-%m-%d %H:%M:%S}"
     )
-    assert " Hi failed - 0 0 1 5 " in row(html, failing.session_id)
+    assert " Hi failed - 0 0 0.0000 1 5 " in row(html, failing.session_id)
     assert " interrupted " in row(html, "crashed")
     assert " running " in row(html, "busy")
 
