@@ -156,8 +156,8 @@ def typed_output(
     Raises:
         TypeError: Pydantic cannot make a schema of `output_type`.
     """
-    adapter = _adapter(output_type)
     try:
+        adapter = _adapter(output_type)
         schema = adapter.json_schema()
     except Exception as exc:  # PydanticSchemaGenerationError, PydanticInvalidForJsonSchema
         raise TypeError(f"output_type {output_type!r} has no JSON Schema: {exc}") from None
@@ -250,8 +250,16 @@ def _free_name(taken: Collection[str]) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=64)
 def _adapter(output_type: Any) -> TypeAdapter[Any]:
+    """The adapter of `output_type`: made once per type (a schema takes a while to build)."""
+    try:
+        return _cached_adapter(output_type)
+    except TypeError:  # (unhashable: not a type a cache can key)
+        return TypeAdapter(output_type)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_adapter(output_type: Any) -> TypeAdapter[Any]:
     return TypeAdapter(output_type)
 
 
