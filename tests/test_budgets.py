@@ -12,9 +12,8 @@ import pytest
 
 from tests.conftest import EchoArgs, Recorder, clear_tool, echo_tool, open_session
 from tests.test_persistence import copy_log
-from trimtab import Client, PermissionHandler, Session, define_tool
-from trimtab._errors import BudgetExceededError
-from trimtab.events import Budget, Event, Spending
+from trimtab import BudgetExceededError, Client, PermissionHandler, Session, define_tool
+from trimtab.events import Budget, Event, SessionStartEvent, Spending
 from trimtab.providers import ModelResponse, Usage, make_provider
 from trimtab.providers._config import ModelPrice, ProviderConfig
 from trimtab.testing import (
@@ -122,7 +121,9 @@ async def test_b1_b2_usage_carries_the_cost_and_usage_info_the_sums() -> None:
     assert unpriced.cost is None  # no price: no cost, and counted as such
     assert (other_spent.unpriced_calls, other_spent.cost) == (1, 0.0)
     # The price table is logged with the configuration (no secret), for whoever reads it.
-    assert log[0].data.config.provider["prices"]["gpt-test"]["cachedInput"] == 0.5
+    start = log[0]
+    assert isinstance(start, SessionStartEvent) and start.data.config.provider is not None
+    assert start.data.config.provider["prices"]["gpt-test"]["cachedInput"] == 0.5
 
 
 async def test_b2_a_clear_starts_a_new_epochs_sum_and_the_session_keeps_counting() -> None:
@@ -211,7 +212,12 @@ async def test_b3_a_cost_budget_counts_the_price_table_and_maps_to_ai_credits() 
     provider = make_provider(config, transport=server.transport())
     echo = define_tool("echo", handler=lambda params: "x")
     async with Client(store="memory") as client:
-        session = await open_session(client, provider, echo, model="gpt-test")
+        session = await client.create_session(
+            provider=provider,
+            tools=[echo],
+            model="gpt-test",
+            on_permission_request=PermissionHandler.approve_all,
+        )
         types = await exceeded_run(session, budget={"cost": 1e-9})
         log = await session.get_events()
         await session.set_budget({"cost": 0.25})

@@ -156,12 +156,27 @@ def typed_output(
     Raises:
         TypeError: Pydantic cannot make a schema of `output_type`.
     """
+    if max_invalid < 1:
+        raise ValueError("max_invalid_outputs must be at least 1")
+    key = (output_type, _free_name(taken), max_invalid, native)
     try:
-        adapter = _adapter(output_type)
+        return _typed(*key)
+    except TypeError as exc:
+        if "unhashable" not in str(exc):
+            raise
+        return _typed.__wrapped__(*key)  # (a type no cache can key: made each time)
+
+
+@functools.lru_cache(maxsize=64)
+def _typed(output_type: Any, name: str, max_invalid: int, native: bool) -> Output:
+    # Made once per type and settings: a schema takes a millisecond to generate, a run's
+    # whole overhead.
+    try:
+        adapter = TypeAdapter(output_type)
         schema = adapter.json_schema()
     except Exception as exc:  # PydanticSchemaGenerationError, PydanticInvalidForJsonSchema
         raise TypeError(f"output_type {output_type!r} has no JSON Schema: {exc}") from None
-    spec = _spec(schema, taken, max_invalid, native)
+    spec = _spec(schema, name, max_invalid, native)
     return Output(spec, functools.partial(_check_typed, adapter))
 
 
@@ -183,12 +198,14 @@ def checked_schema(
     from jsonschema import validators
     from jsonschema.exceptions import SchemaError
 
+    if max_invalid < 1:
+        raise ValueError("max_invalid_outputs must be at least 1")
     given = dict(schema)
     try:
         validators.validator_for(given).check_schema(given)
     except SchemaError as exc:
         raise ValueError(f"output_schema is not a valid JSON Schema: {exc.message}") from None
-    return output_of(_spec(given, taken, max_invalid, native))
+    return output_of(_spec(given, _free_name(taken), max_invalid, native))
 
 
 def value_of(output_type: Any, result: OutputResult) -> Any:
@@ -205,13 +222,9 @@ def value_of(output_type: Any, result: OutputResult) -> Any:
         raise SessionError("invalid_output", f"the run's result is not valid: {lines}") from None
 
 
-def _spec(
-    schema: dict[str, Any], taken: Collection[str], max_invalid: int, native: bool
-) -> OutputSpec:
+def _spec(schema: dict[str, Any], tool_name: str, max_invalid: int, native: bool) -> OutputSpec:
     """The logged spec of a result whose JSON Schema is `schema`: the tool's parameters must
     be an object, so another result is wrapped in `{"result": ...}` (OUT1)."""
-    if max_invalid < 1:
-        raise ValueError("max_invalid_outputs must be at least 1")
     wrapped = schema.get("type") != "object"
     if wrapped:
         inner = {k: v for k, v in schema.items() if k != "$defs"}
@@ -222,7 +235,7 @@ def _spec(
             **({"$defs": schema["$defs"]} if "$defs" in schema else {}),
         }
     return OutputSpec(
-        tool_name=_free_name(taken),
+        tool_name=tool_name,
         json_schema=schema,
         wrapped=wrapped,
         max_invalid=max_invalid,
@@ -254,8 +267,10 @@ def _adapter(output_type: Any) -> TypeAdapter[Any]:
     """The adapter of `output_type`: made once per type (a schema takes a while to build)."""
     try:
         return _cached_adapter(output_type)
-    except TypeError:  # (unhashable: not a type a cache can key)
-        return TypeAdapter(output_type)
+    except TypeError as exc:
+        if "unhashable" not in str(exc):
+            raise
+        return TypeAdapter(output_type)  # (a type no cache can key: made each time)
 
 
 @functools.lru_cache(maxsize=64)

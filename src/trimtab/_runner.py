@@ -242,7 +242,8 @@ class Runner:
         run = self.log.state.run
         if running is None or run is None or run.output is None:
             return None
-        if running.output is None or running.output.spec != run.output:
+        given = running.output
+        if given is None or (given.spec is not run.output and given.spec != run.output):
             running.output = output_of(run.output)
         return running.output
 

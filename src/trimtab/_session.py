@@ -544,6 +544,7 @@ class Session:
         prompt: str,
         *,
         output_type: None = None,
+        output_schema: None = None,
         timeout: float | None = None,
         **options: Unpack[SendOptions],
     ) -> AssistantMessageEvent | None: ...
@@ -553,19 +554,31 @@ class Session:
         prompt: str,
         *,
         output_type: type[_T],
+        output_schema: None = None,
         timeout: float | None = None,
         **options: Unpack[SendOptions],
     ) -> _T: ...
+    @overload
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: None = None,
+        output_schema: Mapping[str, Any],
+        timeout: float | None = None,
+        **options: Unpack[SendOptions],
+    ) -> Any: ...
     async def send_and_wait(
         self,
         prompt: str,
         *,
         output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         **options: Unpack[SendOptions],
     ) -> Any:
-        """Send `prompt` (with `request_headers`, `images`, `attachments`, `output_schema`
-        and `budget`, as `send`) and wait for its run to end.
+        """Send `prompt` (with `request_headers`, `images`, `attachments`, `output_type` or
+        `output_schema`, and `budget`, as `send`) and wait for its run to end.
 
         Returns the run's last `assistant.message` as stored (after a clear, the seeded
         run's), or None if there was none (an abort before the model answered); with
@@ -578,11 +591,17 @@ class Session:
         session the run executes in its owner, and its end is read from the events this
         runtime follows.
         """
-        end = await self.run(prompt, output_type=output_type, timeout=timeout, **options)
+        end = await self.run(
+            prompt,
+            output_type=output_type,
+            output_schema=output_schema,
+            timeout=timeout,
+            **options,
+        )
         if end.error is not None:
             data = end.error.data
             raise session_error(data.error_type, data.message, status_code=data.status_code)
-        if output_type is None and options.get("output_schema") is None:
+        if output_type is None and output_schema is None:
             return end.last_message
         return _result(end).value
 
@@ -591,6 +610,7 @@ class Session:
         prompt: str,
         *,
         output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         **options: Unpack[SendOptions],
     ) -> RunEnd:
@@ -602,7 +622,9 @@ class Session:
         runner = self._runner
         ledger = runner.ledger()  # following events before the send: none slips by
         try:
-            message_id = await self.send(prompt, output_type=output_type, **options)
+            message_id = await self.send(
+                prompt, output_type=output_type, output_schema=output_schema, **options
+            )
         except BaseException:
             runner.release_ledger()
             raise
@@ -807,7 +829,6 @@ class SendOptions(TypedDict, total=False):
     request_headers: Mapping[str, str] | None
     images: Sequence[Image | Mapping[str, str]]
     attachments: Sequence[Mapping[str, Any]]
-    output_schema: Mapping[str, Any] | None
     max_invalid_outputs: int
     budget: Budget | Mapping[str, Any] | None
 

@@ -527,7 +527,7 @@ async def test_b2_the_session_page_sums_the_cost_per_run_per_segment_and_per_ses
     session = await open_session(client, model, clear_tool(), model="priced")
     await session.send_and_wait(ASK)
     await session.send_and_wait("Once more")
-    costs = [e.data.cost for e in await session.get_events() if e.type == "assistant.usage"]
+    costs = [e.data.cost or 0.0 for e in await session.get_events() if e.type == "assistant.usage"]
     assert len(costs) == 3 and all(costs)
 
     html = await page(inspector, url(session.session_id))

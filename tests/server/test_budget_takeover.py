@@ -47,12 +47,14 @@ async def test_b3_r1_a_runs_budget_holds_after_a_takeover(
         await released.wait()  # until the test has set the model to stall its next answer
         return params.text
 
-    options = {"on_permission_request": PermissionHandler.approve_all}
+    approve = PermissionHandler.approve_all
     async with ReplayServer([looping]) as model:
         owner, other = servers(), servers()
         async with Client.connect(owner.url) as first:
             echo = define_tool("echo", params_type=TextArgs, handler=held_echo)
-            session = await first.create_session(provider=provider(model), tools=[echo], **options)
+            session = await first.create_session(
+                provider=provider(model), tools=[echo], on_permission_request=approve
+            )
             await session.send("go", budget=Budget(model_calls=2))
             await until(lambda: len(model.requests) == 1)
             model.stall_next(60)
@@ -63,7 +65,10 @@ async def test_b3_r1_a_runs_budget_holds_after_a_takeover(
         async with Client.connect(other.url) as second:
             echo = define_tool("echo", params_type=TextArgs, handler=lambda params: params.text)
             resumed = await second.resume_session(
-                session.session_id, provider=provider(model), tools=[echo], **options
+                session.session_id,
+                provider=provider(model),
+                tools=[echo],
+                on_permission_request=approve,
             )
             seen = Recorder(resumed)  # type: ignore[arg-type]
             await seen.wait_for("session.idle", timeout=TTL + 15)

@@ -24,9 +24,8 @@ from tests.server.conftest import (
     tool,
     user,
 )
-from trimtab import Client, PermissionHandler, define_tool
-from trimtab._errors import BudgetExceededError
-from trimtab.events import Budget, Event
+from trimtab import BudgetExceededError, Client, PermissionHandler, define_tool
+from trimtab.events import Budget, Event, SessionStartEvent
 from trimtab.store import open_store
 from trimtab.testing import ReplayServer
 
@@ -125,7 +124,9 @@ async def test_b6_an_official_clients_session_limits_are_the_budgets_cost_in_ai_
         await official.force_stop()
 
     log = await logged(shared_server, session_id)
-    assert log[0].data.config.budget == Budget(cost=2.5)  # 250 credits of 0.01
+    start = log[0]
+    assert isinstance(start, SessionStartEvent)
+    assert start.data.config.budget == Budget(cost=2.5)  # 250 credits of 0.01
     [change] = [e for e in log if e.type == "session.session_limits_changed"]
     assert change.data.budget == Budget(cost=0.4)
     # Dumped as a Copilot client reads the event: `sessionLimits.maxAiCredits`.

@@ -212,6 +212,7 @@ class RemoteSession:
         prompt: str,
         *,
         output_type: None = None,
+        output_schema: None = None,
         timeout: float | None = None,
         **options: Unpack[RemoteSendOptions],
     ) -> AssistantMessageEvent | None: ...
@@ -221,14 +222,26 @@ class RemoteSession:
         prompt: str,
         *,
         output_type: type[_T],
+        output_schema: None = None,
         timeout: float | None = None,
         **options: Unpack[RemoteSendOptions],
     ) -> _T: ...
+    @overload
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: None = None,
+        output_schema: Mapping[str, Any],
+        timeout: float | None = None,
+        **options: Unpack[RemoteSendOptions],
+    ) -> Any: ...
     async def send_and_wait(
         self,
         prompt: str,
         *,
         output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         **options: Unpack[RemoteSendOptions],
     ) -> Any:
@@ -239,7 +252,7 @@ class RemoteSession:
         `timeout` seconds (the run goes on).
         """
         check_seconds("timeout", timeout, bounded=False)  # before anything is sent
-        schema = _schema(output_type, options.get("output_schema"))
+        schema = _schema(output_type, output_schema)
         params = self._send_params(
             prompt,
             options.get("request_headers"),
@@ -470,7 +483,6 @@ class RemoteSendOptions(TypedDict, total=False):
     request_headers: Mapping[str, str] | None
     images: Sequence[Image | Mapping[str, str]]
     attachments: Sequence[Mapping[str, Any]]
-    output_schema: Mapping[str, Any] | None
     max_invalid_outputs: int | None
     budget: Budget | Mapping[str, Any] | None
 
