@@ -54,7 +54,7 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
             case AssistantUsageEvent():
                 data = event.data
                 last = (data.input_tokens or 0, data.output_tokens or 0)
-                spent[data.model] = spent.get(data.model, _NOTHING).plus(data)
+                spent[data.model] = (spent.get(data.model) or Spending()).plus(data)
                 duration += data.duration or 0.0
             case UserMessageEvent() if event.data.source not in _NOT_INPUTS:
                 requests += 1
@@ -79,8 +79,6 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
         models=models,
     )
 
-
-_NOTHING = Spending()
 
 _NOT_INPUTS = frozenset({"context_cleared", "hook", "output"})
 """Messages the runtime wrote: a clear's seed, hooks' notes, a typed result's retry (OUT3)."""

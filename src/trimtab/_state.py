@@ -110,7 +110,7 @@ class Batch(BaseModel):
         return any(self.outcomes.get(call_id) == "success" for call_id in self.terminal)
 
 
-@pydantic_dataclass(slots=True)
+@pydantic_dataclass(slots=True, config=ConfigDict(defer_build=True))
 class CurrentRun:
     """The run in progress as its budget and its typed result see it (spec B2, OUT3)."""
 

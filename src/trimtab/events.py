@@ -146,7 +146,7 @@ def now() -> datetime:
 
 
 _WIRE_DATACLASS = ConfigDict(
-    alias_generator=to_camel, validate_by_name=True, validate_by_alias=True
+    alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, defer_build=True
 )
 """A wire-visible dataclass's config (`WireModel`'s, for what must be small in memory)."""
 

@@ -72,7 +72,11 @@ class ModelPrice(BaseModel):
     by convention: spec B1)."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        defer_build=True,
     )
 
     input: float = Field(ge=0, allow_inf_nan=False)
