@@ -87,25 +87,28 @@ async def scripted(runs: int, store: str) -> dict[str, Any]:
 
 
 async def local(runs: int) -> dict[str, Any]:
-    """The embedded model (SmolLM2-135M): one plain and one typed run in a fresh session
-    each time, so that no run reuses another's prompt state."""
-    plain: list[float] = []
-    typed: list[float] = []
-    tokens = {"plain": 0, "typed": 0}
+    """The embedded model (SmolLM2-135M): a plain run, a typed one by the tool, a typed one
+    natively (its reply under the schema's grammar), each in a fresh session each time, so
+    that no run reuses another's prompt state."""
+    kinds = ("plain", "tool", "native")
+    samples: dict[str, list[float]] = {kind: [] for kind in kinds}
+    tokens = dict.fromkeys(kinds, 0)
     async with Client(store="memory", provider={"type": "local"}) as client:
         warm = await client.create_session()
         await warm.send_and_wait("Hi")  # loads the model
         for _ in range(runs):
-            for kind, samples in (("plain", plain), ("typed", typed)):
-                session = await client.create_session()
-                samples.append(await timed(session, kind == "typed"))
+            for kind in kinds:
+                mode = "native" if kind == "native" else "tool"
+                session = await client.create_session(structured_output=mode)
+                samples[kind].append(await timed(session, kind != "plain"))
                 usage = [e for e in await session.get_events() if e.type == "assistant.usage"]
                 tokens[kind] = usage[-1].data.input_tokens or 0
+    medians = {kind: statistics.median(samples[kind]) for kind in kinds}
     return {
         "local_runs": runs,
-        "plain_ms": summary(plain),
-        "typed_ms": summary(typed),
-        "typed_over_plain_ms": round(statistics.median(typed) - statistics.median(plain), 1),
+        **{f"{kind}_ms": summary(samples[kind]) for kind in kinds},
+        "tool_over_plain_ms": round(medians["tool"] - medians["plain"], 1),
+        "native_over_plain_ms": round(medians["native"] - medians["plain"], 1),
         "prompt_tokens": tokens,
     }
 
