@@ -54,6 +54,7 @@ def usage_of(
     *,
     duration: float | None = None,
     finish_reason: str | None = None,
+    reasoning_effort: str | None = None,
 ) -> AssistantUsageData:
     """The `assistant.usage` of one model call, with its cost (B1)."""
     price = price_of(config.provider, model)
@@ -71,6 +72,7 @@ def usage_of(
         cost=cost,
         duration=duration,
         finish_reason=finish_reason,
+        reasoning_effort=reasoning_effort,
     )
 
 

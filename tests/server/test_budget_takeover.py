@@ -21,7 +21,7 @@ from tests.server.test_scaleout import (  # noqa: F401 (fixtures)
     store,
     until,
 )
-from trimtab import Client, PermissionHandler, define_tool
+from trimtab import PermissionHandler, define_tool
 from trimtab.events import Budget
 from trimtab.testing import ReplayServer
 
@@ -50,7 +50,7 @@ async def test_b3_r1_a_runs_budget_holds_after_a_takeover(
     approve = PermissionHandler.approve_all
     async with ReplayServer([looping]) as model:
         owner, other = servers(), servers()
-        async with Client.connect(owner.url) as first:
+        async with owner.remote() as first:
             echo = define_tool("echo", params_type=TextArgs, handler=held_echo)
             session = await first.create_session(
                 provider=provider(model), tools=[echo], on_permission_request=approve
@@ -62,7 +62,7 @@ async def test_b3_r1_a_runs_budget_holds_after_a_takeover(
             await until(lambda: len(model.requests) == 2)  # the second call hangs: kill
             kill_9(owner)
 
-        async with Client.connect(other.url) as second:
+        async with other.remote() as second:
             echo = define_tool("echo", params_type=TextArgs, handler=lambda params: params.text)
             resumed = await second.resume_session(
                 session.session_id,

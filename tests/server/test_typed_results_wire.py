@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot.generated.rpc import SessionUpdateOptionsParams
 from copilot.generated.session_events import SessionLimitsConfig
 from copilot.session import PermissionHandler as OfficialPermissionHandler
@@ -24,7 +24,7 @@ from tests.server.conftest import (
     tool,
     user,
 )
-from trimtab import BudgetExceededError, Client, PermissionHandler, define_tool
+from trimtab import BudgetExceededError, PermissionHandler, define_tool
 from trimtab.events import Budget, Event, SessionStartEvent
 from trimtab.store import open_store
 from trimtab.testing import ReplayServer
@@ -57,7 +57,7 @@ async def test_out7_the_remote_client_gets_the_typed_result_checked_by_the_serve
         assistant(None, call("c2", "final_result", town="Oslo", population=7)),
     )
     server = start_server()
-    async with ReplayServer([recorded]) as model, Client.connect(server.url) as client:
+    async with ReplayServer([recorded]) as model, server.remote() as client:
         session = await client.create_session(provider=provider(model))
         city = await session.send_and_wait("A city.", output_type=City, timeout=30)
         assert city == City(town="Oslo", population=7)
@@ -81,7 +81,7 @@ async def test_b6_a_runs_budget_goes_with_its_send_and_its_error_comes_back_type
         assistant("never reached"),
     )
     server = start_server()
-    async with ReplayServer([looping]) as model, Client.connect(server.url) as client:
+    async with ReplayServer([looping]) as model, server.remote() as client:
         session = await client.create_session(
             provider=provider(model),
             tools=[define_tool("echo", handler=lambda params: params["text"])],
@@ -105,8 +105,7 @@ async def test_b6_a_runs_budget_goes_with_its_send_and_its_error_comes_back_type
 async def test_b6_an_official_clients_session_limits_are_the_budgets_cost_in_ai_credits(
     shared_server: ServerProcess,
 ) -> None:
-    connection = RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}")
-    official = CopilotClient(connection=connection, log_level="warning")
+    official = CopilotClient(connection=shared_server.connection(), log_level="warning")
     await official.start()
     try:
         session = await official.create_session(
