@@ -485,6 +485,12 @@ class Session:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         output = self._output(output_type, output_schema, max_invalid_outputs)
         run_budget = _budget(budget)
+        if not self._log.writable and (output is not None or run_budget is not None):
+            # The inbox another runtime takes inputs from keeps prompts only.
+            raise TrimtabError(
+                f"session {self.session_id} is run by another runtime (remote): a send to it"
+                " takes no output_type, output_schema or budget"
+            )
         if (reached := exhausted(self._log.state, now())) is not None:
             raise BudgetExceededError(reached)
         if self._hooks:
@@ -495,12 +501,6 @@ class Session:
         if self._log.writable:
             await self._runner.submit(
                 prompt, message_id, headers, attached, output=output, budget=run_budget
-            )
-        elif output is not None or run_budget is not None:
-            # The inbox another runtime takes inputs from keeps prompts only.
-            raise TrimtabError(
-                f"session {self.session_id} is run by another runtime (remote): a send to it"
-                " takes no output_type, output_schema or budget"
             )
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
