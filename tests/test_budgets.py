@@ -1,4 +1,4 @@
-"""Cost and budgets (issue 39; spec B1-B6): a call's cost by its provider's price table, the
+"""Cost and budgets (issue 39; spec U1-U6): a call's cost by its provider's price table, the
 sums of a run, an epoch and the session, and budgets that end a run before its next model call
 and refuse the next send, all read from the log (so they hold across processes)."""
 
@@ -61,13 +61,13 @@ async def exceeded_run(session: Session, **send: Any) -> list[str]:
     return seen.types
 
 
-# --- B1, B2: cost and what was spent -----------------------------------------------------------
+# --- U1, U2: cost and what was spent -----------------------------------------------------------
 
 
 PRICES = {"gpt-test": {"input": 2.0, "cached_input": 0.5, "output": 8.0}}
 
 
-def test_b1_a_price_counts_cached_input_apart() -> None:
+def test_u1_a_price_counts_cached_input_apart() -> None:
     price = ModelPrice.model_validate(PRICES["gpt-test"])
     assert price.cost(1_000_000, 400_000, 100_000) == pytest.approx(1.2 + 0.2 + 0.8)
     # Without a cached price, cached tokens cost what input does.
@@ -78,7 +78,7 @@ def test_b1_a_price_counts_cached_input_apart() -> None:
         ProviderConfig(type="openai", prices={"m": {"input": 1, "output": 1, "cache": 1}})
 
 
-async def test_b1_b2_usage_carries_the_cost_and_usage_info_the_sums() -> None:
+async def test_u1_u2_usage_carries_the_cost_and_usage_info_the_sums() -> None:
     """A real provider over HTTP (the replay server's Chat Completions), its config naming a
     price for the session's model: each `assistant.usage` carries its cost, each
     `session.usage_info` what the run, the epoch and the session spent; a clear starts a new
@@ -126,7 +126,7 @@ async def test_b1_b2_usage_carries_the_cost_and_usage_info_the_sums() -> None:
     assert start.data.config.provider["prices"]["gpt-test"]["cachedInput"] == 0.5
 
 
-async def test_b2_a_clear_starts_a_new_epochs_sum_and_the_session_keeps_counting() -> None:
+async def test_u2_a_clear_starts_a_new_epochs_sum_and_the_session_keeps_counting() -> None:
     model = ScriptedModel([tool_call("clear_context", {"prompt": "Fresh"}), "fresh reply"])
     async with Client(store="memory") as client:
         session = await open_session(client, model, clear_tool())
@@ -138,10 +138,10 @@ async def test_b2_a_clear_starts_a_new_epochs_sum_and_the_session_keeps_counting
     assert second.run_spending.model_calls == 2  # the seeded run is the same send's (C8)
 
 
-# --- B3: budgets end the run before its next model call ---------------------------------------
+# --- U3: budgets end the run before its next model call ---------------------------------------
 
 
-async def test_b3_a_run_budget_crossed_mid_run_ends_it_after_the_model_call(
+async def test_u3_a_run_budget_crossed_mid_run_ends_it_after_the_model_call(
     client: Client,
 ) -> None:
     """On every store: the run makes model calls until its budget is reached, the batch of
@@ -161,7 +161,7 @@ async def test_b3_a_run_budget_crossed_mid_run_ends_it_after_the_model_call(
     assert reply is not None and reply.data.content == "done"
 
 
-async def test_b3_b5_a_session_budget_ends_the_run_and_refuses_the_next_send_until_raised(
+async def test_u3_u5_a_session_budget_ends_the_run_and_refuses_the_next_send_until_raised(
     client: Client,
 ) -> None:
     model = tool_forever()
@@ -184,7 +184,7 @@ async def test_b3_b5_a_session_budget_ends_the_run_and_refuses_the_next_send_unt
     assert (await session.send_and_wait("last")) is not None
 
 
-async def test_b3_every_limit_is_a_limit(client: Client) -> None:
+async def test_u3_every_limit_is_a_limit(client: Client) -> None:
     for limit, value, requests in (
         ("input_tokens", 150, 2),
         ("output_tokens", 25, 3),
@@ -196,7 +196,7 @@ async def test_b3_every_limit_is_a_limit(client: Client) -> None:
         assert len(model.requests) == requests, limit
 
 
-async def test_b3_a_cost_budget_counts_the_price_table_and_maps_to_ai_credits() -> None:
+async def test_u3_a_cost_budget_counts_the_price_table_and_maps_to_ai_credits() -> None:
     """A real provider over HTTP whose model calls a tool: at 2 and 8 per million tokens, the
     first call costs more than the run's cost budget, so no second call is made."""
     call = {"id": "c1", "type": "function", "function": {"name": "echo", "arguments": "{}"}}
@@ -229,7 +229,7 @@ async def test_b3_a_cost_budget_counts_the_price_table_and_maps_to_ai_credits() 
     assert limits.session_limits is not None and limits.session_limits.max_ai_credits == 25
 
 
-async def test_b3_wall_seconds_are_checked_before_each_model_call() -> None:
+async def test_u3_wall_seconds_are_checked_before_each_model_call() -> None:
     async def slow(params: EchoArgs) -> str:
         await asyncio.sleep(0.3)
         return params.text
@@ -242,7 +242,7 @@ async def test_b3_wall_seconds_are_checked_before_each_model_call() -> None:
     assert len(model.requests) == 1  # the call was not cut: its tool ran, then no next call
 
 
-async def test_b3_a_budget_is_checked_when_the_run_starts_too() -> None:
+async def test_u3_a_budget_is_checked_when_the_run_starts_too() -> None:
     """A send queued while another run spent the session's budget starts, and ends at once
     (its turn, stored with its message, is closed first: E7)."""
     model = tool_forever()
@@ -265,7 +265,7 @@ async def test_b3_a_budget_is_checked_when_the_run_starts_too() -> None:
     assert len(model.requests) == 2
 
 
-async def test_b3_invalid_budgets_are_refused_before_anything_is_stored() -> None:
+async def test_u3_invalid_budgets_are_refused_before_anything_is_stored() -> None:
     async with Client(store="memory") as client:
         session = await open_session(client, ScriptedModel())
         for bad in ({"cost": 0}, {"model_calls": 1.5}, {"max_cost": 1}, {"warn_at": 1.5}):
@@ -278,10 +278,10 @@ async def test_b3_invalid_budgets_are_refused_before_anything_is_stored() -> Non
         assert len(await session.get_events()) == 1
 
 
-# --- B3 across processes: the budget is the log's ---------------------------------------------
+# --- U3 across processes: the budget is the log's ---------------------------------------------
 
 
-async def test_b3_a_session_budget_holds_after_a_resume_in_another_client(tmp_path: Path) -> None:
+async def test_u3_a_session_budget_holds_after_a_resume_in_another_client(tmp_path: Path) -> None:
     store = tmp_path / "trimtab.db"
     async with Client(store=store) as first:
         model = tool_forever()
@@ -310,7 +310,7 @@ async def test_b3_a_session_budget_holds_after_a_resume_in_another_client(tmp_pa
         assert raised.spent.model_calls == 5
 
 
-async def test_b3_a_run_budget_holds_for_a_run_continued_after_a_crash(tmp_path: Path) -> None:
+async def test_u3_a_run_budget_holds_for_a_run_continued_after_a_crash(tmp_path: Path) -> None:
     """The process that ran the run died after its second model call; the run goes on in
     another process, which counts what the first one spent (it is in the log)."""
 
@@ -359,10 +359,10 @@ class _EchoOnce:
         return result
 
 
-# --- B4: the soft threshold warns once --------------------------------------------------------
+# --- U4: the soft threshold warns once --------------------------------------------------------
 
 
-async def test_b4_warn_at_logs_one_warning_per_run_and_per_session_budget(client: Client) -> None:
+async def test_u4_warn_at_logs_one_warning_per_run_and_per_session_budget(client: Client) -> None:
     model = tool_forever(tokens=(100, 0))
     session = await open_session(
         client, model, echo_tool(), budget={"input_tokens": 1_000, "warn_at": 0.5}
@@ -389,7 +389,7 @@ async def test_b4_warn_at_logs_one_warning_per_run_and_per_session_budget(client
     assert "500 of its input_tokens budget of 1,000 (50%)" in warnings[1].message
 
 
-async def test_b4_no_warning_below_the_threshold() -> None:
+async def test_u4_no_warning_below_the_threshold() -> None:
     model = ScriptedModel(["a", "b"])
     async with Client(store="memory") as client:
         session = await open_session(client, model, budget={"model_calls": 10})
@@ -398,7 +398,7 @@ async def test_b4_no_warning_below_the_threshold() -> None:
         assert not of(await session.get_events(), "session.warning")
 
 
-def test_b2_spending_adds_up_a_usage() -> None:
+def test_u2_spending_adds_up_a_usage() -> None:
     from trimtab.events import AssistantUsageData
 
     spent = Spending().plus(

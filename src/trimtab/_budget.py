@@ -1,5 +1,5 @@
 """Cost and budgets: what a model call costs by its provider's price table, and whether a run
-may make its next model call (spec B1-B6).
+may make its next model call (spec U1-U6).
 
 Everything here is a function of the log: a call's cost is logged with its usage, and what a
 budget bounds is summed by the session's state (`SessionState.spent`, `.run`), so a budget
@@ -36,7 +36,7 @@ _LIMITS = ("input_tokens", "output_tokens", "total_tokens", "cost", "model_calls
 
 
 def price_of(provider: Mapping[str, Any] | None, model: str) -> ModelPrice | None:
-    """The price of `model` in the logged provider config's table (spec B1), if it has one."""
+    """The price of `model` in the logged provider config's table (spec U1), if it has one."""
     prices = (provider or {}).get("prices")
     entry = prices.get(model) if isinstance(prices, Mapping) else None
     if entry is None:
@@ -56,7 +56,7 @@ def usage_of(
     finish_reason: str | None = None,
     reasoning_effort: str | None = None,
 ) -> AssistantUsageData:
-    """The `assistant.usage` of one model call, with its cost (B1)."""
+    """The `assistant.usage` of one model call, with its cost (U1)."""
     price = price_of(config.provider, model)
     reported = usage.input_tokens is not None or usage.output_tokens is not None
     cost = (
@@ -80,7 +80,7 @@ def usage_info(
     state: SessionState, usage: AssistantUsageData, *, limit: int, tokens: int, length: int
 ) -> UsageInfoData:
     """The `session.usage_info` of a model call whose usage is `usage`: the request's size,
-    and what the run, the epoch and the session have spent with it (B2)."""
+    and what the run, the epoch and the session have spent with it (U2)."""
     run = state.run.spent.plus(usage) if state.run is not None else None
     return UsageInfoData(
         token_limit=limit,
@@ -94,7 +94,7 @@ def usage_info(
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Whether the run may make its next model call, as its log says (B3, B4)."""
+    """Whether the run may make its next model call, as its log says (U3, U4)."""
 
     exceeded: str | None = None
     """Why it may not: the limit reached (the `budget_exceeded` error's message)."""
@@ -123,7 +123,7 @@ def verdict(state: SessionState, now: datetime) -> Verdict:
 
 
 def exhausted(state: SessionState, now: datetime) -> str | None:
-    """Why the session's own budget refuses a new input (B5), if it does."""
+    """Why the session's own budget refuses a new input (U5), if it does."""
     budget = state.config.budget
     if budget is None:
         return None

@@ -111,7 +111,7 @@ class SessionError(TrimtabError):
 
 
 class BudgetExceededError(SessionError):
-    """A budget was reached (spec B3, B5): the run ended in a `budget_exceeded` error, or the
+    """A budget was reached (spec U3, U5): the run ended in a `budget_exceeded` error, or the
     session's budget refused a `send` (nothing was stored) until the host raises it."""
 
     def __init__(self, message: str) -> None:

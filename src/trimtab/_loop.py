@@ -268,7 +268,7 @@ async def _limit(
 ) -> SessionErrorEvent | None:
     """The error that ends the run before its next model call, if a limit says so: its
     model calls (`max_turns`, E5), its invalid results (OUT3), its budget or the session's
-    (B3), as the log tells them; the budgets' warnings are logged first (B4). The one place
+    (U3), as the log tells them; the budgets' warnings are logged first (U4). The one place
     a run's limits are checked, once per model call. A turn logged with the run's message
     (`started`, E7) is closed before the error."""
     state = host.state

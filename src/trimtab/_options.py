@@ -103,7 +103,7 @@ class SessionOptions(BaseModel):
     max_turns: Annotated[int, Strict()] | None = None  # not True, nor 2.0
     """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
     budget: Budget | None = None
-    """What the whole session may spend, across its runs (spec B3): `{"cost": 1.0,
+    """What the whole session may spend, across its runs (spec U3): `{"cost": 1.0,
     "total_tokens": 200_000, ...}`; logged, and changed with `Session.set_budget`."""
     structured_output: Literal["tool", "native"] | None = None
     """How a run gives a typed result (`send(output_type=...)`): `tool` (the default), by

@@ -99,7 +99,7 @@ class Pending:
     """The typed result the run must end with (OUT1): the send's (its Python type checks
     it), else the one its logged message names (its JSON Schema does)."""
     budget: Budget | None = None
-    """What the run may spend (B3): stored with its message, held here until then."""
+    """What the run may spend (U3): stored with its message, held here until then."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -369,13 +369,13 @@ class Session:
 
     @property
     def budget(self) -> Budget | None:
-        """What the whole session may spend (spec B3), as its log last set it."""
+        """What the whole session may spend (spec U3), as its log last set it."""
         return self.config.budget
 
     async def set_budget(self, budget: Budget | Mapping[str, Any] | None) -> None:
         """Set what the whole session may spend (None: no limit), logged as
         `session.session_limits_changed` so that a resume, or another runtime, keeps it
-        (B5). A session whose budget is spent takes a `send` again once it is raised."""
+        (U5). A session whose budget is spent takes a `send` again once it is raised."""
         checked = _budget(budget)
         credits = None if checked is None or checked.cost is None else checked.cost * 100
         data = SessionLimitsChangedData(
@@ -386,7 +386,7 @@ class Session:
 
     @property
     def spent(self) -> Spending:
-        """What the session's model calls have spent, clears and compactions included (B2)."""
+        """What the session's model calls have spent, clears and compactions included (U2)."""
         return self._log.state.spent
 
     async def log(
@@ -477,8 +477,8 @@ class Session:
         `int`), or `output_schema` (a JSON Schema), makes the run end with a typed result
         (spec OUT1-OUT8): read it with `send_and_wait(output_type=...)`, `run` or `output`;
         `max_invalid_outputs` invalid results end the run in `invalid_output`. `budget`
-        (a `Budget`) bounds what this run may spend (B3). Raises `BudgetExceededError`, and
-        stores nothing, when the session's own budget is spent (B5).
+        (a `Budget`) bounds what this run may spend (U3). Raises `BudgetExceededError`, and
+        stores nothing, when the session's own budget is spent (U5).
         """
         _text("prompt", prompt)
         if self.closed:
@@ -584,7 +584,7 @@ class Session:
         run's), or None if there was none (an abort before the model answered); with
         `output_type`, the run's result as an `output_type` (spec OUT1). Raises
         `SessionError` if the run ended in `session.error` (`BudgetExceededError` for a
-        budget, B3), `TimeoutError` after `timeout` seconds (the run goes on), and
+        budget, U3), `TimeoutError` after `timeout` seconds (the run goes on), and
         `TrimtabError` when the session is disconnected before the run ends, when called
         from a tool handler of this session (the run would wait for itself), or when a
         typed run ended without a result (an abort, a rejected call, O2). On a remote
@@ -842,7 +842,7 @@ def _result(end: RunEnd) -> OutputResult:
 
 
 def _budget(given: Budget | Mapping[str, Any] | None) -> Budget | None:
-    """A budget as given (a `Budget` or its fields), checked (B3)."""
+    """A budget as given (a `Budget` or its fields), checked (U3)."""
     if given is None or isinstance(given, Budget):
         return given
     try:

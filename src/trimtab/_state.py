@@ -66,7 +66,7 @@ __all__ = [
 
 RUN_BUDGET = "run_budget"
 SESSION_BUDGET = "session_budget"
-"""The `warning_type` of the one `session.warning` a budget's `warn_at` brings (spec B4)."""
+"""The `warning_type` of the one `session.warning` a budget's `warn_at` brings (spec U4)."""
 
 _SAME_RUN = frozenset({"agent_stop", "output"})
 """Sources of user messages that go on with the run in progress, under its message id."""
@@ -112,7 +112,7 @@ class Batch(BaseModel):
 
 @pydantic_dataclass(slots=True, config=ConfigDict(defer_build=True))
 class CurrentRun:
-    """The run in progress as its budget and its typed result see it (spec B2, OUT3)."""
+    """The run in progress as its budget and its typed result see it (spec U2, OUT3)."""
 
     started: datetime
     """When its message was logged: its wall time counts from there."""
@@ -172,13 +172,13 @@ class SessionState:
     projection: Projection = field(default_factory=Projection, repr=False, compare=False)
     """The conversation since the base."""
     spent: Spending = field(default_factory=Spending, repr=False)
-    """Every `assistant.usage` summed (spec B2; a clear keeps it, C9)."""
+    """Every `assistant.usage` summed (spec U2; a clear keeps it, C9)."""
     epoch_spent: Spending = field(default_factory=Spending, repr=False)
     """The same since the latest clear."""
     runs_seconds: float = 0.0
-    """The wall time of the runs that ended (spec B3: a session's `wall_seconds`)."""
+    """The wall time of the runs that ended (spec U3: a session's `wall_seconds`)."""
     budget_warned: bool = False
-    """The session budget's `warn_at` was crossed since the budget was last set (B4)."""
+    """The session budget's `warn_at` was crossed since the budget was last set (U4)."""
     run: CurrentRun | None = None
     """The run in progress's spending and typed result; None between runs."""
     unfinished_calls: Mapping[str, ToolExecutionStartData] = field(
@@ -249,7 +249,7 @@ class SessionState:
         return self._track_run(event)
 
     def _account(self, event: Event) -> None:
-        """Follow what the session spends and may spend (spec B2-B4)."""
+        """Follow what the session spends and may spend (spec U2-U4)."""
         match event:
             case AssistantUsageEvent():
                 self.spent = self.spent.plus(event.data)
@@ -352,7 +352,7 @@ class SessionState:
         return ended
 
     def seconds(self, now: datetime) -> tuple[float, float]:
-        """The wall time of the run in progress (0 between runs) and of all runs (B3)."""
+        """The wall time of the run in progress (0 between runs) and of all runs (U3)."""
         run = self.run
         current = max(0.0, (now - run.started).total_seconds()) if run is not None else 0.0
         return current, self.runs_seconds + current

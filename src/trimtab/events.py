@@ -249,7 +249,7 @@ PositiveAmount = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class Budget(WireModel):
-    """What a run, or a whole session, may spend (spec B3): each limit left out (None) is no
+    """What a run, or a whole session, may spend (spec U3): each limit left out (None) is no
     limit. Token and call counts are those the provider reported (`assistant.usage`); `cost`
     is in the unit of the provider's price table (`ProviderConfig.prices`); `wall_seconds`
     is the time runs took. Spending that reaches a limit ends the run before its next model
@@ -272,7 +272,7 @@ class Budget(WireModel):
 
 @dataclass(frozen=True, slots=True, config=_WIRE_DATACLASS)
 class Spending:
-    """What model calls spent, summed from their `assistant.usage` events (spec B2).
+    """What model calls spent, summed from their `assistant.usage` events (spec U2).
 
     A slotted dataclass, not a model: every session holds two (its total, its epoch's), and
     an idle session's memory is budgeted (docs/performance.md)."""
@@ -353,7 +353,7 @@ class SessionConfigData(WireModel):
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)
     """The most model calls one run may make before it ends in a `max_turns` error."""
     budget: Budget | None = None
-    """What the whole session may spend (spec B3); changed by `session.session_limits_changed`."""
+    """What the whole session may spend (spec U3); changed by `session.session_limits_changed`."""
     structured_output: Literal["tool", "native"] = "tool"
     """How runs give a typed result: the `final_result` tool, or the provider's own structured
     output where it has one (spec OUT6)."""
@@ -405,7 +405,7 @@ class UserMessageData(WireModel):
     output: OutputSpec | None = None
     """The typed result this run must end with (spec OUT1)."""
     budget: Budget | None = None
-    """What this run may spend (spec B3)."""
+    """What this run may spend (spec U3)."""
 
 
 class TurnData(WireModel):
@@ -450,7 +450,7 @@ class AssistantUsageData(WireModel):
     cache_read_tokens: int | None = None
     """Of the input tokens, those the provider read from its prompt cache."""
     cost: float | None = None
-    """The call's cost by the provider's price table (spec B1); None when it has no price
+    """The call's cost by the provider's price table (spec U1); None when it has no price
     for the model."""
 
 
@@ -726,7 +726,7 @@ class CommandCompletedData(WireModel):
 class ModelRequests(WireModel):
     count: int = 0
     cost: float = 0.0
-    """The calls' cost by the provider's price table (spec B1); 0 without prices."""
+    """The calls' cost by the provider's price table (spec U1); 0 without prices."""
 
 
 class ModelTokens(WireModel):
@@ -769,7 +769,7 @@ class UsageInfoData(WireModel):
     current_tokens: int
     messages_length: int
     run_spending: Spending | None = None
-    """What the run has spent, this call included (spec B2)."""
+    """What the run has spent, this call included (spec U2)."""
     epoch_spending: Spending | None = None
     """What the session has spent since its latest clear."""
     session_spending: Spending | None = None
@@ -778,7 +778,7 @@ class UsageInfoData(WireModel):
 
 class SessionLimits(WireModel):
     """The Copilot protocol's `sessionLimits` (1 AI credit is 0.01 of the price table's
-    unit, USD by convention: spec B6)."""
+    unit, USD by convention: spec U6)."""
 
     max_ai_credits: float | None = None
 

@@ -512,7 +512,7 @@ async def test_l7_the_list_and_the_session_page_count_model_calls_alike(
 
 
 class PricedModel(ScriptedModel):
-    """A scripted model whose config names prices, as a built provider's does (spec B1)."""
+    """A scripted model whose config names prices, as a built provider's does (spec U1)."""
 
     def __init__(self, steps: list[ScriptStep]) -> None:
         super().__init__(steps)
@@ -520,7 +520,7 @@ class PricedModel(ScriptedModel):
         self.config = ProviderConfig(type="openai", prices=prices)
 
 
-async def test_b2_the_session_page_sums_the_cost_per_run_per_segment_and_per_session(
+async def test_u2_the_session_page_sums_the_cost_per_run_per_segment_and_per_session(
     client: Client, inspector: httpx.AsyncClient
 ) -> None:
     model = PricedModel([tool_call("clear_context", {"prompt": SEED}), "FRESH_CONTEXT", "again"])

@@ -1,4 +1,4 @@
-"""Typed results and cost on each wire format (issue 39; spec OUT2, OUT6, B1): what the
+"""Typed results and cost on each wire format (issue 39; spec OUT2, OUT6, U1): what the
 request asks (a required tool call, or the API's own structured output), and the cached
 tokens each answer reports. Through `Client`, against the replay server's three formats."""
 
@@ -119,7 +119,7 @@ async def answer(config: dict[str, Any], body: dict[str, Any]) -> ModelResponse:
     return response
 
 
-async def test_b1_each_wire_format_reports_the_tokens_read_from_the_cache() -> None:
+async def test_u1_each_wire_format_reports_the_tokens_read_from_the_cache() -> None:
     chat = await answer(
         {"type": "openai", "base_url": "http://m.test/v1"},
         {

@@ -1,4 +1,4 @@
-"""A run's budget after a takeover (issue 39; spec B3, R1): the server running the run is
+"""A run's budget after a takeover (issue 39; spec U3, R1): the server running the run is
 killed mid-model-call, another server sharing the store (a SQLite file, or PostgreSQL) takes
 the session over and goes on with the run, counting what the first one spent: the budget is
 the log's, not a process's."""
@@ -30,7 +30,7 @@ class TextArgs(BaseModel):
     text: str
 
 
-async def test_b3_r1_a_runs_budget_holds_after_a_takeover(
+async def test_u3_r1_a_runs_budget_holds_after_a_takeover(
     servers: Callable[[], ServerProcess],  # noqa: F811
 ) -> None:
     looping = conversation(

@@ -1,4 +1,4 @@
-"""Typed results and budgets over `trimtab serve` (issue 39; spec OUT7, B6): trimtab's remote
+"""Typed results and budgets over `trimtab serve` (issue 39; spec OUT7, U6): trimtab's remote
 client sends a result's JSON Schema and a run's budget with a send, reads the result back as
 its type and the budget's errors as `BudgetExceededError`; an official Copilot client's
 `sessionLimits` is the session budget's cost in AI credits."""
@@ -69,7 +69,7 @@ async def test_out7_the_remote_client_gets_the_typed_result_checked_by_the_serve
         assert body["tools"][0]["function"]["parameters"]["required"] == ["town", "population"]
 
 
-async def test_b6_a_runs_budget_goes_with_its_send_and_its_error_comes_back_typed(
+async def test_u6_a_runs_budget_goes_with_its_send_and_its_error_comes_back_typed(
     start_server: StartServer,
 ) -> None:
     looping = conversation(
@@ -102,7 +102,7 @@ async def test_b6_a_runs_budget_goes_with_its_send_and_its_error_comes_back_type
     assert [e.data.content for e in log if e.type == "user.message"] == ["go"]
 
 
-async def test_b6_an_official_clients_session_limits_are_the_budgets_cost_in_ai_credits(
+async def test_u6_an_official_clients_session_limits_are_the_budgets_cost_in_ai_credits(
     shared_server: ServerProcess,
 ) -> None:
     official = CopilotClient(connection=shared_server.connection(), log_level="warning")

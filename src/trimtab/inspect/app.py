@@ -92,7 +92,7 @@ def _when(moment: datetime | None) -> str:
 
 
 def _cost(value: float) -> str:
-    """A cost in the price table's unit: cents and below still show (spec B1)."""
+    """A cost in the price table's unit: cents and below still show (spec U1)."""
     return f"{value:,.2f}" if value >= 100 else f"{value:,.4f}"
 
 

@@ -49,7 +49,7 @@ class Summary:
     input_tokens: int
     output_tokens: int
     spent: Spending
-    """What its model calls spent (spec B2): tokens, cached tokens, cost."""
+    """What its model calls spent (spec U2): tokens, cached tokens, cost."""
     clears: int
     compactions: int
     truncations: int

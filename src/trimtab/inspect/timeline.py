@@ -135,7 +135,7 @@ class Run:
     prompt: str
     seeded: bool
     spent: Spending = field(default_factory=Spending)
-    """What its model calls spent (spec B2)."""
+    """What its model calls spent (spec U2)."""
 
 
 Entry: TypeAlias = Run | Turn | Op | Call

@@ -267,7 +267,7 @@ class SessionOptionsParams(SessionParams):
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
     session_limits: SessionLimits | None = None
     """Copilot's limits: `maxAiCredits` is the session budget's `cost` in AI credits (0.01
-    of the price table's unit, spec B6), unless `budget` names a cost."""
+    of the price table's unit, spec U6), unless `budget` names a cost."""
 
     def options(self) -> SessionOptions:
         """The options for `Client.create_session` / `resume_session`, but for tools, the
@@ -470,7 +470,7 @@ class SendParams(SessionParams):
     max_invalid_outputs: int | None = Field(default=None, ge=1)
     """trimtab's: invalid results the run may see (`send`'s, default 3)."""
     budget: Budget | None = None
-    """trimtab's: what the run may spend (spec B3)."""
+    """trimtab's: what the run may spend (spec U3)."""
 
     def run_options(self) -> dict[str, Any]:
         """The `send` keywords of the typed result and the budget that were given."""
@@ -495,7 +495,7 @@ class SendAndWaitResult(Wire):
 
 class UpdateOptionsParams(SessionParams):
     """`session.options.update`: of the options the protocol lets a client change on an open
-    session, the limits: Copilot's `sessionLimits` and trimtab's `budget` (spec B6)."""
+    session, the limits: Copilot's `sessionLimits` and trimtab's `budget` (spec U6)."""
 
     session_limits: SessionLimits | None = None
     budget: Budget | None = None

@@ -69,7 +69,7 @@ _SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password|credential|s
 
 class ModelPrice(BaseModel):
     """What one model's tokens cost, per million, in the unit the table's author chose (USD
-    by convention: spec B1)."""
+    by convention: spec U1)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -142,7 +142,7 @@ class ProviderConfig(BaseModel):
     headers: dict[str, str] | None = Field(default=None, repr=False)
     """Extra HTTP headers sent with every request; hidden like the key, as they often carry one."""
     prices: dict[str, ModelPrice] | None = None
-    """What each model's tokens cost, by the session's model name (spec B1): `{"gpt-4.1":
+    """What each model's tokens cost, by the session's model name (spec U1): `{"gpt-4.1":
     {"input": 2.0, "cached_input": 0.5, "output": 8.0}}` per million tokens. None (the
     default): no call has a cost. Logged with the configuration (prices are no secret)."""
 

@@ -276,7 +276,7 @@ def _parse_message(message: Any) -> ModelResponse:
 
 def _usage(usage: Any, output_tokens: int | None) -> Usage:
     """A call's usage, its input tokens counted in full: Messages counts apart those read
-    from the prompt cache and those written to it (each a part of the input, B1)."""
+    from the prompt cache and those written to it (each a part of the input, U1)."""
     read = getattr(usage, "cache_read_input_tokens", None)
     written = getattr(usage, "cache_creation_input_tokens", None)
     given = getattr(usage, "input_tokens", None)

@@ -287,7 +287,7 @@ class RemoteSession:
         return found[key].value if output_type is None else value_of(output_type, found[key])
 
     async def set_budget(self, budget: Budget | Mapping[str, Any] | None) -> None:
-        """Set what the whole session may spend, as `Session.set_budget` (spec B6)."""
+        """Set what the whole session may spend, as `Session.set_budget` (spec U6)."""
         try:
             checked = None if budget is None else Budget.model_validate(budget)
         except ValidationError as exc:
@@ -314,7 +314,7 @@ class RemoteSession:
         """A send on the wire: its images as blob attachments (spec D14), its attachments
         checked here as the server checks them (D11: a bad one is a `ValueError` and nothing
         is sent), its headers as `requestHeaders` (D9), its typed result's schema and its
-        budget as trimtab's `outputSchema` and `budget` (OUT7, B6)."""
+        budget as trimtab's `outputSchema` and `budget` (OUT7, U6)."""
         blobs: list[Any] = [
             BlobAttachment(type="blob", data=image.data, mime_type=image.mime_type)
             for image in (Image.model_validate(i) for i in images)

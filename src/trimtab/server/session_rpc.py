@@ -161,7 +161,7 @@ class _SessionRpc:
     # --- options ---------------------------------------------------------------------------
 
     async def update_options(self, params: dict[str, Any]) -> SuccessResult:
-        """The session's budget (spec B6): trimtab's `budget` as given (null: none), else
+        """The session's budget (spec U6): trimtab's `budget` as given (null: none), else
         its `cost` set from Copilot's `sessionLimits` (`maxAiCredits` or the limits null: no
         cost limit). The protocol's other options of an open session are not served: a
         request with neither is answered `success: false`."""
