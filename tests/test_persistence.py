@@ -435,6 +435,41 @@ async def test_p3_an_idempotent_tool_reruns_on_resume_and_the_others_are_cancell
         assert rec.of("assistant.message")[0].data.content == "went on"
 
 
+async def test_o1_e4_an_abort_before_a_resumed_run_took_its_calls_up_again_ends_them(
+    tmp_path: Path,
+) -> None:
+    """The run a crash left goes on after the resume (its call is idempotent), but an abort
+    comes first: the call it never took up again ends `cancelled`, its turn is closed, then
+    `abort`; before, the abort left the call started for ever."""
+    db, session_id = await crashed_log(
+        tmp_path,
+        tool_call("probe", {"n": 1}),
+        define_tool("probe", handler=hang),
+        "tool.execution_start",
+    )
+    ran: list[Any] = []
+    async with Client(store=db) as second:
+        resumed = await second.resume_session(
+            session_id,
+            provider=ScriptedModel(),
+            tools=[probe_tool(ran, idempotent=True)],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        rec = Recorder(resumed)
+        await resumed.abort()  # (before its run's task began)
+
+        await rec.wait_for("session.idle")
+        log = await resumed.get_events()
+        assert ran == []
+        assert [e.type for e in log][-3:] == [
+            "tool.execution_complete",
+            "assistant.turn_end",
+            "abort",
+        ]
+        assert [e.data.outcome for e in log if e.type == "tool.execution_complete"] == ["cancelled"]
+        assert rec.of("session.idle")[0].data.aborted
+
+
 async def test_p3_crash_mid_model_call_continues_only_when_asked(tmp_path: Path) -> None:
     async def never(request: Any) -> str:
         await asyncio.Event().wait()

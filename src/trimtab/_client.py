@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -17,11 +17,13 @@ from pydantic import ValidationError
 
 from trimtab import _loop
 from trimtab._durations import check_seconds
+from trimtab._engine import Engine
 from trimtab._errors import SessionNotFoundError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, chained
 from trimtab._options import SessionOptions, options_of, storable
-from trimtab._session import Session, ownership_of
+from trimtab._permissions import PermissionHandlerFn
+from trimtab._session import Session, answer_waiting, ownership_of
 from trimtab._state import SessionState, StateSnapshot, state_of
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
@@ -78,6 +80,10 @@ class Client:
         trace_content: put message contents, tool arguments and results on the spans; None
             reads `TRIMTAB_TRACING_CONTENT` (off unless `1`).
         tracer_provider: the OpenTelemetry `TracerProvider` to use instead of the global one.
+        engine: a durable execution engine that runs this client's sessions instead of this
+            process (`trimtab.temporal.TemporalEngine`, spec EN1): the client stores inputs,
+            follows the logs, and answers the runs' questions with its sessions' tools and
+            permission handlers. None: this process runs them, holding their leases.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class Client:
         tracing: bool | None = None,
         trace_content: bool | None = None,
         tracer_provider: TracerProvider | None = None,
+        engine: Engine | None = None,
     ) -> None:
         check_seconds("lease_ttl", lease_ttl)
         check_seconds("poll_interval", poll_interval)
@@ -118,6 +125,8 @@ class Client:
         self._maintainer: asyncio.Task[None] | None = None
         self._mcp: ServerPool | None = None
         """The MCP servers of this client's sessions, created with the first that has any."""
+        self._engine = engine
+        self._engine_started = False
 
     @classmethod
     def connect(
@@ -153,12 +162,18 @@ class Client:
         await self.stop()
 
     async def start(self) -> None:
-        """Open the store and start lease upkeep; called by `async with` and on first use."""
+        """Open the store (and connect to the engine), and start lease upkeep; called by
+        `async with` and on first use."""
         if self._store is None:
             self._store = open_store(self._store_spec, timeout=self._store_timeout)
-            self._maintainer = asyncio.get_running_loop().create_task(
-                self._maintain(), name="trimtab-leases"
-            )
+            if self._engine is None:
+                # (On an engine this client holds no lease and takes no session over.)
+                self._maintainer = asyncio.get_running_loop().create_task(
+                    self._maintain(), name="trimtab-leases"
+                )
+        if self._engine is not None and not self._engine_started:
+            await self._engine.start()
+            self._engine_started = True
 
     async def stop(self) -> None:
         """Disconnect every session, then close every provider they used and the store."""
@@ -180,6 +195,9 @@ class Client:
         if self._store is not None and not isinstance(self._store_spec, Store):
             await self._store.close()
         self._store = None
+        if self._engine is not None and self._engine_started:
+            self._engine_started = False
+            await self._engine.stop()
 
     async def _open_store(self) -> Store:
         await self.start()
@@ -206,7 +224,7 @@ class Client:
         `owner` names who the session belongs to, in its `session.start` and its store record
         (a server with several tokens records the token's name, spec S16); its forks keep it.
         """
-        opts = _checked(options, keywords)
+        opts = self._checked(options, keywords)
         session_id = _checked_id(new_id() if session_id is None else session_id)
         if owner is not None:
             owner = _checked_id(owner, "owner")  # a store's key too, as the id
@@ -242,6 +260,10 @@ class Client:
         events = chained(events, None, 0)
         await store.create(session_id, events)
         try:
+            if self._engine is not None:
+                return await self._on_engine(
+                    self._session(session_id, store, None, state_of(events), provider, opts, hooks)
+                )
             lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
             if lease is None:
                 raise TrimtabError(f"session {session_id!r} was taken by another runtime")
@@ -249,6 +271,19 @@ class Client:
         except BaseException:
             await _undo_create(store, session_id)
             raise
+
+    async def _on_engine(self, session: Session) -> Session:
+        """`session`, run by this client's engine from now on: this process follows its log
+        and answers its runs' questions (spec EN1, EN6)."""
+        assert self._engine is not None
+        try:
+            ownership_of(session).follow()
+            await self._engine.open_session(session.session_id)
+        except BaseException:
+            await session.disconnect()
+            raise
+        answer_waiting(session)
+        return session
 
     async def resume_session(
         self,
@@ -273,13 +308,20 @@ class Client:
                 await ownership_of(open_session).reopened(continue_pending=continue_pending_work)
                 return open_session
             await open_session.disconnect()  # let it finish closing, then open it anew
-        opts = _checked(options, keywords)
+        opts = self._checked(options, keywords)
         store = await self._open_store()
         replayed = await _open_state(store, session_id)
         spec, operators, model = await self._provider_spec(opts.provider, replayed.config.provider)
         if model is not None and opts.model is None and replayed.config.model is None:
             opts = opts.model_copy(update={"model": model})
         provider, public = self._provider(spec, operators)
+        if self._engine is not None:
+            # The engine's workers run it from its log: nothing is logged here, and a
+            # configuration given again is not applied (spec EN1).
+            hooks = Hooks(session_id, None)
+            return await self._on_engine(
+                self._session(session_id, store, None, replayed, provider, opts, hooks)
+            )
         config = opts.to_config(replayed.config.model_copy(update={"provider": public}))
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
         hooks = Hooks(session_id, opts.hooks)
@@ -304,6 +346,21 @@ class Client:
             raise
         return session
 
+    def _checked(
+        self, options: SessionOptions | None, keywords: Mapping[str, Any]
+    ) -> SessionOptions:
+        """The options, checked (`_checked`); on an engine, without what its workers cannot
+        take (spec EN1): hooks and MCP servers run in the process that runs the loop."""
+        opts = _checked(options, keywords)
+        if self._engine is not None:
+            given = [name for name in ("hooks", "mcp_servers") if getattr(opts, name)]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} cannot be given to a session on an engine"
+                    f" ({self._engine.name}): its workers run the loop"
+                )
+        return opts
+
     async def list_sessions(self) -> list[SessionRecord]:
         """Every stored session, most recently active first."""
         return await (await self._open_store()).list_sessions()
@@ -320,6 +377,32 @@ class Client:
         store = await self._open_store()
         await store.get(session_id)  # raises SessionNotFoundError
         await store.delete(session_id)
+        if self._engine is not None:
+            await self._engine.delete_session(session_id)
+
+    async def _host(
+        self,
+        session_id: str,
+        lease: Lease,
+        *,
+        tools: Callable[[SessionConfigData], list[Tool]],
+        permission_handler: PermissionHandlerFn | None,
+    ) -> Session:
+        """Open a session to run it under `lease`, for an engine's attempt (spec EN3): as a
+        resume by this client would open it, with the `tools` its configuration gets and
+        `permission_handler`, but logging nothing yet, and kept by the caller, not by this
+        client (the attempt lets it go). The caller finishes what the log left in progress
+        (`ownership_of`)."""
+        store = await self._open_store()
+        replayed = await _open_state(store, session_id)
+        spec, operators, _ = await self._provider_spec(None, replayed.config.provider)
+        provider, _ = self._provider(spec, operators)
+        opts = SessionOptions(
+            tools=tools(replayed.config), on_permission_request=permission_handler
+        )
+        return self._session(
+            session_id, store, lease, replayed, provider, opts, Hooks(session_id, None), keep=False
+        )
 
     def _session(
         self,
@@ -330,8 +413,10 @@ class Client:
         provider: Provider,
         opts: SessionOptions,
         hooks: Hooks,
+        *,
+        keep: bool = True,
     ) -> Session:
-        """Assemble an opened session, and keep it (one per id)."""
+        """Assemble an opened session, and keep it (one per id, unless not to `keep`)."""
         tools = tuple(opts.tools or ())
         mcp_tools = self._mcp_tools(opts.mcp_servers, frozenset(t.name for t in tools))
         log = SessionLog(session_id, store, lease, state)
@@ -342,8 +427,10 @@ class Client:
             permission_handler=opts.on_permission_request,
             hooks=hooks,
             owner=self._owner_of_sessions,
+            engine=self._engine if lease is None else None,
         )
-        self._sessions[session_id] = session
+        if keep:
+            self._sessions[session_id] = session
         return session
 
     def _tool_table(self, tools: tuple[Tool, ...]) -> dict[str, Tool]:
@@ -476,6 +563,8 @@ class Client:
             store = self._store
             if store is None:
                 return
+            if not self._sessions:
+                continue  # nothing to renew, follow or take over (an engine's worker)
             renew = loop.time() - last_renewal >= renew_every
             if renew:
                 last_renewal = loop.time()

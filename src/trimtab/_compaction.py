@@ -112,6 +112,10 @@ async def compact(
     await emit(log, SessionCompactionStartEvent(data=CompactionStartData(trigger=trigger)))
     prompt = COMPACTION_PROMPT + (f"\n\nAlso: {custom_instructions}" if custom_instructions else "")
     summary = await _summarize_fitting(ctx, log, older, prompt)
+    if summary is None and not keep:
+        # Nothing else would be left to answer from: the newest unit stays, whatever its
+        # size (spec H1), and if it does not fit, the request says so at the provider.
+        keep, older = older[-1:], older[:-1]
     before = estimate_tokens(m for unit in groups for m in unit)
     base = [Message(role="user", content=SUMMARY_PREFIX + summary)] if summary else []
     base += [m for unit in keep for m in unit]
@@ -216,9 +220,16 @@ async def _rebase(
 
 
 def _newest(groups: Sequence[list[Message]], budget: int) -> list[list[Message]]:
-    """The newest units that fit the keep limits; never all of them (something must go)."""
+    """The newest units that fit the keep limits; never all of them (something must go),
+    but always a newest user message, whatever its size (spec H1)."""
     kept: list[list[Message]] = []
     count = 0
+    if groups and groups[-1][0].role == "user":
+        # The prompt the model is about to answer: summarised, it could not be answered (a
+        # summary quotes no long text verbatim), and with the summary failed it would be gone.
+        kept, groups = [groups[-1]], groups[:-1]
+        budget -= estimate_tokens(kept[0])
+        count += len(kept[0])
     for unit in reversed(groups[1:]):
         budget -= estimate_tokens(unit)
         count += len(unit)

@@ -67,6 +67,7 @@ class SessionLog:
 
     __slots__ = (
         "_end_logged",
+        "_halted",
         "_idle_delivered",
         "idle_given",
         "_unsure",
@@ -105,6 +106,15 @@ class SessionLog:
         """A run of this runtime whose idle was delivered here before its end was in the log
         (the lease was lost under it, or the database lost its end, P6): the end, when it
         comes, brings no second one (E1)."""
+        self._halted = False
+
+    def halt(self) -> None:
+        """Stop writing, silently: every later batch is dropped (neither stored nor applied
+        nor delivered), so that the log reads as if this runtime had stopped right here. What
+        an engine does to a run it parks (spec EN5): the run is then let go of, and whatever
+        its stopping would log (cancelled calls, an abort, its idle) is never written."""
+        self._halted = True
+        self.lease = None
 
     @property
     def writable(self) -> bool:
@@ -157,6 +167,9 @@ class SessionLog:
 
         `first` gives events to store before `events`, from the state as the log holds it
         (after an append given up on is caught up with)."""
+        if self._halted:
+            state = self.state
+            return chained(events, state.last_id, state.epoch)
         if self._unsure and self.lease is not None and not all(e.ephemeral for e in events):
             believed = self.state
             await self.catch_up()
@@ -245,6 +258,13 @@ class SessionLog:
                 self._unsure = True
                 with contextlib.suppress(StoreUnavailableError):
                     await self.catch_up()
+                raise
+            except LeaseLostError:
+                # Fenced out (a lost tail, its subclass, is handled above): another runtime
+                # (or an engine's later attempt) holds the session now. Said here, where it
+                # happens: the run that wrote may be stopping anyway, and then nothing else
+                # reports it.
+                log.warning("session %s: an append was refused, the lease is lost", self.session_id)
                 raise
             except StoreUnavailableError:
                 delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]

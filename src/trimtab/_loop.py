@@ -61,6 +61,7 @@ from trimtab.events import (
     ExternalToolRequestedEvent,
     PermissionCompletedData,
     PermissionCompletedEvent,
+    PermissionRequestData,
     PermissionRequestedData,
     PermissionRequestedEvent,
     PermissionResultData,
@@ -90,7 +91,7 @@ from trimtab.providers import ModelRequest, ModelResponse, TextDelta, ToolCall
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-    from trimtab._state import SessionState
+    from trimtab._state import SessionState, Wait
 
 __all__ = [
     "INTERRUPTED",
@@ -134,6 +135,7 @@ conversations recorded against it replay unchanged (spec D7)."""
 
 _NO_TOOLS: frozenset[str] = frozenset()
 _NOT_IN_FLIGHT: Mapping[str, str] = MappingProxyType({})
+_NO_WAITS: Mapping[str, Wait] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,10 @@ class Interrupted:
     """The turn left open, which is closed first."""
     calls: tuple[ToolCall, ...] = ()
     """Calls started and never completed that run again."""
+    waiting: Mapping[str, Wait] = field(default_factory=lambda: _NO_WAITS)
+    """Calls of `calls` that go on from the question they had announced (a permission
+    request, an external tool's request), by call id, waiting for its answer rather than
+    asking it again: a run an engine parked (spec EN5)."""
 
 
 async def run(
@@ -243,15 +249,9 @@ async def run(
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        state = host.state
-        if state.run_id is not None:  # (an abort after the run's last turn changes nothing)
+        if host.state.run_id is not None:  # (an abort after its last turn changes nothing)
             result.aborted = True
-            if state.pending_seed is not None and not state.seed_recorded:
-                # A committed clear stays committed: its seed is kept in the fresh window
-                # (not answered: the user stopped the run), never silently lost (C12).
-                seed = user_message(state.pending_seed, new_id(), "context_cleared")
-                await emit(host, seed)
-            await emit(host, AbortEvent())
+            await _abort(host)
     except Exception as exc:
         failure = type(exc).__qualname__  # the log cannot be written: the runner reports it
         raise
@@ -296,6 +296,20 @@ def _invalid_output(count: int, why: str) -> str:
     return f"the model gave {count} invalid results (max_invalid_outputs); the last one: {why}"
 
 
+async def _abort(host: LoopHost) -> None:
+    """End the run in progress as aborted."""
+    state = host.state
+    if state.unfinished_calls:
+        # Calls a crash or a park left, aborted before the run took them up again: they
+        # end too, and their turn (O1).
+        await host.emit_all(_left_at_rest(state))
+    if state.pending_seed is not None and not state.seed_recorded:
+        # A committed clear stays committed: its seed is kept in the fresh window (not
+        # answered: the user stopped the run), never silently lost (C12).
+        await emit(host, user_message(state.pending_seed, new_id(), "context_cleared"))
+    await emit(host, AbortEvent())
+
+
 def _traced(ctx: RunContext, epoch: int, parent: Context | None) -> tuple[RunTrace, Hooks]:
     """The run's trace, started, and its hooks (what the run needs of its first context)."""
     trace = ctx.tracing.run(ctx.session_id, ctx.provider.name, parent)
@@ -320,7 +334,8 @@ async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
         if interrupted.calls:
             ctx = host.context()
             turn_id = interrupted.turn_id or ""
-            await _run_batch(ctx, host, interrupted.calls, turn_id, started=True)
+            calls, waiting = interrupted.calls, interrupted.waiting
+            await _run_batch(ctx, host, calls, turn_id, started=True, waiting=waiting)
     finally:
         if interrupted.turn_id is not None:
             end = AssistantTurnEndEvent(data=TurnData(turn_id=interrupted.turn_id))
@@ -623,18 +638,39 @@ async def _run_batch(
     turn_id: str,
     *,
     started: bool = False,
+    waiting: Mapping[str, Wait] = _NO_WAITS,
 ) -> list[CallOutcome]:
     """Run every call of one response concurrently and wait for all of them (spec T3)."""
     async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_execute(ctx, host, c, turn_id, started)) for c in calls]
+        tasks = [
+            group.create_task(_execute(ctx, host, c, turn_id, started, waiting.get(c.id)))
+            for c in calls
+        ]
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            # An abort ends the calls in the order the model asked for them (E4), and their
+            # `cancelled` completions are logged so: the group would cancel them in the
+            # order of its set of tasks (their addresses), which differs from one process to
+            # the next. Those the group cancelled already (a call failed) are left to it.
+            for task in tasks:
+                if not task.cancelling():
+                    task.cancel()
+            await asyncio.wait(tasks)
+            raise
     return [task.result() for task in tasks]
 
 
 async def _execute(
-    ctx: RunContext, host: LoopHost, call: ToolCall, turn_id: str, started: bool
+    ctx: RunContext,
+    host: LoopHost,
+    call: ToolCall,
+    turn_id: str,
+    started: bool,
+    wait: Wait | None = None,
 ) -> CallOutcome:
     """One call from `tool.execution_start` to its single `tool.execution_complete` (O1), in
-    its span (OT4)."""
+    its span (OT4); with `wait`, from the question it announced before (EN5)."""
     arguments = parse_arguments(call.arguments)
     with ctx.tracing.tool(call, arguments, turn_id):
         try:
@@ -642,7 +678,7 @@ async def _execute(
                 # (An emit is never half done: cancelled during it, the start is stored.)
                 await emit(host, _execution_start(ctx, call, arguments, turn_id))
             notes: list[str] = []
-            outcome = await _decide(ctx, host, call, arguments, notes)
+            outcome = await _decide(ctx, host, call, arguments, notes, wait)
             if notes:
                 # Before the result: a clear this call commits wipes them with the window.
                 note = user_message(valid_text("\n\n".join(notes)), None, "hook")
@@ -675,9 +711,17 @@ def _execution_start(
 
 
 async def _decide(
-    ctx: RunContext, host: LoopHost, call: ToolCall, arguments: object, notes: list[str]
+    ctx: RunContext,
+    host: LoopHost,
+    call: ToolCall,
+    arguments: object,
+    notes: list[str],
+    wait: Wait | None = None,
 ) -> CallOutcome:
-    """How the call ends; what its hooks add to the conversation goes to `notes` (D13)."""
+    """How the call ends; what its hooks add to the conversation goes to `notes` (D13).
+
+    With `wait`, the call goes on from the question it announced before: its permission
+    request is answered, or, past its permission, its external request (EN5)."""
     usable = _usable(ctx, host.live, call, arguments)
     if isinstance(usable, CallOutcome):
         return await _failed(ctx, call, arguments, usable, notes)
@@ -694,9 +738,11 @@ async def _decide(
             if isinstance(params, CallOutcome):
                 return await _failed(ctx, call, arguments, params, notes)
         approved, suppressed = pre.approved, pre.suppressed
-    invocation = ctx.invocation(call, arguments, new_id() if external else None)
-    if not approved:
-        approval = await _permission(ctx, host, tool, call, invocation)
+    requested = wait.request_id if isinstance(wait, ExternalToolRequestedData) else None
+    invocation = ctx.invocation(call, arguments, requested or (new_id() if external else None))
+    if not approved and requested is None:
+        asked = wait.permission_request if isinstance(wait, PermissionRequestedData) else None
+        approval = await _permission(ctx, host, tool, call, invocation, asked)
         if approval.refusal is not None:
             return approval.refusal
     live = host.live
@@ -704,7 +750,8 @@ async def _decide(
     token = current_tool_call.set((ctx.session_id, call.id))
     try:
         if external:
-            outcome = await _run_external(ctx, host, tool, params, invocation)
+            announced = requested is not None
+            outcome = await _run_external(ctx, host, tool, params, invocation, announced)
         else:
             outcome = await _awaited(ctx, tool.run(params, invocation))
     finally:
@@ -771,20 +818,27 @@ def _discover(ctx: RunContext, live: LoopState, references: Sequence[str]) -> No
 
 
 async def _run_external(
-    ctx: RunContext, log: Writer, tool: Tool, params: Any, invocation: ToolInvocation
+    ctx: RunContext,
+    log: Writer,
+    tool: Tool,
+    params: Any,
+    invocation: ToolInvocation,
+    announced: bool = False,
 ) -> CallOutcome:
-    """A call a client runs: announced, answered (the handler waits for the client), then
-    settled, also when aborted: the last event tells clients to stop and not answer."""
+    """A call a client runs: announced (unless `announced` before, EN5), answered (the
+    handler waits for the client), then settled, also when aborted: the last event tells
+    clients to stop and not answer."""
     assert invocation.request_id is not None
-    request = ExternalToolRequestedData(
-        request_id=invocation.request_id,
-        session_id=ctx.session_id,
-        tool_call_id=invocation.tool_call_id,
-        tool_name=invocation.tool_name,
-        arguments=invocation.arguments,
-        **ctx.tracing.carrier(),
-    )
-    await emit(log, ExternalToolRequestedEvent(data=request))
+    if not announced:
+        request = ExternalToolRequestedData(
+            request_id=invocation.request_id,
+            session_id=ctx.session_id,
+            tool_call_id=invocation.tool_call_id,
+            tool_name=invocation.tool_name,
+            arguments=invocation.arguments,
+            **ctx.tracing.carrier(),
+        )
+        await emit(log, ExternalToolRequestedEvent(data=request))
     try:
         return await tool.run(params, invocation)
     finally:
@@ -793,21 +847,35 @@ async def _run_external(
 
 
 async def _permission(
-    ctx: RunContext, log: Writer, tool: Tool, call: ToolCall, invocation: ToolInvocation
+    ctx: RunContext,
+    log: Writer,
+    tool: Tool,
+    call: ToolCall,
+    invocation: ToolInvocation,
+    asked: PermissionRequestData | None = None,
 ) -> Approval:
+    """Whether the call may run: `asked` is the request announced before (EN5), whose
+    answer is awaited without asking again."""
     # Approvals for the session are read from the log as it is now: a sibling call of the
     # batch may have just given one.
     approved_for_session = tool.name in log.state.approved_tools
-    if tool.definition.skip_permission or ctx.approve_all or approved_for_session:
+    if asked is None and (
+        tool.definition.skip_permission or ctx.approve_all or approved_for_session
+    ):
         return APPROVED
     handler = ctx.permission_handler
     if handler is None:
+        if asked is None:
+            return NO_HANDLER
+        # Announced already: its request is closed, as every answered one is.
+        await emit(log, _permission_completed(asked.request_id or "", call.id, NO_HANDLER.kind))
         return NO_HANDLER
-    request_id = new_id()
-    request = tool.permission_request(invocation.arguments, call.id, request_id)
+    request = asked or tool.permission_request(invocation.arguments, call.id, new_id())
+    request_id = request.request_id or ""
     try:
-        asked = PermissionRequestedData(request_id=request_id, permission_request=request)
-        await emit(log, PermissionRequestedEvent(data=asked))
+        if asked is None:
+            announce = PermissionRequestedData(request_id=request_id, permission_request=request)
+            await emit(log, PermissionRequestedEvent(data=announce))
         approval = await _awaited(ctx, ask_permission(handler, request, invocation))
     except asyncio.CancelledError:
         # Aborted while asking: the request is closed too, so that clients stop showing it.
@@ -892,6 +960,25 @@ def at_rest(state: SessionState) -> list[Event]:
         events.append(user_message(state.pending_seed, new_id(), "context_cleared"))
     if state.run_id is not None and not _closing_ends_run(state):
         events.append(AbortEvent())
+    return events
+
+
+def _left_at_rest(state: SessionState) -> list[Event]:
+    """The end of the calls left unfinished and of their turn: each question one of them
+    still waits on is closed first, so that clients stop showing it."""
+    events: list[Event] = []
+    for call_id, wait in state.waiting.items():
+        if isinstance(wait, PermissionRequestedData):
+            events.append(_permission_completed(wait.request_id, call_id, CANCELLED))
+        else:
+            events.append(
+                ExternalToolCompletedEvent(
+                    data=ExternalToolCompletedData(request_id=wait.request_id)
+                )
+            )
+    events += [cancelled(call_id, s.tool_name) for call_id, s in state.unfinished_calls.items()]
+    if state.open_turn is not None:
+        events.append(AssistantTurnEndEvent(data=TurnData(turn_id=state.open_turn)))
     return events
 
 

@@ -16,6 +16,7 @@ from trimtab import _loop
 from trimtab._errors import SessionNotFoundError
 from trimtab._log import SessionLog
 from trimtab._runner import Runner
+from trimtab._state import SessionState
 from trimtab._tools import Tool
 from trimtab.events import (
     SessionResumeData,
@@ -40,6 +41,16 @@ class Ownership:
     @property
     def owned(self) -> bool:
         return self._log.lease is not None
+
+    @property
+    def state(self) -> SessionState:
+        """The session's state, as its log makes it."""
+        return self._log.state
+
+    def halt(self) -> None:
+        """Write nothing more, silently (`SessionLog.halt`): an engine's attempt that stops
+        where it stands (taken over, or its run parked, spec EN5)."""
+        self._log.halt()
 
     def lost(self) -> None:
         """Another runtime may own the session now: stop writing (the next append would fail),
@@ -101,6 +112,20 @@ class Ownership:
         if log.writable:
             await log.emit(_resume(log, continue_pending=continue_pending))
 
+    async def attempt(self) -> None:
+        """Take the session up for an engine's attempt at running it (spec EN3): a run the
+        log holds in progress (one a crashed worker left, or one parked) goes on from here,
+        after a `session.resume`, as after a takeover (P3, C10), except that a call waiting
+        for the answer to a question it announced waits for it again (EN5); then the inputs
+        in the inbox are queued, in order (P4)."""
+        log = self._log
+        async with log.exclusive():
+            if log.state.run_id is not None:
+                resumed = SessionResumeData(event_count=log.state.event_count)
+                await log.emit_unlocked((SessionResumeEvent(data=resumed),))
+            await self._recover(continue_pending=False, continue_run=True, waiting=True)
+        await self._runner.take_inputs()
+
     async def take_inputs(self) -> None:
         """Queue the inputs other runtimes stored for the session (spec R1, P4)."""
         await self._runner.take_inputs()
@@ -112,17 +137,22 @@ class Ownership:
             await self._recover(continue_pending=continue_pending, continue_run=False)
         await self._runner.take_inputs()
 
-    async def _recover(self, *, continue_pending: bool, continue_run: bool) -> None:
+    async def _recover(
+        self, *, continue_pending: bool, continue_run: bool, waiting: bool = False
+    ) -> None:
         """Unfinished calls of idempotent tools (all of them with `continue_pending`) run
         again, the others end `cancelled`. The interrupted run goes on when a call runs again,
         when a committed clear's seed has not run yet (C10), or when asked
-        (`continue_pending`, `continue_run`); otherwise it is left as the crash left it."""
+        (`continue_pending`, `continue_run`); otherwise it is left as the crash left it.
+        With `waiting`, a call waiting for the answer to a question it announced goes on
+        waiting for it (EN5)."""
         state = self._log.state
         tools = self._runner.toolbox.own
+        waits = state.waiting if waiting else {}
         again = {
             call_id: start
             for call_id, start in state.unfinished_calls.items()
-            if continue_pending or _idempotent(tools.get(start.tool_name))
+            if continue_pending or call_id in waits or _idempotent(tools.get(start.tool_name))
         }
         ended = [
             _loop.cancelled(call_id, start.tool_name)
@@ -137,7 +167,9 @@ class Ownership:
                 ToolCall(id=call_id, name=d.tool_name, arguments=_arguments_text(d.arguments))
                 for call_id, d in again.items()
             )
-            self._runner.go_on(_loop.Interrupted(state.open_turn, calls), state.run_id)
+            resumed = {call_id: wait for call_id, wait in waits.items() if call_id in again}
+            interrupted = _loop.Interrupted(state.open_turn, calls, resumed)
+            self._runner.go_on(interrupted, state.run_id)
 
 
 def _idempotent(tool: Tool | None) -> bool:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypedDict
 
 from trimtab import _loop
+from trimtab._answerer import Answerer
 from trimtab._budget import exhausted
 from trimtab._durations import check_seconds
 from trimtab._errors import (
@@ -83,10 +84,18 @@ from trimtab.providers import Message, Provider, Usage
 from trimtab.providers._headers import FRAMING, checked_headers
 
 if TYPE_CHECKING:
+    from trimtab._engine import Engine
     from trimtab._history import SessionOwner
     from trimtab.store import Lease
 
-__all__ = ["LogLevel", "QueuedCommand", "QueuedMessage", "Session", "ownership_of"]
+__all__ = [
+    "LogLevel",
+    "QueuedCommand",
+    "QueuedMessage",
+    "Session",
+    "answer_waiting",
+    "ownership_of",
+]
 
 LogLevel = Literal["info", "warning", "error"]
 
@@ -135,7 +144,9 @@ class Session:
     """
 
     __slots__ = (
+        "_answerer",
         "_closing",
+        "_engine",
         "_hooks",
         "_log",
         "_owner",
@@ -155,10 +166,15 @@ class Session:
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
         owner: SessionOwner[Session] | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.session_id = log.session_id
         self._log = log
         self._hooks = hooks
+        self._engine = engine
+        """The engine that runs this session (spec EN1), if not this runtime or another
+        holding its lease."""
+        self._answerer: Answerer | None = None
         self._runner = Runner(
             log,
             handle=self,
@@ -174,6 +190,15 @@ class Session:
         `ownership_of`."""
         self.history: History[Session] = History(self, self._runner, owner)
         self._owner = owner
+        if engine is not None:
+            runner = self._runner
+            self._answerer = Answerer(
+                self,
+                engine,
+                tools=lambda: runner.toolbox.callable(self.config),
+                permission_handler=lambda: runner.permission_handler,
+            )
+            log.subscribers.add(self._answerer.observe, None)
         self._closing: asyncio.Task[None] | None = None
         self._shutting: asyncio.Task[None] | None = None
 
@@ -504,6 +529,8 @@ class Session:
             )
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
+            if self._engine is not None:
+                await self._engine.submit(self.session_id, message_id)
         return message_id
 
     def _output(
@@ -707,7 +734,10 @@ class Session:
         """Stop the current run, or the one about to start (right after `send`): running
         handlers are cancelled, the run ends with `abort` and `session.idle`. Messages queued
         behind it still run. Returns once the run has ended."""
-        await self._runner.abort()
+        if self._engine is not None:
+            await self._engine.abort(self.session_id)
+        else:
+            await self._runner.abort()
 
     @property
     def busy(self) -> bool:
@@ -775,6 +805,8 @@ class Session:
     async def _close(self) -> None:
         log = self._log
         await self._ownership.unfollow()
+        if self._answerer is not None:
+            await self._answerer.close()
         reason = TrimtabError(
             f"session {self.session_id} was disconnected before this ran"
             " (a queued message stays in the store, and runs when the session is resumed)"
@@ -821,6 +853,16 @@ class Session:
 def ownership_of(session: Session) -> Ownership:
     """The session's lease, as the runtime that opened it drives it (not the host's API)."""
     return session._ownership
+
+
+def answer_waiting(session: Session) -> None:
+    """Answer the questions the session's log shows waiting (a run parked on an engine,
+    spec EN6), each announced again to the session's subscribers first: call it once the
+    session is handed to whoever subscribes."""
+    answerer = session._answerer
+    if answerer is not None:
+        for wait in session._log.state.waiting.values():
+            answerer.ask(wait, session._log.subscribers.deliver)
 
 
 class SendOptions(TypedDict, total=False):

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
+from typing import TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -29,9 +30,14 @@ from trimtab.events import (
     AssistantUsageEvent,
     Budget,
     Event,
+    ExternalToolCompletedEvent,
+    ExternalToolRequestedData,
+    ExternalToolRequestedEvent,
     Message,
     OutputSpec,
     PermissionCompletedEvent,
+    PermissionRequestedData,
+    PermissionRequestedEvent,
     SessionCompactionCompleteEvent,
     SessionConfigData,
     SessionContextClearedEvent,
@@ -61,6 +67,7 @@ __all__ = [
     "CurrentRun",
     "SessionState",
     "StateSnapshot",
+    "Wait",
     "state_of",
 ]
 
@@ -71,8 +78,13 @@ SESSION_BUDGET = "session_budget"
 _SAME_RUN = frozenset({"agent_stop", "output"})
 """Sources of user messages that go on with the run in progress, under its message id."""
 
+Wait: TypeAlias = PermissionRequestedData | ExternalToolRequestedData
+"""What an unfinished call waits for from outside its run: a permission decision, or the
+result of a call a client runs."""
+
 _NOTHING: frozenset[str] = frozenset()
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
+_NO_WAITS: Mapping[str, Wait] = MappingProxyType({})
 """Shared empties: most sessions have no approvals and no unfinished calls."""
 
 
@@ -186,6 +198,11 @@ class SessionState:
     )
     """Tool calls started but never completed (a crash mid-call), by call id; replaced on
     change, so that the empty one is shared."""
+    waiting: Mapping[str, Wait] = field(default_factory=lambda: _NO_WAITS)
+    """Unfinished calls whose announced question (a `permission.requested`, an
+    `external_tool.requested`) has no answer logged yet, by call id: a run parked on an
+    engine waits on these (spec EN5). Never held in a snapshot, which is only kept when no
+    call is unfinished."""
     open_turn: str | None = None
     """The id of a turn started and not ended (a crash mid-turn)."""
     run_id: str | None = None
@@ -246,6 +263,8 @@ class SessionState:
             case _:
                 pass
         self._account(event)
+        if self.unfinished_calls:
+            self._track_waits(event)
         return self._track_run(event)
 
     def _account(self, event: Event) -> None:
@@ -267,6 +286,23 @@ class SessionState:
             case SessionWarningEvent() if event.data.warning_type == RUN_BUDGET:
                 if self.run is not None:
                     self.run.warned = True
+            case _:
+                pass
+
+    def _track_waits(self, event: Event) -> None:
+        """Follow the questions the unfinished calls wait on (`waiting`)."""
+        match event:
+            case PermissionRequestedEvent():
+                call_id = event.data.permission_request.tool_call_id
+                if call_id is not None and call_id in self.unfinished_calls:
+                    self.waiting = {**self.waiting, call_id: event.data}
+            case ExternalToolRequestedEvent() if event.data.tool_call_id in self.unfinished_calls:
+                self.waiting = {**self.waiting, event.data.tool_call_id: event.data}
+            case PermissionCompletedEvent() | ExternalToolCompletedEvent():
+                answered = event.data.request_id
+                if any(wait.request_id == answered for wait in self.waiting.values()):
+                    waits = {k: w for k, w in self.waiting.items() if w.request_id != answered}
+                    self.waiting = waits or _NO_WAITS
             case _:
                 pass
 
@@ -343,6 +379,9 @@ class SessionState:
         if call_id in self.unfinished_calls:
             calls = {k: v for k, v in self.unfinished_calls.items() if k != call_id}
             self.unfinished_calls = calls or _NO_CALLS
+        if call_id in self.waiting:
+            waits = {k: w for k, w in self.waiting.items() if k != call_id}
+            self.waiting = waits or _NO_WAITS
 
     def _end_run(self, at: datetime) -> bool:
         ended = self.run_id is not None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.inspect.conftest import ASK, SEED, require_extra
-from tests.inspect.test_command import inspector_process, seeded_store
+from tests.inspect.test_command import base_of, inspector_process, seeded_store
 from tests.requirements import unmet
 from trimtab import Client, PermissionHandler
 from trimtab.testing import ScriptedModel
@@ -90,7 +90,8 @@ async def test_issue19_browser_sees_the_seed_scenario_and_follows_it_live(
     page = browser.page
     store, session_id = await seeded_store(tmp_path)
     with inspector_process(tmp_path, "--store", store) as (url, _):
-        await page.goto(url)
+        await page.goto(url)  # the printed URL: its token is traded for a cookie
+        assert page.url == base_of(url)  # and leaves the address bar
         await page.click(f"a[href*='{session_id}']")
         assert session_id in page.url
 
@@ -122,7 +123,7 @@ async def test_issue19_browser_sees_the_seed_scenario_and_follows_it_live(
         assert styled == "rgb(253, 243, 242)"  # the stylesheet ran under the page's CSP
 
         # Live: a run appended by another runtime shows up while the page is open.
-        await page.goto(url.rstrip("/") + f"/sessions/{session_id}?live=1")
+        await page.goto(base_of(url) + f"sessions/{session_id}?live=1")
         await page.wait_for_selector("#live-state:text('following')")
         async with Client(store=store) as client:
             session = await client.resume_session(

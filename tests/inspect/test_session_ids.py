@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx2 as httpx
 
 from tests.inspect.conftest import require_extra
-from tests.inspect.test_command import inspector_process, live
+from tests.inspect.test_command import admitted, inspector_process, live
 from trimtab import Client, PermissionHandler
 from trimtab.testing import ScriptedModel
 
@@ -70,8 +70,7 @@ async def test_l8_every_session_id_opens_its_own_pages(tmp_path: Path) -> None:
             sessions.append(session)
 
         with inspector_process(tmp_path, "--store", store) as (url, _):
-            base = url.rstrip("/")
-            async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            async with admitted(url) as (http, _):
                 index_page = (await http.get("/")).text
                 for index, session_id in enumerate(IDS):
                     # The list's link to this session opens this session's page.

@@ -17,11 +17,13 @@ from copilot import CopilotClient, RuntimeConnection
 from copilot.generated.rpc import (
     ModelSetReasoningEffortRequest,
     ModelSwitchToRequest,
+    PermissionDecisionReject,
+    PermissionDecisionUserNotAvailable,
     SessionsForkRequest,
 )
 from copilot.rpc import HandlePendingToolCallRequest
 from copilot.session import PermissionHandler
-from copilot.tools import define_tool
+from copilot.tools import ToolResult, define_tool
 from pydantic import BaseModel
 
 import trimtab
@@ -560,7 +562,10 @@ async def test_D9_excluded_and_available_tools_filter_what_the_model_is_offered(
 
 async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotClient) -> None:
     long_prompt = "Remember these words: " + " ".join(f"word{i}" for i in range(800))
-    async with ReplayServer([conversation(user(long_prompt), assistant("Noted."))]) as model:
+    # The summary request has no recording (it fails: the older turns are dropped); the long
+    # prompt, kept whatever its size (H1), is answered alone.
+    noted = conversation(user(long_prompt), assistant("Noted."))
+    async with ReplayServer([HELLO, noted]) as model:
         byok: Any = {**provider(model), "max_retries": 0}
         session = await official.create_session(
             provider=byok,
@@ -570,16 +575,19 @@ async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotCl
                 "buffer_exhaustion_threshold": 0.01,
             },
         )
-        # Past 0.5% of the window already: compacted before the first call, for which the
-        # recording has no answer (the compaction is what is checked).
-        with pytest.raises(Exception, match="no recorded conversation"):
-            await session.send_and_wait(long_prompt, timeout=30)
+        hello = await session.send_and_wait("Say hello", timeout=30)
+        assert hello is not None and hello.data.content == "Hello!"  # type: ignore[union-attr]
+        # Past 0.5% of the window now: compacted before the call.
+        reply = await session.send_and_wait(long_prompt, timeout=30)
+        assert reply is not None and reply.data.content == "Noted."  # type: ignore[union-attr]
         events: list[Any] = await session.get_events()
         await session.disconnect()
-    [start] = [e for e in events if e.type.value == "session.compaction_start"]
-    [complete] = [e for e in events if e.type.value == "session.compaction_complete"]
-    assert start.data.trigger.value == complete.data.trigger.value == "threshold"
-    assert complete.data.success is True
+    # (Compacted, then what was kept still too large: the oldest turns dropped, a second.)
+    starts = [e for e in events if e.type.value == "session.compaction_start"]
+    completes = [e for e in events if e.type.value == "session.compaction_complete"]
+    assert starts and len(starts) == len(completes)
+    assert {e.data.trigger.value for e in starts + completes} == {"threshold"}
+    assert all(e.data.success is True for e in completes)
 
 
 # --- D12: reasoning effort -----------------------------------------------------------------
@@ -1169,3 +1177,93 @@ async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_opti
             await first.disconnect()
     finally:
         await second.force_stop()
+
+
+# --- spec section 1: each outcome as an official client reads it --------------------------
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+async def test_every_outcome_reaches_an_official_client_as_success_and_error_code(
+    official: CopilotClient,
+) -> None:
+    """A Copilot client tells outcomes apart by `success` and `error.code` alone: a call that
+    did not run (denied, rejected, invalid, unknown) must never read as a success."""
+
+    def answer(kind: Any) -> Any:
+        return lambda params, invocation: ToolResult(text_result_for_llm=kind, result_type=kind)
+
+    def boom(params: NoArgs, invocation: Any) -> str:
+        raise RuntimeError("client-side secret")
+
+    def tool_(name: str, handler: Any, **options: Any) -> Any:
+        return define_tool(name, description=name, params_type=NoArgs, handler=handler, **options)
+
+    tools = [
+        tool_("ok", lambda p, i: "fine", skip_permission=True),
+        tool_("boom", boom, skip_permission=True),
+        *(
+            tool_(f"typed_{kind}", answer(kind))
+            for kind in ("failure", "denied", "rejected", "timeout")
+        ),
+        tool_("guarded", lambda p, i: "ran"),
+        tool_("asked", lambda p, i: "ran"),
+    ]
+
+    def permission(request: Any, invocation: Any) -> Any:
+        if request.tool_name == "guarded":
+            return PermissionDecisionUserNotAvailable()
+        if request.tool_name == "asked":
+            return PermissionDecisionReject()
+        return PermissionHandler.approve_all(request, invocation)
+
+    expected = {  # call id: (tool, arguments, success, error code)
+        "c1": ("ok", "{}", True, None),
+        "c2": ("boom", "{}", False, "failure"),
+        "c3": ("typed_failure", "{}", False, "failure"),
+        "c4": ("typed_timeout", "{}", False, "failure"),
+        "c5": ("missing", "{}", False, "failure"),
+        "c6": ("ok", "{not json", False, "invalid_arguments"),
+        "c7": ("guarded", "{}", False, "denied"),
+        "c8": ("typed_denied", "{}", False, "denied"),
+        "c9": ("asked", "{}", False, "rejected"),
+        "c10": ("typed_rejected", "{}", False, "rejected"),
+    }
+    calls = [
+        {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+        for id_, (name, arguments, _, _) in expected.items()
+    ]
+    # A rejection ends the run after its batch (O2): the model is asked once.
+    recorded = conversation(user("Try everything"), assistant(None, *calls))
+    async with ReplayServer([recorded]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=permission,
+            tools=tools,
+        )
+        seen: list[Any] = []
+        session.on(seen.append)
+        await session.send_and_wait("Try everything", timeout=30)
+        stored: list[Any] = await session.get_events()
+        await session.disconnect()
+    assert len(model.requests) == 1
+    for events in (seen, stored):  # live, and as `session.getMessages` reads the log back
+        completes = {
+            e.data.tool_call_id: e.data for e in events if e.type.value == "tool.execution_complete"
+        }
+        got = {
+            call_id: (
+                data.success,
+                data.error.code if data.error else None,
+                bool(data.error and data.error.message),
+                data.result is not None,
+            )
+            for call_id, data in completes.items()
+        }
+        assert got == {
+            call_id: (success, code, not success, success)
+            for call_id, (_, _, success, code) in expected.items()
+        }
+    assert "client-side secret" not in str(stored)

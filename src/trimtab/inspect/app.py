@@ -106,7 +106,7 @@ def _pretty(value: Any) -> str:
 def create_app(
     store: Store,
     *,
-    token: str | None = None,
+    token: str | None,
     hosts: frozenset[str] | None = None,
     stopping: asyncio.Event | None = None,
 ) -> Guard:
@@ -114,7 +114,9 @@ def create_app(
 
     Args:
         store: Where the sessions are; only read.
-        token: The token every request must carry (see `trimtab.inspect.guard`); None for none.
+        token: The token every request must carry (see `trimtab.inspect.guard`). None lets
+            every request in: only for an app no one else reaches, which a loopback port is
+            not (every account of the machine reaches it). Given explicitly either way.
         hosts: The host names requests may be addressed to (loopback without a token).
         stopping: Set it to end the live views: they never end by themselves, and an ASGI
             server waits for its open responses before it stops.

@@ -2,27 +2,22 @@
 
 A socket always asks for a token: the one given (`--token`, `COPILOT_CONNECTION_TOKEN`), one
 per client (`--tokens-file`), or one the server makes at start and writes where only its
-user can read it, as notebook servers do (`TokenFile`). Only `--no-auth` (loopback alone) and
-stdio, whose client is the user who started the server, take none.
+user can read it, as notebook servers do (`TokenFile`, in `trimtab.store._files`). Only
+`--no-auth` (loopback alone) and stdio, whose client is the user who started the server, take none.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
-import secrets
 import stat
 import sys
-import tempfile
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trimtab.store import data_home
-from trimtab.store._files import private_directory
-
-__all__ = ["ANYONE", "Credentials", "Identity", "TokenFile"]
+__all__ = ["ANYONE", "Credentials", "Identity"]
 
 MAX_NAME = 200
 """The longest name of a token: it is stored as each of its sessions' owner."""
@@ -132,64 +127,3 @@ def _read_tokens(path: Path) -> dict[str, str]:
             raise ValueError(f"{where}: {names[token]!r} and {name!r} have the same token")
         names[token] = name
     return {name: token for token, name in names.items()}
-
-
-class TokenFile:
-    """A token the server made, kept in `<home>/serve/<port>.token` while it serves.
-
-    The file holds the token alone (no newline), which is what `COPILOT_CONNECTION_TOKEN`
-    and `RuntimeConnection.for_uri(..., connection_token=)` take. It is 0600 in a 0700
-    directory of the server's user; a directory that other accounts may write to, or that
-    is not the user's, is refused rather than used.
-
-    Args:
-        home: trimtab's data directory (default: `$TRIMTAB_HOME`, else `~/.trimtab`).
-    """
-
-    def __init__(self, home: Path | None = None) -> None:
-        self.token = secrets.token_urlsafe(32)
-        self._directory = (home or data_home()) / "serve"
-        self.path: Path | None = None
-        """Where the token is, once written."""
-
-    def write(self, port: int) -> Path:
-        """Write the token for the server listening on `port`; its file's path.
-
-        Raises:
-            OSError: The directory cannot be made or written, or is open to others.
-        """
-        directory = self._directory
-        private_directory(directory)
-        _check_private_directory(directory)
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".token-")  # 0600
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
-                file.write(self.token)
-            self.path = directory / f"{port}.token"
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        return self.path
-
-    def remove(self) -> None:
-        """Remove the file, unless another server wrote its own token there since."""
-        if self.path is None:
-            return
-        try:
-            if self.path.read_text(encoding="utf-8") == self.token:
-                self.path.unlink()
-        except OSError:
-            pass  # gone already, or never readable: nothing of ours to remove
-
-
-def _check_private_directory(directory: Path) -> None:
-    if sys.platform == "win32":
-        return
-    info = os.lstat(directory)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
-        raise PermissionError(
-            f"{directory} is not a directory of this user's that only it can open"
-            f" (mode {stat.S_IMODE(info.st_mode):o}): a token written there would not be"
-            f" private; chmod 700 it, or set TRIMTAB_HOME elsewhere"
-        )

@@ -54,6 +54,9 @@ LOG_LEVELS = {
 }
 """`--log-level`'s values: the official SDKs' names for them."""
 
+ENGINE_VARIABLE = "TRIMTAB_ENGINE"
+"""Where an operator names the engine of a server an SDK spawns (it passes no `--engine`)."""
+
 TOKEN_VARIABLE = "COPILOT_CONNECTION_TOKEN"
 """Where the official SDKs put the connection token of a TCP runtime they spawn."""
 
@@ -162,6 +165,8 @@ def _options(ctx: click.Context, given: dict[str, Any]) -> ServerOptions:
         for name, value in given.items()
         if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
     }
+    if "engine" not in values and os.environ.get(ENGINE_VARIABLE):
+        values["engine"] = os.environ[ENGINE_VARIABLE]
     others = ("token", "stdio", "tokens_file", "no_auth")
     if not any(values.get(name) for name in others) and os.environ.get(TOKEN_VARIABLE):
         # A stdio client sends no token: one inherited in the environment would lock it out.
@@ -207,6 +212,13 @@ def _serve(log_level: str, **given: Any) -> None:
         raise ServeFailed(str(exc), exc.hint) from None
     except KeyboardInterrupt:
         pass  # how a server in a terminal is stopped
+    if options.engine is not None:
+        # Stopped cleanly: end here, skipping the interpreter's teardown, during which the
+        # Temporal SDK's threads may still call into Python and abort it (sdk-python#300).
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 async def _run(options: ServerOptions) -> None:

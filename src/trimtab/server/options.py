@@ -128,6 +128,10 @@ class ServerOptions(BaseModel):
     """Give sessions the built-in tools (view, create, edit, bash, grep, glob), working in
     this directory or in a session's workingDirectory, which over TCP must be inside
     --attachments-root [default: on over --stdio, off over TCP]."""
+    engine: Annotated[str | None, Flag("URL")] = None
+    """Run sessions on a durable execution engine, temporal://HOST:PORT[/NAMESPACE], whose
+    workers (trimtab worker) run the loop; this server stores inputs, follows the logs and
+    asks its clients the runs' questions [env TRIMTAB_ENGINE; needs the temporal extra]."""
 
     @field_validator("store", mode="before")
     @classmethod
@@ -139,6 +143,13 @@ class ServerOptions(BaseModel):
     def _empty_is_none(cls, value: SecretStr | None) -> SecretStr | None:
         # An empty token would authenticate nobody, nor allow listening beyond loopback (S2).
         return value if value is not None and value.get_secret_value() else None
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("temporal://"):
+            raise ValueError(f"an engine is temporal://HOST:PORT[/NAMESPACE], not {value!r}")
+        return value or None
 
     @field_validator("provider", mode="before")
     @classmethod

@@ -19,16 +19,20 @@ from functools import partial
 from typing import Any
 
 from trimtab import Client
+from trimtab._engine import Engine
 from trimtab.protocol.errors import SERVER_BUSY
 from trimtab.protocol.framing import encode_frame
 from trimtab.protocol.jsonrpc import Connection
 from trimtab.providers import ProviderConfig, make_provider
-from trimtab.server.auth import Credentials, TokenFile
+from trimtab.providers._install import install_command
+from trimtab.server.auth import Credentials
 from trimtab.server.copilot import CANCELLABLE, CopilotConnection
 from trimtab.server.hub import SessionHub
 from trimtab.server.isolation import undumpable
 from trimtab.server.options import ServerOptions
 from trimtab.server.policy import HostPolicy
+from trimtab.store import data_home
+from trimtab.store._files import TokenFile
 
 __all__ = ["START_CHECK", "ServeError", "serve"]
 
@@ -108,7 +112,9 @@ async def serve(
         lease_ttl=options.lease_ttl,
         poll_interval=poll,
         store_timeout=options.store_timeout,
+        engine=(engine := _engine(options)),
     )
+    await _check_engine(client, engine, START_CHECK)
     await _check_store(client, min(options.store_timeout, START_CHECK))
     async with client:
         hub = SessionHub(
@@ -147,7 +153,7 @@ def _credentials(options: ServerOptions) -> tuple[Credentials, TokenFile | None]
         return Credentials.from_file(options.tokens_file, options.admin), None
     if options.token_value is not None:
         return Credentials.single(options.token_value), None
-    made = TokenFile()
+    made = TokenFile(data_home() / "serve")
     return Credentials.single(made.token), made
 
 
@@ -231,6 +237,20 @@ class _Limits:
         )
 
 
+def _engine(options: ServerOptions) -> Engine | None:
+    """The engine `--engine` names, if any (spec EN1)."""
+    if options.engine is None:
+        return None
+    try:
+        from trimtab.temporal import TemporalEngine
+    except ImportError as exc:
+        raise ServeError(
+            f"--engine needs the temporal extra ({exc})",
+            hint=install_command("temporal"),
+        ) from None
+    return TemporalEngine(options.engine, pending_timeout=options.pending_timeout)
+
+
 async def _check_provider(config: ProviderConfig | None) -> None:
     """Build the default provider once, so that a bad config fails the start, not a session."""
     if config is None:
@@ -240,6 +260,24 @@ async def _check_provider(config: ProviderConfig | None) -> None:
     except ImportError as exc:
         raise ServeError(str(exc)) from None
     await built.aclose()
+
+
+async def _check_engine(client: Client, engine: Engine | None, timeout: float) -> None:
+    """Connect to the engine, if any, within `timeout` seconds."""
+    if engine is None:
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await client.start()
+    except Exception as exc:
+        await client.stop()
+        if isinstance(exc, ValueError):
+            raise
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ServeError(
+            f"cannot reach the engine {engine.name}: {detail}",
+            hint="check --engine (is the Temporal server up?)",
+        ) from None
 
 
 async def _check_store(client: Client, timeout: float) -> None:

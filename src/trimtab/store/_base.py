@@ -190,6 +190,19 @@ class Leases(Protocol):
         """Give the lease up (no-op if it was already lost)."""
         ...
 
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence`, whoever holds it and whether or not
+        it expired: for an engine that decides by itself who runs the session (spec EN3),
+        which hands each attempt a greater fence than the last.
+
+        Succeeds when `fence` is greater than the session's token, or equal to it with the
+        lease already `owner`'s (a repeated claim); the token becomes `fence`, so that the
+        appends of every earlier holder are refused from then on. Returns the lease, or, when
+        refused, the session's token (the engine goes on from above it). Raises
+        `SessionNotFoundError` for an unknown session.
+        """
+        ...
+
 
 class Inbox(Protocol):
     """Inputs queued for a session's runtime (spec P4, R1)."""

@@ -207,6 +207,16 @@ class MemoryStore:
             session.lease_owner = None
             session.lease_expires_at = 0.0
 
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence` (see `Store`)."""
+        session = self._session(session_id)
+        token = session.lease_token
+        if fence < token or (fence == token and session.lease_owner != owner):
+            return token
+        session.lease_token, session.lease_owner = fence, owner
+        session.lease_expires_at = time.time() + ttl
+        return Lease(session_id=session_id, owner=owner, token=fence)
+
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (see `Store`)."""
         self._session(session_id).inputs.setdefault(message_id, prompt)

@@ -444,6 +444,29 @@ class SqliteStore:
         token = await self._run(take)
         return None if token is None else Lease(session_id=session_id, owner=owner, token=token)
 
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence` (see `Store`)."""
+
+        def claim(db: sqlite3.Connection) -> tuple[bool, int]:
+            row = db.execute(
+                "SELECT lease_token, lease_owner FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(session_id)
+            token, holder = int(row[0]), row[1]
+            if fence < token or (fence == token and holder != owner):
+                return False, token
+            db.execute(
+                "UPDATE sessions SET lease_token = ?, lease_owner = ?, lease_expires_at = ?"
+                " WHERE session_id = ?",
+                (fence, owner, time.time() + ttl, session_id),
+            )
+            return True, fence
+
+        claimed, token = await self._run(claim)
+        return Lease(session_id=session_id, owner=owner, token=fence) if claimed else token
+
     async def renew_leases(self, owner: str, ttl: float) -> list[str]:
         """Extend every live lease `owner` holds; returns their session ids, sorted.
 

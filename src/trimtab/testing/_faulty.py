@@ -134,6 +134,10 @@ class FaultyStore:
         await self._enter()
         await self.inner.release_lease(lease)
 
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        await self._enter()
+        return await self.inner.claim_lease(session_id, owner, fence, ttl)
+
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         await self._enter()
         await self.inner.enqueue_input(session_id, prompt, message_id)

@@ -174,6 +174,23 @@ ACQUIRE = """
     SELECT (SELECT lease_token FROM taken) FROM sessions WHERE session_id = %(session_id)s
 """
 
+# An engine's claim (see `Store.claim_lease`): the outer SELECT reads the row as it was
+# before the update, so a refused claim still learns the token it was refused by.
+CLAIM_FENCED = """
+    WITH taken AS (
+        UPDATE sessions SET
+            lease_token = %(fence)s,
+            lease_owner = %(owner)s,
+            lease_expires_at = now() + make_interval(secs => %(ttl)s)
+        WHERE session_id = %(session_id)s
+          AND (lease_token < %(fence)s
+               OR (lease_token = %(fence)s AND lease_owner IS NOT DISTINCT FROM %(owner)s))
+        RETURNING lease_token
+    )
+    SELECT (SELECT lease_token FROM taken), lease_token FROM sessions
+    WHERE session_id = %(session_id)s
+"""
+
 # An expired lease is not renewed: another runtime may have read the session as free.
 RENEW = (
     "UPDATE sessions SET lease_expires_at = now() + make_interval(secs => %s)"

@@ -328,6 +328,17 @@ class PostgresStore:
         return None if token is None else Lease(session_id=session_id, owner=owner, token=token)
 
     @bounded
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence` (see `Store`)."""
+        params = {"session_id": session_id, "owner": owner, "fence": fence, "ttl": ttl}
+        async with self._calls.connection() as conn:
+            row = await (await conn.execute(sql.CLAIM_FENCED, params)).fetchone()
+        if row is None:
+            raise SessionNotFoundError(session_id)
+        taken, token = row
+        return token if taken is None else Lease(session_id=session_id, owner=owner, token=fence)
+
+    @bounded
     async def renew_leases(self, owner: str, ttl: float) -> list[str]:
         """Extend every live lease `owner` holds; returns their session ids, sorted.
 
