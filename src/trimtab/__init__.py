@@ -2,6 +2,7 @@
 
 from trimtab._client import Client
 from trimtab._errors import (
+    BudgetExceededError,
     ClearContextError,
     LeaseLostError,
     PolicyRefusedError,
@@ -22,11 +23,13 @@ from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
 from trimtab._window import ContextMessage, ContextWindow
 from trimtab._workspace import Checkpoint, PathInfo, Workspace, WorkspaceError
 from trimtab.builtin import builtin_tools
-from trimtab.events import Event
+from trimtab.events import Budget, Event
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Budget",
+    "BudgetExceededError",
     "Checkpoint",
     "ClearContextError",
     "ClearContextResult",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
+from trimtab._budget import usage_info, usage_of
 from trimtab._errors import ProviderError
 from trimtab._results import CompactResult
 from trimtab._run_context import RunContext, Writer, emit
@@ -19,7 +20,6 @@ from trimtab._state import SessionState
 from trimtab._tools import valid_text
 from trimtab._window import estimate_tokens, units
 from trimtab.events import (
-    AssistantUsageData,
     AssistantUsageEvent,
     CompactionCompleteData,
     CompactionStartData,
@@ -170,14 +170,18 @@ async def _summarize_fitting(
             ),
         )
         return None
-    usage = AssistantUsageData(
-        model=request.model,
-        input_tokens=response.usage.input_tokens,
-        output_tokens=response.usage.output_tokens,
-        finish_reason=response.finish_reason,
+    usage = usage_of(
+        ctx.config, request.model, response.usage, finish_reason=response.finish_reason
+    )
+    # Every model call reports its request's size, and what was spent, summaries too (§6).
+    info = usage_info(
+        log.state,
+        usage,
+        limit=info.token_limit,
+        tokens=info.current_tokens,
+        length=info.messages_length,
     )
     await emit(log, AssistantUsageEvent(data=usage))
-    # Every model call reports its request's size, summaries too (spec §6).
     await emit(log, SessionUsageInfoEvent(data=info))
     return valid_text(response.content.strip()) or None
 

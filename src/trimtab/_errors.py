@@ -7,6 +7,7 @@ import asyncio
 from typing import Literal, TypeAlias
 
 __all__ = [
+    "BudgetExceededError",
     "ClearContextError",
     "ClearContextErrorCode",
     "LeaseLostError",
@@ -21,6 +22,7 @@ __all__ = [
     "ToolError",
     "TrimtabError",
     "contained",
+    "session_error",
 ]
 
 
@@ -106,6 +108,21 @@ class SessionError(TrimtabError):
         self.error_type = error_type
         self.message = message
         self.status_code = status_code
+
+
+class BudgetExceededError(SessionError):
+    """A budget was reached (spec U3, U5): the run ended in a `budget_exceeded` error, or the
+    session's budget refused a `send` (nothing was stored) until the host raises it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("budget_exceeded", message)
+
+
+def session_error(error_type: str, message: str, *, status_code: int | None = None) -> SessionError:
+    """The exception for a run that ended in `session.error` of `error_type`."""
+    if error_type == "budget_exceeded":
+        return BudgetExceededError(message)
+    return SessionError(error_type, message, status_code=status_code)
 
 
 class SessionNotFoundError(TrimtabError, KeyError):

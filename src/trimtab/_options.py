@@ -22,7 +22,7 @@ from trimtab._hooks import SessionHooks
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._tools import Tool
 from trimtab._toolsearch import TOOL_SEARCH
-from trimtab.events import InfiniteSessions, ModelLimits, SessionConfigData, ToolSearch
+from trimtab.events import Budget, InfiniteSessions, ModelLimits, SessionConfigData, ToolSearch
 from trimtab.providers import Provider
 
 __all__ = [
@@ -102,6 +102,14 @@ class SessionOptions(BaseModel):
     """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
     max_turns: Annotated[int, Strict()] | None = None  # not True, nor 2.0
     """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
+    budget: Budget | None = None
+    """What the whole session may spend, across its runs (spec U3): `{"cost": 1.0,
+    "total_tokens": 200_000, ...}`; logged, and changed with `Session.set_budget`."""
+    structured_output: Literal["tool", "native"] | None = None
+    """How a run gives a typed result (`send(output_type=...)`): `tool` (the default), by
+    calling the `final_result` tool; `native`, by its reply, in the provider's own
+    structured output where it has one (Chat Completions, Responses, the embedded model;
+    others use the tool: spec OUT6)."""
     hooks: Annotated[SessionHooks | None, IN_PROCESS] = Field(default=None, exclude=True)
     """The Copilot SDK's session hooks: `{"on_pre_tool_use": handler, ...}` (see `_hooks`)."""
     mcp_servers: dict[str, dict[str, Any]] | None = None

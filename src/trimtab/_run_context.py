@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trimtab._hooks import Hooks
+from trimtab._output import Output
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._state import SessionState
 from trimtab._tools import SessionHandle, Tool, ToolInvocation
@@ -48,6 +49,9 @@ class RunContext:
     tracing: Tracing
     request_headers: dict[str, str] | None = None
     """The HTTP headers the run's `send` gave for its model requests (spec D9)."""
+    output: Output | None = None
+    """The typed result the run must end with (spec OUT1): in tool mode its tool is among
+    `tools` and `shown`."""
 
     @property
     def session_id(self) -> str:

@@ -20,6 +20,7 @@ from trimtab._errors import LeaseLostError, LogTailLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
+from trimtab._output import Output, output_of
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._run_context import RunContext
 from trimtab._runs import RunEnd, RunLedger
@@ -30,6 +31,7 @@ from trimtab._tracing import Tracing
 from trimtab._window import estimate_tokens
 from trimtab.events import (
     AssistantTurnStartEvent,
+    Budget,
     CommandCompletedData,
     CommandCompletedEvent,
     CommandQueuedData,
@@ -93,6 +95,11 @@ class Pending:
     attached: Attached | None = None
     """What the `send` attached: stored with its `user.message`, held here until then (the
     inbox keeps the prompt only, spec D14)."""
+    output: Output | None = None
+    """The typed result the run must end with (OUT1): the send's (its Python type checks
+    it), else the one its logged message names (its JSON Schema does)."""
+    budget: Budget | None = None
+    """What the run may spend (U3): stored with its message, held here until then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +111,9 @@ class Attached:
     attachments: tuple[dict[str, Any], ...] = ()
     """As the sender described them, for clients to show."""
 
-    def message(self, prompt: str, message_id: str) -> UserMessageEvent:
-        """The input's `user.message`."""
-        data = UserMessageData(
-            content=prompt,
-            message_id=message_id,
-            source="user",
-            images=list(self.images) or None,
-            attachments=list(self.attachments) or None,
-        )
-        return UserMessageEvent(data=data)
+    def fields(self) -> dict[str, Any]:
+        """What the input's `user.message` holds of them."""
+        return {"images": list(self.images) or None, "attachments": list(self.attachments) or None}
 
 
 @dataclass(slots=True, eq=False)
@@ -214,20 +214,39 @@ class Runner:
         config = self.log.state.config
         toolbox = self.toolbox
         running = self._running
+        tools = toolbox.callable(config)
+        shown = tuple(toolbox.shown(config, self.live.discovered))
+        output = self._output(running)
+        if output is not None and not output.spec.native:
+            # The run's output tool, for this run only (OUT2).
+            tool = output.tool
+            tools, shown = {**tools, tool.name: tool}, (*shown, tool.definition)
         return RunContext(
             session=self._handle,
             config=config,
             provider=self.provider,
             limits=limits(config),
-            tools=toolbox.callable(config),
+            tools=tools,
             deferred=toolbox.deferred(config),
-            shown=tuple(toolbox.shown(config, self.live.discovered)),
+            shown=shown,
             permission_handler=self.permission_handler,
             approve_all=self.approve_all,
             hooks=self.hooks,
             tracing=self.tracing,
             request_headers=running.headers if running is not None else None,
+            output=output,
         )
+
+    def _output(self, running: Pending | None) -> Output | None:
+        """The typed result of the run in progress: the send's, else its logged spec's (a
+        run this runtime continues, after a crash or a takeover), checked by its schema."""
+        run = self.log.state.run
+        if running is None or run is None or run.output is None:
+            return None
+        given = running.output
+        if given is None or (given.spec is not run.output and given.spec != run.output):
+            running.output = output_of(run.output)
+        return running.output
 
     async def refresh_tools(self) -> None:
         warnings = await self.toolbox.refresh()
@@ -286,6 +305,9 @@ class Runner:
         message_id: str,
         headers: dict[str, str] | None = None,
         attached: Attached | None = None,
+        *,
+        output: Output | None = None,
+        budget: Budget | None = None,
     ) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
@@ -297,6 +319,8 @@ class Runner:
             parent=self.tracing.parent(),
             headers=headers,
             attached=attached,
+            output=output,
+            budget=budget,
         )
         async with log_.exclusive():
             if self._worker is None:
@@ -510,7 +534,7 @@ class Runner:
         an append of its own; the end of one the store failed under, in the same. A queued
         input's message also tells watchers the queue changed (an ephemeral event, last:
         stores that do not carry one in their append store what comes before it in one)."""
-        message = _message(item.prompt, item.message_id, item.attached)
+        message = _message(item)
         if self._interrupted():
             await emit((), first=self._end_of_interrupted_run)
         start = self._turn_start(message)
@@ -706,8 +730,16 @@ def _retrieve(task: asyncio.Task[RunEnd]) -> None:
         task.exception()
 
 
-def _message(prompt: str, message_id: str, attached: Attached | None) -> UserMessageEvent:
-    """An input's `user.message`, with what it attached."""
-    if attached is None:
-        return _loop.user_message(prompt, message_id, "user")
-    return attached.message(prompt, message_id)
+def _message(item: Pending) -> UserMessageEvent:
+    """An input's `user.message`, with what it attached, its typed result and its budget."""
+    if item.attached is None and item.output is None and item.budget is None:
+        return _loop.user_message(item.prompt, item.message_id, "user")
+    data = UserMessageData(
+        content=item.prompt,
+        message_id=item.message_id,
+        source="user",
+        output=item.output.spec if item.output is not None else None,
+        budget=item.budget,
+        **(item.attached.fields() if item.attached is not None else {}),
+    )
+    return UserMessageEvent(data=data)

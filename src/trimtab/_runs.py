@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trimtab._errors import TrimtabError
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
+    OutputResult,
     PendingMessagesModifiedEvent,
     SessionErrorEvent,
     SessionIdleEvent,
+    ToolExecutionCompleteEvent,
     UserMessageEvent,
 )
 
-__all__ = ["RunEnd", "RunLedger"]
+__all__ = ["RunEnd", "RunLedger", "results_of"]
 
-_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook"})
+_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook", "output"})
 """Sources of user messages that go on with the run in progress rather than start one."""
 
 
@@ -42,6 +45,8 @@ class RunEnd:
     """It was stopped by `abort()`."""
     idle: SessionIdleEvent | None = None
     """Its one `session.idle`."""
+    output: OutputResult | None = None
+    """Its typed result (spec OUT4), when it was asked for one and got it."""
 
 
 class RunLedger:
@@ -73,6 +78,9 @@ class RunLedger:
             case AssistantMessageEvent() if self._current is not None:
                 if event.data.originating_message_id == self._current.message_id:
                     self._current.last_message = event
+                    self._current.output = event.data.output or self._current.output
+            case ToolExecutionCompleteEvent() if self._current is not None:
+                self._current.output = event.data.output or self._current.output
             case SessionErrorEvent() if self._current is not None and not event.data.logged:
                 self._current.error = event
             case PendingMessagesModifiedEvent() if event.data.removed:
@@ -130,3 +138,21 @@ class RunLedger:
 
 def _removed_error() -> TrimtabError:
     return TrimtabError("the message was removed from the queue before it ran")
+
+
+def results_of(events: Iterable[Event]) -> dict[str, OutputResult]:
+    """The typed results of a log's runs, by the message id of the send that asked for each
+    (spec OUT4), in the order the runs ended; the last result of a run is its result."""
+    results: dict[str, OutputResult] = {}
+    run: str | None = None
+    for event in events:
+        match event:
+            case UserMessageEvent() if event.data.source not in _SAME_RUN:
+                run = event.data.message_id
+            case AssistantMessageEvent() | ToolExecutionCompleteEvent() if run is not None:
+                if event.data.output is not None:
+                    results.pop(run, None)
+                    results[run] = event.data.output
+            case _:
+                pass
+    return results

@@ -28,7 +28,9 @@ from trimtab.store import open_store
 PROVIDER = {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key": "k"}
 """Never called: these sessions only open."""
 
-EXTENSIONS = frozenset({"developerMessages", "maxTurns", "modelLimits"})
+EXTENSIONS = frozenset(
+    {"developerMessages", "maxTurns", "modelLimits", "budget", "structuredOutput"}
+)
 """trimtab's own fields of `session.create` and `session.resume` (spec D15)."""
 
 CLAIMED = frozenset(
@@ -51,10 +53,11 @@ CLAIMED = frozenset(
         "mcpServers",
         "workingDirectory",
         "requestUserInput",
+        "sessionLimits",
     }
 )
 """The official client's fields the spec says trimtab honours (D1, D9, D10, D12, D15, MCP9,
-B8, B9)."""
+B8, B9, U6)."""
 
 NOT_TAKEN = frozenset(
     {
@@ -93,7 +96,6 @@ NOT_TAKEN = frozenset(
         "reasoningSummary",
         "isExperimentalMode",
         "autopilot",
-        "sessionLimits",
         # Questions the runtime may ask the client, and UI extensions.
         "askUserVariant",
         "requestElicitation",

@@ -50,7 +50,7 @@ def engine_server(pg_dsn: str, temporal_server: str, task_queue: str, tmp_path: 
     """`trimtab serve --engine` on the test's task queue and store."""
     url = f"temporal://{temporal_server}/default?task_queue={task_queue}"
     server = ServerProcess(pg_dsn, "--engine", url, log=tmp_path / "server.log")
-    yield server, server.connection()
+    yield server, server.connection()  # with the server's token
     assert server.stop() == 0, server.log.read_text()
 
 

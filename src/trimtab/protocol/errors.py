@@ -15,6 +15,7 @@ from trimtab._errors import (
     SessionError,
     SessionNotFoundError,
     TrimtabError,
+    session_error,
 )
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, RpcError
 
@@ -95,7 +96,7 @@ def error_from_rpc(exc: RpcError) -> Exception:
         return PromptBlockedError(exc.message.removeprefix("prompt_blocked: "))
     if "errorType" in data:
         message = str(data.get("message", exc.message))
-        return SessionError(str(data["errorType"]), message, status_code=data.get("statusCode"))
+        return session_error(str(data["errorType"]), message, status_code=data.get("statusCode"))
     if exc.code == INVALID_PARAMS:
         return ValueError(exc.message)
     return TrimtabError(exc.message)

@@ -15,7 +15,11 @@ the runtime decides and the model only fills in what grammars keep it honest abo
    the model replies in text instead.
 
 After a tool result the model always replies in text, so one user message leads to at most one
-tool call and a run cannot loop on tools. Decoding is greedy with a fixed seed and every
+tool call and a run cannot loop on tools; unless the request requires a call (a run that must
+give a typed result through its terminal `final_result` tool: then `reply` is no choice, a
+lone tool is called without asking, and its arguments are the result, under its schema's
+grammar). A reply that must be a typed result (native structured output) is written under its
+schema's grammar too. Decoding is greedy with a fixed seed and every
 generation is bounded. The chat is rendered with the model's own template (GGUF metadata),
 with tool calls and results as plain text messages, so the model sees them:
 llama-cpp-python's `chatml-function-calling` format is not used, as it drops tool results and
@@ -127,6 +131,8 @@ class LocalProvider:
     """
 
     name = "local"
+    native_output = True
+    """A reply whose `ModelRequest.output_schema` is given is written under its grammar."""
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -286,11 +292,14 @@ class _Job:
     schema: dict[str, Any] | None = None
     """A JSON schema the output must match (turned into a grammar)."""
     repeat_penalty: float = 1.0
+    reply: bool = False
+    """A reply under a schema (native structured output, spec OUT6), which the conversation
+    keeps as it keeps a free one."""
 
     @property
     def is_reply(self) -> bool:
-        """A reply in free text, which the conversation keeps (not a constrained step)."""
-        return self.grammar is None and self.schema is None
+        """A reply, which the conversation keeps (not a step that decides a tool call)."""
+        return self.reply or (self.grammar is None and self.schema is None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,15 +543,20 @@ async def _respond(engine: _Engine, request: ModelRequest) -> AsyncIterator[Prov
     """The events of one request: a tool call when one is decided and valid, else a reply."""
     chat = _chat(request.messages)
     tally = _Tally()
-    if request.tools and request.messages and request.messages[-1].role == "user":
-        call = await _tool_call(engine, request, chat, tally)
+    required = request.tool_choice == "required" and bool(request.tools)
+    if request.tools and request.messages and (required or request.messages[-1].role == "user"):
+        call = await _tool_call(engine, request, chat, tally, required=required)
         if call is not None:
             yield ModelResponse(tool_calls=(call,), usage=tally.usage(), finish_reason="tool_calls")
             return
+    schema = request.output_schema
     job = _Job(
         chat,
         max_tokens=request.max_tokens or _REPLY_TOKENS,
-        repeat_penalty=_REPLY_REPEAT_PENALTY,
+        # A reply that is a typed result is written under its schema's grammar (OUT6).
+        schema=schema,
+        repeat_penalty=_REPLY_REPEAT_PENALTY if schema is None else 1.0,
+        reply=True,
     )
     async for item in _run(engine, job):
         if isinstance(item, str):
@@ -556,10 +570,18 @@ async def _respond(engine: _Engine, request: ModelRequest) -> AsyncIterator[Prov
 
 
 async def _tool_call(
-    engine: _Engine, request: ModelRequest, chat: list[dict[str, str]], tally: _Tally
+    engine: _Engine,
+    request: ModelRequest,
+    chat: list[dict[str, str]],
+    tally: _Tally,
+    *,
+    required: bool = False,
 ) -> ToolCall | None:
-    """The call to make, or None to reply in text (no tool chosen, or invalid arguments)."""
-    tool = _named_tool(request) or await _choose_tool(engine, request.tools, chat, tally)
+    """The call to make, or None to reply in text (no tool chosen, or invalid arguments).
+    `required`: the answer must call a tool (a run that gives a typed result, OUT2)."""
+    tool = _named_tool(request) or await _choose_tool(
+        engine, request.tools, chat, tally, required=required
+    )
     if tool is None:
         return None
     description = f": {tool.description}" if tool.description else ""
@@ -588,20 +610,28 @@ async def _choose_tool(
     tools: Sequence[ToolDefinition],
     chat: list[dict[str, str]],
     tally: _Tally,
+    *,
+    required: bool = False,
 ) -> ToolDefinition | None:
     """The model's pick among `reply` and the tools, under a grammar allowing only those.
 
     Terminal tools cannot be picked: they end the run (`clear_context` wipes the conversation),
     so they are called only when the user names them, never on a small model's guess. This also
-    keeps a seeded run from clearing again, and again, on its own.
+    keeps a seeded run from clearing again, and again, on its own. When a call is `required`
+    (the run gives a typed result through its terminal output tool), every tool may be picked
+    and `reply` may not; a lone tool is picked without asking.
     """
-    choices = {t.name: t for t in tools if t.name != _REPLY and not t.is_terminal}
+    choices = {t.name: t for t in tools if t.name != _REPLY and (required or not t.is_terminal)}
     if not choices:
         return None
+    if required and len(choices) == 1:
+        return next(iter(choices.values()))
     # Every tool is listed, the terminal ones too: the prompt then reads the same whichever
     # tools may be picked (a 135M model's pick shifts with the wording of the list).
     listing = "\n".join(f"- {t.name}: {t.description or t.name}" for t in tools)
-    options = " | ".join(json.dumps(name) for name in (_REPLY, *choices))
+    options = " | ".join(
+        json.dumps(name) for name in ((*choices,) if required else (_REPLY, *choices))
+    )
     job = _Job(
         _instructed(chat, _CHOOSE_INSTRUCTION.format(tools=listing)),
         # A name takes a few tokens; the bound only guards against a runaway grammar.

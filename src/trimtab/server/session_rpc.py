@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trimtab import QueuedCommand, Session, SessionNotFoundError
-from trimtab.events import SessionCompactionCompleteEvent
+from trimtab.events import Budget, SessionCompactionCompleteEvent
 from trimtab.mcp import McpTool
 from trimtab.protocol.errors import SESSION_NOT_FOUND
 from trimtab.protocol.jsonrpc import Connection, RpcError
@@ -68,7 +68,7 @@ from trimtab.protocol.session_wire import (
     WithdrawParams,
     WithdrawResult,
 )
-from trimtab.protocol.wire import SessionParams, SuccessResult
+from trimtab.protocol.wire import SessionParams, SuccessResult, UpdateOptionsParams
 from trimtab.server.event_log import EventLogRpc
 from trimtab.server.hub import SessionHub, SharedSession
 from trimtab.server.workspace_rpc import workspace_methods
@@ -119,6 +119,7 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.metadata.getContextAttribution": rpc.context_attribution,
         "session.metadata.isProcessing": rpc.is_processing,
         "session.metadata.activity": rpc.activity,
+        "session.options.update": rpc.update_options,
     }
 
 
@@ -156,6 +157,27 @@ class _SessionRpc:
         model = self._shared(params).session.config.model
         entries = [] if model is None else [ModelEntry(id=model, name=model)]
         return ModelListResult(list=entries)
+
+    # --- options ---------------------------------------------------------------------------
+
+    async def update_options(self, params: dict[str, Any]) -> SuccessResult:
+        """The session's budget (spec U6): trimtab's `budget` as given (null: none), else
+        its `cost` set from Copilot's `sessionLimits` (`maxAiCredits` or the limits null: no
+        cost limit). The protocol's other options of an open session are not served: a
+        request with neither is answered `success: false`."""
+        request = UpdateOptionsParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        if "budget" not in params and "sessionLimits" not in params:
+            return SuccessResult(success=False, error="trimtab changes only the session's limits")
+        budget = request.budget
+        if "budget" not in params:
+            credits = request.session_limits.max_ai_credits if request.session_limits else None
+            kept = session.budget.model_dump(exclude_none=True) if session.budget else {}
+            kept.pop("cost", None)
+            cost = {} if credits is None else {"cost": credits / 100}
+            budget = Budget.model_validate({**kept, **cost}) if kept or cost else None
+        await session.set_budget(budget)
+        return SuccessResult(success=True)
 
     # --- name ------------------------------------------------------------------------------
 
