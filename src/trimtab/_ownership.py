@@ -34,14 +34,14 @@ _log = logging.getLogger("trimtab")
 class Ownership:
     """A session's lease, as this runtime holds or follows it."""
 
-    __slots__ = ("_follower", "_listening", "_log", "_runner")
+    __slots__ = ("_follower", "_log", "_runner")
 
     def __init__(self, log: SessionLog, runner: Runner) -> None:
         self._log = log
         self._runner = runner
-        self._follower: asyncio.Task[None] | None = None
-        self._listening = asyncio.Event()
-        """Set once the follower's subscription listens, or once the follower ended."""
+        self._follower: tuple[asyncio.Task[None], asyncio.Event] | None = None
+        """The follower while there is one, and an event set once its subscription listens
+        or it ended (made with it: most sessions never follow)."""
 
     @property
     def owned(self) -> bool:
@@ -73,14 +73,16 @@ class Ownership:
         if self._follower is None:
             if self._runner.closed:
                 return
-            self._listening = asyncio.Event()
-            self._follower = asyncio.get_running_loop().create_task(
-                self._follow(self._listening), name=f"trimtab-follow-{self._log.session_id}"
+            listening = asyncio.Event()
+            follower = asyncio.get_running_loop().create_task(
+                self._follow(listening), name=f"trimtab-follow-{self._log.session_id}"
             )
+            self._follower = (follower, listening)
+        _, listening = self._follower
         store = self._log.store
         try:
             async with asyncio.timeout(store.timeout):
-                await self._listening.wait()
+                await listening.wait()
         except TimeoutError:
             _log.warning(
                 "session %s: its owner's live events are not heard here yet (no listener"
@@ -103,9 +105,10 @@ class Ownership:
 
     async def unfollow(self) -> None:
         if self._follower is not None:
-            self._follower.cancel()
-            self._listening.set()  # (a follower cancelled before it began never sets it)
-            await asyncio.wait([self._follower])
+            follower, listening = self._follower
+            follower.cancel()
+            listening.set()  # (a follower cancelled before it began never sets it)
+            await asyncio.wait([follower])
             self._follower = None
 
     async def adopt(self, lease: Lease) -> None:
