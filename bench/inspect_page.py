@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -98,9 +99,11 @@ class Inspector:
 
     def __init__(self, store: Path) -> None:
         src = Path(__file__).resolve().parents[1] / "src"
+        self.token = secrets.token_urlsafe(32)  # every request carries it (spec L9)
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+            "TRIMTAB_INSPECT_TOKEN": self.token,
         }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "trimtab", "inspect", "--store", str(store), "--port", "0"],
@@ -114,7 +117,7 @@ class Inspector:
         if not line.startswith("inspecting sessions at "):
             self.close()
             raise RuntimeError(f"the inspector did not start: {line!r}")
-        self.url = line.split(" at ", 1)[1].strip()
+        self.url = line.split(" at ", 1)[1].strip().split("?")[0]
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -163,6 +166,7 @@ def main() -> None:
         with httpx.Client(timeout=60) as http:
             for _ in range(args.opens):
                 inspector = Inspector(store)
+                http.headers["authorization"] = f"Bearer {inspector.token}"
                 try:
                     elapsed, size = timed(http, inspector.url + page)
                     cold.append(elapsed)

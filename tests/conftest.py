@@ -2,8 +2,8 @@
 read what a session did.
 
 The PostgreSQL cases get one fresh schema per test from `TRIMTAB_TEST_PG_DSN`, which
-`.ci/start-postgres.sh` sets. Without it they skip, except in CI (`CI` set), where a missing
-server is a failure: the suite must never pass there without having run against PostgreSQL.
+`.ci/start-postgres.sh` sets. Without it they skip, or fail where every requirement must be met
+(`tests/requirements.py`): CI's second run must never pass without having used PostgreSQL.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests import requirements
+from tests.requirements import require_psycopg as require_psycopg  # where older tests find it
 from trimtab import Client, Event, PermissionHandler, Session, Tool, ToolInvocation, define_tool
 from trimtab.testing import ScriptedModel
 
@@ -31,29 +34,32 @@ class EchoArgs(BaseModel):
     text: str
 
 
+pytest_plugins = ["tests.leftovers"]
+
 PG_DSN_VARIABLE = "TRIMTAB_TEST_PG_DSN"
-
-
-def in_ci() -> bool:
-    """Whether the tests run in CI, where nothing may be skipped for want of a server."""
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+START_POSTGRES = "source .ci/start-postgres.sh to start a server"
 
 
 def require_env(name: str) -> str:
-    """The variable's value; skips the test without it, or fails it in CI."""
-    value = os.environ.get(name)
-    if not value:
-        message = f"{name} is not set (source .ci/start-postgres.sh to start a server)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    return value
+    """The PostgreSQL variable's value (`.ci/start-postgres.sh` sets them all)."""
+    return requirements.require_env(name, START_POSTGRES)
 
 
-def require_psycopg() -> None:
-    """Skip without the `trimtab[postgres]` extra, except in CI (the import then fails)."""
-    if not in_ci():
-        pytest.importorskip("psycopg", reason="needs the trimtab[postgres] extra")
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    requirements.record(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    requirements.record(report)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background by a non-interactive shell (`pytest &` in a script)
+    # inherits SIGINT ignored, and so would every process it starts: the tests that press
+    # Ctrl-C would wait for an interrupt nothing can deliver. A handler, unlike SIG_IGN, is
+    # not inherited across exec: the children start with the default, as from a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -131,6 +131,7 @@ class FakeModel(LocalServer):
         length = int({k.lower(): v for k, v in headers.items()}.get("content-length", "0"))
         body: dict[str, Any] = json.loads(await reader.readexactly(length)) if length else {}
         self.requests.append(body)
+        await self.arrived(body)
         await asyncio.sleep(self.delay)
         message = self._message(body.get("messages") or [])
         finish = "tool_calls" if "tool_calls" in message else "stop"
@@ -165,6 +166,9 @@ class FakeModel(LocalServer):
         )
         await writer.drain()
         return True
+
+    async def arrived(self, body: dict[str, Any]) -> None:
+        """Called as each request arrives, before it is answered (a subclass may hold it)."""
 
     def _message(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         last = messages[-1].get("role") if messages else None

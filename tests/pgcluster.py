@@ -3,7 +3,7 @@
 Other test runs share the cluster of `TRIMTAB_TEST_PG_DSN`, so a test that freezes a server
 must never freeze that one: it starts its own (initdb and pg_ctl into a temporary directory,
 as `.ci/start-postgres.sh` does, as the `postgres` OS user when run as root). Without the
-PostgreSQL binaries it skips, except in CI, where it fails.
+PostgreSQL binaries it skips (`tests/requirements.py`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
-import pytest
-
-from tests.conftest import in_ci, require_psycopg
+from tests.requirements import require_psycopg, unmet
 
 __all__ = ["PrivateCluster", "private_cluster"]
 
@@ -91,7 +88,7 @@ def private_cluster(*settings: str) -> Iterator[PrivateCluster]:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            _unavailable("running as root needs a 'postgres' OS user to run PostgreSQL")
+            unmet("running as root needs a 'postgres' OS user to run PostgreSQL")
         as_user = ["runuser", "-u", "postgres", "--"]
     root = Path(tempfile.mkdtemp(prefix="trimtab-pg-"))
     if as_user:
@@ -134,13 +131,7 @@ def _binaries() -> Path:
     for directory in candidates:
         if (directory / "initdb").is_file() and (directory / "pg_ctl").is_file():
             return directory
-    _unavailable("no PostgreSQL binaries (initdb, pg_ctl) to start a private cluster")
-
-
-def _unavailable(reason: str) -> NoReturn:
-    if in_ci():
-        pytest.fail(reason)
-    pytest.skip(reason)
+    unmet("no PostgreSQL binaries (initdb, pg_ctl) to start a private cluster")
 
 
 def _version(binaries: Path) -> list[int]:

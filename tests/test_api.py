@@ -164,7 +164,7 @@ async def test_tool_without_a_model_gets_a_dict(client: Client) -> None:
 
 async def test_unknown_session_option_is_an_error_naming_it(client: Client) -> None:
     with pytest.raises(ValueError, match="systemmessage"):
-        await client.create_session(provider=ScriptedModel(), systemmessage="typo")  # type: ignore[call-arg]
+        await client.create_session(provider=ScriptedModel(), systemmessage="typo")
 
 
 @pytest.mark.parametrize("name", ["get weather", "a.b", "x" * 65, "naïve", "tool/1"])
@@ -192,9 +192,13 @@ async def test_tool_names_given_twice_are_refused_before_anything_is_stored(
         )
 
 
-async def test_provider_is_required(client: Client) -> None:
-    with pytest.raises(ValueError, match="no provider"):
-        await client.create_session()
+async def test_provider_is_required_when_the_client_chooses_none() -> None:
+    # Client() chooses one itself (spec S6, tests/test_provider_choice.py); None does not.
+    async with Client(store="memory", provider=None) as client:
+        with pytest.raises(ValueError, match="no provider"):
+            await client.create_session()
+    with pytest.raises(ValueError, match="a config dict, a Provider, 'auto' or None, not 'openai'"):
+        Client(store="memory", provider="openai")  # type: ignore[arg-type]
 
 
 async def test_unknown_provider_key_is_an_error_naming_it(client: Client) -> None:
@@ -229,6 +233,20 @@ def test_example_01_runs_offline() -> None:
         "[('system', 'You are a helpful assistant.'), ('user', 'Reply with exactly FRESH"
     )
     assert second_request in done.stdout
+
+
+def test_b1_example_05_reads_edits_and_tests_code_offline() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "05_builtin_tools.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.count("[asked] shell: ") == 2
+    assert "[asked] write: " in done.stdout and "[edit] success" in done.stdout
+    assert "last test run: ['test passed', '<exited with exit code 0>']" in done.stdout
+    assert "calc.py now: return a + b" in done.stdout
 
 
 def test_event_type_names_every_event_model_and_nothing_else() -> None:

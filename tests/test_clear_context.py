@@ -26,6 +26,7 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
+from trimtab._tools import SessionHandle
 from trimtab.testing import ScriptedModel, tool_call
 
 SEED = "Reply with exactly FRESH_CONTEXT."
@@ -445,27 +446,32 @@ async def test_c1_a_permission_handler_or_hook_is_not_a_tool_handler(
     client: Client, where: str
 ) -> None:
     # A clear from them is refused: their call is not running yet, and another call of the
-    # batch (which knows nothing of it) must not carry it.
+    # batch (which knows nothing of it), in flight meanwhile, must not carry it.
     refusals: list[str] = []
+    running, tried = asyncio.Event(), asyncio.Event()
 
-    def clear(session: Session) -> None:
+    async def clear(session: SessionHandle) -> None:
+        await asyncio.wait_for(running.wait(), 10)  # the other call is in flight
         try:
             session.history.clear_context(SEED)
         except ClearContextError as exc:
             refusals.append(exc.code)
+        finally:
+            tried.set()
 
     async def slow(params: Any) -> str:
-        await asyncio.sleep(0.2)  # in flight while the other call is asked about
+        running.set()
+        await asyncio.wait_for(tried.wait(), 10)  # in flight while the other call is asked
         return "slow done"
 
     async def permission(request: Any, invocation: ToolInvocation) -> dict[str, str]:
         if where == "permission" and request.tool_call_id == "b":
-            clear(invocation.session)
+            await clear(invocation.session)
         return {"kind": "approve-once"}
 
     async def hook(hook_input: Any, context: Any) -> None:
         if hook_input["toolName"] == "fast":
-            clear(holder[0])
+            await clear(holder[0])
 
     holder: list[Session] = []
     model = ScriptedModel([[tool_call("slow", id="a"), tool_call("fast", id="b")], "done"])

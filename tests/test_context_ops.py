@@ -319,26 +319,120 @@ async def test_e7_auto_compaction_comes_between_a_message_and_its_turn(client: C
         assert log[done + 1] == "assistant.turn_start"
 
 
-async def test_compaction_failure_falls_back_to_dropping_turns_with_a_warning(
-    client: Client,
-) -> None:
-    from trimtab import ProviderError
+class Answers:
+    """A scripted model step: compaction requests get a summary (or fail, `failing`), the
+    others `ok N`; and the check of what every answered request held (spec H1)."""
 
-    def answer(request: ModelRequest) -> str:
+    def __init__(self, *, failing: bool = False) -> None:
+        self.failing = failing
+        self.replies: list[str] = []
+
+    def __call__(self, request: ModelRequest) -> str:
+        from trimtab import ProviderError
+
         if is_compaction(request):
-            raise ProviderError("provider_unavailable", "down")
-        return "ok"
+            if self.failing:
+                raise ProviderError("provider_unavailable", "down")
+            return "SUMMARY: the user sent numbered paragraphs."
+        self.replies.append(f"ok {len(self.replies) + 1}")
+        return self.replies[-1]
 
-    model = ScriptedModel(then=answer)
+    def assert_newest_kept(self, model: ScriptedModel, prompts: list[str]) -> None:
+        """Each run's request ends with its prompt, and holds the newest of the conversation
+        in order (after a summary): what compaction took away is the oldest."""
+        answered = [r for r in model.requests if not is_compaction(r)]
+        assert len(answered) == len(prompts)
+        for run, request in enumerate(answered):
+            sent = [(m.role, m.content) for m in request.messages if m.role != "system"]
+            if sent and sent[0][1].startswith(SUMMARY_PREFIX):
+                sent = sent[1:]
+            whole = [
+                message
+                for prompt, reply in zip(
+                    prompts[: run + 1], [*self.replies[:run], None], strict=True
+                )
+                for message in (("user", prompt), ("assistant", reply))
+                if message[1] is not None
+            ]
+            assert sent and sent[-1] == ("user", prompts[run]), f"run {run} was not asked"
+            assert sent == whole[len(whole) - len(sent) :], f"run {run}: not the newest"
+
+
+async def test_h1_a_failed_summary_drops_the_oldest_turns_with_a_warning(client: Client) -> None:
+    answers = Answers(failing=True)
+    model = ScriptedModel(then=answers)
     session = await open_session(
         client, model, model_limits={"context_window": LIMIT, "max_output_tokens": 200}
     )
     rec = Recorder(session)
-    for i in range(12):
-        await session.send_and_wait(f"paragraph {i}: " + "word " * 120)
+    prompts = [f"paragraph {i}: " + "word " * 120 for i in range(12)]
+    for prompt in prompts:
+        await session.send_and_wait(prompt)
     warnings = rec.of("session.warning")
     assert warnings and "dropped" in warnings[0].data.message
     assert max(estimate_tokens(r.messages) for r in model.requests if not is_compaction(r)) <= LIMIT
+    answers.assert_newest_kept(model, prompts)
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["summarised", "summary-failed"])
+async def test_h1_a_window_still_too_large_drops_its_oldest_turns(
+    client: Client, failing: bool
+) -> None:
+    # A system message that leaves little room: what compaction keeps does not fit, and
+    # whole turns go, the oldest first (the summary with them).
+    answers = Answers(failing=failing)
+    model = ScriptedModel(then=answers)
+    session = await open_session(
+        client,
+        model,
+        system_message="S" * 3_300,
+        model_limits={"context_window": LIMIT, "max_output_tokens": 200},
+    )
+    rec = Recorder(session)
+    prompts = [f"question {i}: " + "word " * 45 for i in range(8)]
+    for prompt in prompts:
+        await session.send_and_wait(prompt)
+    assert any("still too large" in w.data.message for w in rec.of("session.warning"))
+    answers.assert_newest_kept(model, prompts)
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["summarised", "summary-failed"])
+async def test_h1_a_prompt_over_the_keep_share_is_never_summarised(
+    client: Client, failing: bool
+) -> None:
+    answers = Answers(failing=failing)
+    model = ScriptedModel(then=answers)
+    session = await open_session(
+        client, model, model_limits={"context_window": LIMIT, "max_output_tokens": 200}
+    )
+    prompts = [f"long question {i}: " + "word " * 250 for i in range(5)]  # each > 20%
+    for prompt in prompts:
+        await session.send_and_wait(prompt)
+    assert any(is_compaction(r) for r in model.requests)
+    answers.assert_newest_kept(model, prompts)
+
+
+@pytest.mark.parametrize("failing", [False, True], ids=["nothing-fits", "summary-failed"])
+async def test_h1_compaction_never_leaves_the_model_no_conversation(
+    client: Client, failing: bool
+) -> None:
+    # A tool result too large for the keep share, and for the summary's own request: with no
+    # summary, the newest turn stays (the model used to be asked with no conversation).
+    result = "result " * 500
+    model = ScriptedModel([tool_call("big", id="c1")], then=Answers(failing=failing))
+    session = await open_session(
+        client,
+        model,
+        define_tool("big", handler=lambda params: result),
+        model_limits={"context_window": LIMIT, "max_output_tokens": 200},
+    )
+    await session.send_and_wait("go " + "word " * 150)
+    after = [r for r in model.requests if not is_compaction(r)][1]
+    assert [(m.role, m.content) for m in after.messages[-2:]] == [
+        ("assistant", ""),
+        ("tool", result),
+    ]
+    assert "session.compaction_complete" in [e.type for e in await session.get_events()]
 
 
 async def test_auto_compaction_can_be_disabled(client: Client) -> None:

@@ -475,7 +475,7 @@ async def test_send_and_wait_from_a_handler_of_its_own_session_is_refused(client
 
     async def nested(params: Any, invocation: ToolInvocation) -> str:
         try:
-            await invocation.session.send_and_wait("inner")
+            await cast(Session, invocation.session).send_and_wait("inner")
         except TrimtabError as exc:
             errors.append(str(exc))
         return "ok"
@@ -590,7 +590,7 @@ async def test_fork_inside_an_idempotent_batch_runs_nothing(client: Client) -> N
         return "probed"
 
     async def fork_here(params: Any, invocation: ToolInvocation) -> str:
-        forks.append(await invocation.session.history.fork())
+        forks.append(cast(Session, await invocation.session.history.fork()))
         release.set()
         return "forked"
 
@@ -700,7 +700,7 @@ async def test_c5_messages_cleared_counts_exactly_the_window(client: Client) -> 
     counts: list[int] = []
 
     async def handler(params: ClearArgs, invocation: ToolInvocation) -> str:
-        counts.append(invocation.session.window().__len__())
+        counts.append(len(cast(Session, invocation.session).window()))
         result = await invocation.session.history.clear_context(params.prompt)
         counts.append(result.messages_cleared)
         return "cleared"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot._jsonrpc import JsonRpcError
 from copilot.session import PermissionHandler as CopilotPermissions
 
@@ -250,7 +250,7 @@ async def test_w1_serve_answers_requests_with_an_error_while_its_store_is_held(
     the store: on a frozen database, `session.list` never answered."""
     spec, hold = store_held(kind, request, tmp_path)
     server = ServerProcess(spec, "--store-timeout", str(TIMEOUT), log=tmp_path / "server.log")
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    client = CopilotClient(connection=server.connection())
     options: dict[str, Any] = {
         "provider": {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key": "k"},
         "on_permission_request": CopilotPermissions.approve_all,

@@ -58,10 +58,11 @@ async def test_issue20_5_a_handler_that_unsubscribes_while_called_leaves_the_oth
 
 async def test_issue20_5_a_session_without_hooks_gives_a_fork_none(client: Client) -> None:
     session = await open_session(client, ScriptedModel())
-    hooks = session.options()["hooks"]
+    hooks = session.options().hooks
     assert hooks == {}
-    hooks["onSessionStart"] = lambda *args: None  # the caller's own dict: nothing shared
-    assert session.options()["hooks"] == {}
+    assert hooks is not None
+    hooks["on_session_start"] = lambda *args: None  # the caller's own dict: nothing shared
+    assert session.options().hooks == {}
 
 
 async def test_issue20_5_the_client_lets_go_of_a_disconnected_sessions_tools(

@@ -548,3 +548,33 @@ async def test_D14_send_and_wait_takes_what_send_takes(client: Client) -> None:
     [message] = [e for e in await session.get_events() if isinstance(e, UserMessageEvent)]
     assert message.data.attachments == [{"type": "note", "text": "from the editor"}]
     assert model.requests[0].messages[-1].images == (image,)
+
+
+async def test_e4_an_abort_ends_the_calls_in_flight_in_the_order_asked(client: Client) -> None:
+    # Running in the reverse order: an asyncio task group would cancel them in the order of
+    # its set of tasks, which follows their addresses and so differs from one process to the
+    # next (and so did the log).
+    count = 8
+    running = [asyncio.Event() for _ in range(count)]
+    order: list[str] = []
+
+    async def hang(params: Any, invocation: ToolInvocation) -> str:
+        index = int(invocation.tool_call_id[1:])
+        if index + 1 < count:
+            await running[index + 1].wait()
+        order.append(invocation.tool_call_id)
+        running[index].set()
+        await asyncio.Event().wait()
+        return "never"
+
+    calls = [tool_call("hang", id=f"c{i}") for i in range(count)]
+    session = await open_session(client, ScriptedModel([calls]), define_tool("hang", handler=hang))
+    rec = Recorder(session)
+    await session.send("go")
+    await asyncio.wait_for(running[0].wait(), 10)
+    await session.abort()
+    asked = [f"c{i}" for i in range(count)]
+    assert order == asked[::-1]
+    assert [e.data.tool_call_id for e in rec.of("tool.execution_complete")] == asked
+    stored = await session.get_events()
+    assert [e.data.tool_call_id for e in stored if e.type == "tool.execution_complete"] == asked

@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import Recorder, echo_tool, open_session
-from trimtab import Client, PermissionDecision, ToolInvocation, TrimtabError, define_tool
+from trimtab import (
+    Client,
+    PermissionDecision,
+    ToolInvocation,
+    TrimtabError,
+    WorkspaceError,
+    define_tool,
+)
 from trimtab._state import state_of
 from trimtab.testing import ScriptedModel, tool_call
 
@@ -235,3 +242,78 @@ async def test_k5_c11_shutdown_from_a_tool_handler_completes(client: Client) -> 
     assert session.closed
     types = [e.type for e in rec.events]
     assert types[-3:] == ["abort", "session.idle", "session.shutdown"], types
+
+
+async def test_k12_an_auto_name_never_replaces_the_users(client: Client) -> None:
+    session = await open_session(client, ScriptedModel())
+    assert await session.set_auto_name("  " + "x" * 150 + "\nsecond line") is True
+    assert (session.name, session.named_automatically) == ("x" * 100, True)
+    await session.set_name("Mine")
+    assert await session.set_auto_name("Summary") is False
+    assert (session.name, session.named_automatically) == ("Mine", False)
+    with pytest.raises(ValueError, match="summary must be a string"):
+        await session.set_auto_name(None)  # type: ignore[arg-type]
+    await session.disconnect()
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+    assert (resumed.name, resumed.named_automatically) == ("Mine", False)
+
+
+async def test_k13_a_command_nobody_answers_lets_the_queue_go_on_after_its_wait(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("trimtab._runner.COMMAND_TIMEOUT", 0.2)
+    session = await open_session(client, ScriptedModel(["after"]))
+    rec = Recorder(session)
+    request_id = await session.enqueue_command("/deploy prod", display_text="Deploy")
+    reply = await asyncio.wait_for(session.send_and_wait("then this"), 10)
+    assert reply is not None and reply.data.content == "after"
+    types = [e.type for e in rec.events if e.type.startswith("command.")]
+    assert types == ["command.queued", "command.completed"]
+    assert rec.of("command.queued")[0].data.request_id == request_id
+    assert session.respond_to_command(request_id) is False  # its wait is over
+    for bad in ("deploy", "/", "  "):
+        with pytest.raises(ValueError):
+            await session.enqueue_command(bad)
+
+
+async def test_k13_disconnecting_while_a_command_waits_for_its_host_does_not_wait(
+    client: Client,
+) -> None:
+    session = await open_session(client, ScriptedModel())
+    rec = Recorder(session)
+    await session.enqueue_command("/wait")
+    await rec.wait_for("command.queued")
+    await asyncio.wait_for(session.disconnect(), 5)
+    assert [e.type for e in rec.events if e.type.startswith("command.")] == [
+        "command.queued",
+        "command.completed",
+    ]
+
+
+async def test_k16_the_workspace_is_a_fold_of_the_log_on_every_store(client: Client) -> None:
+    session = await open_session(client, ScriptedModel())
+    ws = session.workspace
+    assert await ws.write("docs/a.md", "one") is True
+    assert await ws.write("docs/a.md", "two") is False
+    await ws.make_directory("empty")
+    await ws.rename("docs", "notes")
+    await ws.write_plan("# Plan")
+    assert await ws.files() == ["notes/a.md"]
+    assert (await ws.stat("empty")).is_file is False
+    with pytest.raises(WorkspaceError, match="outside the workspace files directory"):
+        await ws.write("../x", "no")
+    events = await session.get_events()
+    await session.disconnect()
+
+    resumed = await client.resume_session(session.session_id, provider=ScriptedModel())
+    assert await resumed.workspace.read("notes/a.md") == "two"
+    assert await resumed.workspace.read_plan() == "# Plan"
+    assert await resumed.workspace.delete_plan() is True
+    assert await resumed.workspace.delete_plan() is False
+    kinds = [e.type for e in events if e.type.startswith("session.workspace")]
+    assert kinds == [
+        "session.workspace_file_changed",
+        "session.workspace_file_changed",
+        "session.workspace_path_changed",
+        "session.workspace_path_changed",
+    ]

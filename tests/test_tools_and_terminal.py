@@ -69,7 +69,7 @@ async def test_t2_terminal_tool_denied_by_permission_goes_back_to_the_model(clie
     assert reply is not None and reply.data.content == "ok, not done"
     assert roles(model, 1)[-1] == (
         "tool",
-        "Permission denied and could not request permission from user.",
+        "Permission denied and could not request permission from user",
     )
 
 
@@ -335,3 +335,197 @@ async def test_terminal_clear_in_a_batch_with_a_rejection_still_seeds(client: Cl
     )
     reply = await session.send_and_wait("go")
     assert reply is not None and reply.data.content == "fresh"
+
+
+# --- section 1's table: what each outcome records, read back from the store ----------------
+
+
+class _Point(BaseModel):
+    x: int
+
+
+def _raise(exc: BaseException) -> Any:
+    def handler(params: Any) -> Any:
+        raise exc
+
+    return handler
+
+
+async def _too_slow(params: Any) -> str:
+    await asyncio.sleep(10)
+    return "late"
+
+
+def _answer(kind: str, feedback: str | None = None) -> Any:
+    return lambda request, invocation: {"kind": kind, "feedback": feedback}
+
+
+Case = tuple[str, Any, dict[str, Any], str, str]
+"""(the call's arguments, the tool's handler, session options, outcome, the model's text)."""
+
+OUTCOMES: dict[str, Case] = {
+    "success-str": ("{}", lambda p: "done", {}, "success", "done"),
+    "success-json": ("{}", lambda p: {"n": 1}, {}, "success", '{"n":1}'),
+    "success-model": ("{}", lambda p: _Point(x=2), {}, "success", '{"x":2}'),
+    "success-none": ("{}", lambda p: None, {}, "success", ""),
+    "success-result": (
+        "{}",
+        lambda p: ToolResult(text_result_for_llm="typed ok"),
+        {},
+        "success",
+        "typed ok",
+    ),
+    "failure-tool-error": ("{}", _raise(ToolError("shown")), {}, "failure", "shown"),
+    "failure-exception": (
+        "{}",
+        _raise(RuntimeError("secret")),
+        {},
+        "failure",
+        "Failed to execute 'probe': tool execution failed.",
+    ),
+    "failure-own-timeout-error": (
+        "{}",
+        _raise(TimeoutError("its own")),
+        {},
+        "failure",
+        "Failed to execute 'probe': tool execution failed.",
+    ),
+    "failure-result": (
+        "{}",
+        lambda p: ToolResult(text_result_for_llm="typed bad", result_type="failure"),
+        {},
+        "failure",
+        "typed bad",
+    ),
+    "failure-unserialisable": (
+        "{}",
+        lambda p: object(),
+        {},
+        "failure",
+        "Failed to execute 'probe': its result could not be serialised.",
+    ),
+    "failure-unknown-tool": ("{}", None, {}, "failure", "Tool 'missing' does not exist."),
+    "invalid-json": (
+        "{not json",
+        lambda p: "ran",
+        {},
+        "invalid_arguments",
+        "Invalid tool arguments:",
+    ),
+    "invalid-schema": (
+        '{"x": "many"}',
+        lambda p: "ran",
+        {"params_type": _Point},
+        "invalid_arguments",
+        "Invalid tool arguments:",
+    ),
+    "denied-unavailable": (
+        "{}",
+        lambda p: "ran",
+        {"on_permission_request": _answer("user-not-available")},
+        "denied",
+        "Permission denied and could not request permission from user",
+    ),
+    "denied-no-handler": (
+        "{}",
+        lambda p: "ran",
+        {"on_permission_request": None},
+        "denied",
+        "Permission denied: no permission handler is configured for this session.",
+    ),
+    "denied-handler-raises": (
+        "{}",
+        lambda p: "ran",
+        {"on_permission_request": lambda r, i: 1 / 0},
+        "denied",
+        "Permission denied",
+    ),
+    "denied-result": (
+        "{}",
+        lambda p: ToolResult(text_result_for_llm="typed no", result_type="denied"),
+        {},
+        "denied",
+        "typed no",
+    ),
+    "rejected-permission": (
+        "{}",
+        lambda p: "ran",
+        {"on_permission_request": _answer("reject", "not now")},
+        "rejected",
+        "The user rejected this tool call. Feedback: not now",
+    ),
+    "rejected-result": (
+        "{}",
+        lambda p: ToolResult(text_result_for_llm="typed stop", result_type="rejected"),
+        {},
+        "rejected",
+        "typed stop",
+    ),
+    "timeout": (
+        "{}",
+        _too_slow,
+        {"timeout": 0.05},
+        "timeout",
+        "Tool 'probe' timed out after 0.05 s.",
+    ),
+    "cancelled": (
+        "{}",
+        "runs until aborted",
+        {},
+        "cancelled",
+        "The execution of this tool, or a previous tool was interrupted.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTCOMES))
+async def test_every_outcome_is_recorded_as_section_1_says(client: Client, case: str) -> None:
+    """Each outcome of spec section 1, made by a real session and read back from its store:
+    `success` only for a success, `outcome`, the result text the model gets (`result` for a
+    success, `error.message` with `error.code` the outcome for any other), and the model's
+    next request (O2: after a rejection or an abort, the next run's)."""
+    arguments, handler, options, outcome, text = OUTCOMES[case]
+    tool_options = {k: v for k, v in options.items() if k in ("params_type", "timeout")}
+    session_options = {k: v for k, v in options.items() if k not in tool_options}
+    running = asyncio.Event()
+
+    async def until_aborted(params: Any) -> str:
+        running.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    if outcome == "cancelled":
+        handler = until_aborted
+    tools = [] if handler is None else [define_tool("probe", handler=handler, **tool_options)]
+    name = "probe" if handler is not None else "missing"
+    model = ScriptedModel([tool_call(name, arguments, id="c1"), "after"])
+    session = await open_session(client, model, *tools, **session_options)
+    if outcome == "cancelled":
+        await session.send("go")
+        await asyncio.wait_for(running.wait(), 10)  # the call is in flight
+        await session.abort()
+    else:
+        await asyncio.wait_for(session.send_and_wait("go"), 10)
+    run_ended_at_batch = outcome in ("rejected", "cancelled")
+    assert len(model.requests) == (1 if run_ended_at_batch else 2)
+    if run_ended_at_batch:
+        await asyncio.wait_for(session.send_and_wait("next"), 10)
+    model.assert_done()
+
+    stored = [e for e in await session.get_events() if e.type == "tool.execution_complete"]
+    assert len(stored) == 1
+    data = stored[0].data
+    assert (data.tool_call_id, data.tool_name, data.outcome) == ("c1", name, outcome)
+    assert data.success is (outcome == "success")
+    if outcome == "success":
+        assert data.error is None
+        assert data.result is not None and data.result.content == text
+    else:
+        assert data.result is None
+        assert data.error is not None and data.error.code == outcome
+        assert data.error.message.startswith(text)
+    assert data.model_dump(by_alias=True)["success"] is data.success  # the wire's spelling
+    sent = [m for m in model.requests[1].messages if m.role == "tool"]
+    assert [(m.tool_call_id, m.content.startswith(text)) for m in sent] == [("c1", True)]
+    if data.error is not None:
+        assert sent[0].content == data.error.message

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import subprocess
@@ -21,14 +22,20 @@ from typing import Any
 import pytest
 
 from tests.conftest import EchoArgs, clear_tool, echo_tool, open_session
+from tests.requirements import require_import
 from tests.test_context_ops import LIMIT, many_tools, responder
 from trimtab import Client, ProviderError, SessionError, define_tool
 from trimtab.testing import ScriptedModel, tool_call
 
-pytest.importorskip("opentelemetry.sdk", reason="needs the SDK (in the dev extra)")
+require_import("opentelemetry.sdk", "needs the OpenTelemetry SDK (in the dev extra)")
 
 from opentelemetry import trace  # noqa: E402
-from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace import (  # noqa: E402
+    Event,
+    ReadableSpan,
+    SpanProcessor,
+    TracerProvider,
+)
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
     InMemorySpanExporter,
@@ -444,3 +451,176 @@ def test_ot1_the_global_provider_gets_spans_with_no_trimtab_call() -> None:
 def test_ot1_environment_switch_turns_the_global_provider_off() -> None:
     result = _run_subprocess("global", TRIMTAB_TRACING="0")
     assert result["spans"] == []
+
+
+# --- OT8: a broken tracer, span processor, span or propagator changes nothing (issue 34) ---
+
+
+class RaisingProcessor(SpanProcessor):
+    """An application's span processor with a bug in `on_start` or `on_end`."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.where == "on_start":
+            raise RuntimeError("processor bug in on_start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.where == "on_end":
+            raise RuntimeError("processor bug in on_end")
+
+
+class RaisingProvider(TracerProvider):
+    """A tracer provider that cannot make a tracer."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        raise RuntimeError("provider bug in get_tracer")
+
+
+class BrokenSpan(trace.NonRecordingSpan):
+    """A span every method of which, but for its context, raises."""
+
+    def is_recording(self) -> bool:
+        return True
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        raise RuntimeError("span bug in set_attribute")
+
+    def set_attributes(self, attributes: Any) -> None:
+        raise RuntimeError("span bug in set_attributes")
+
+    def add_event(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("span bug in add_event")
+
+    def set_status(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("span bug in set_status")
+
+    def end(self, end_time: int | None = None) -> None:
+        raise RuntimeError("span bug in end")
+
+
+class BrokenTracer(trace.NoOpTracer):
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        return BrokenSpan(trace.INVALID_SPAN_CONTEXT)
+
+
+class BrokenSpans(TracerProvider):
+    """A tracer provider whose spans all raise."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return BrokenTracer()
+
+
+def broken_provider(kind: str) -> TracerProvider:
+    if kind == "get_tracer":
+        return RaisingProvider()
+    if kind == "span methods":
+        return BrokenSpans()
+    provider = TracerProvider()
+    if kind in ("on_start", "on_end"):
+        provider.add_span_processor(RaisingProcessor(kind))
+    return provider
+
+
+async def seed_scenario_log(**options: Any) -> tuple[str | None, list[str], list[tuple[str, str]]]:
+    """A run with a tool call and a clear (then its seeded run): the reply, the events
+    delivered live, and the log."""
+    model = ScriptedModel(
+        [
+            tool_call("echo", {"text": "x"}, id="c1"),
+            tool_call("clear_context", {"prompt": SEED}, id="c2"),
+            "FRESH_CONTEXT",
+        ]
+    )
+    async with Client(store="memory", **options) as client:
+        session = await open_session(client, model, echo_tool(), clear_tool())
+        live: list[str] = []
+        session.on(lambda event: live.append(event.type))
+        reply = await session.send_and_wait("echo, clear, then answer the seed")
+        log = [
+            (str(e.type), UUID.sub("ID", e.data.model_dump_json(exclude={"duration"})))
+            for e in await session.get_events()
+            if e.type != "session.start"
+        ]
+    return (reply.data.content if reply is not None else None), live, log
+
+
+def tracing_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "trimtab.tracing" and r.levelno >= logging.WARNING
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _not_reported_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees tracing's first failure as the first (it is logged once a process)."""
+    import trimtab._tracing
+
+    monkeypatch.setattr(trimtab._tracing._CONTAINED, "reported", False)
+
+
+@pytest.mark.parametrize("broken", ["on_start", "on_end", "get_tracer", "span methods", "context"])
+async def test_ot8_a_broken_tracer_changes_nothing_a_session_does(
+    broken: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    expected = await seed_scenario_log(tracing=False)
+    assert expected[0] == "FRESH_CONTEXT"
+    if broken == "context":  # the context API itself fails (a broken runtime context)
+        from opentelemetry import context
+
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("context bug")
+
+        monkeypatch.setattr(context, "attach", fail)
+        monkeypatch.setattr(context, "get_current", fail)
+    got = await seed_scenario_log(tracer_provider=broken_provider(broken))
+    assert got == expected  # the reply, every event live and stored, the user message
+    assert got[1].count("session.idle") == 1
+    assert len(tracing_warnings(caplog)) == 1  # the first failure, not one per span
+
+
+async def test_ot8_a_tracing_failure_is_logged_once_not_per_span(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trimtab.tracing")
+    traced = Traced()
+    traced.provider.add_span_processor(RaisingProcessor("on_end"))
+    reply, _, _ = await seed_scenario_log(tracer_provider=traced.provider)
+    assert reply == "FRESH_CONTEXT"
+    assert len(traced.named("execute_tool")) == 2  # the spans went on being made and exported
+    assert len(tracing_warnings(caplog)) == 1
+    assert "processor bug in on_end" in caplog.text
+    later = [r for r in caplog.records if r.name == "trimtab.tracing" and r.levelno < logging.INFO]
+    assert len(later) >= 4  # each later failure at DEBUG only
+
+
+def test_ot8_a_raising_propagator_carries_nothing_and_breaks_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from opentelemetry import propagate
+    from opentelemetry.propagators.textmap import TextMapPropagator
+
+    import trimtab._tracing
+
+    class Raising(TextMapPropagator):
+        def extract(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("propagator bug in extract")
+
+        def inject(self, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("propagator bug in inject")
+
+        @property
+        def fields(self) -> set[str]:
+            return {"traceparent"}
+
+    monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", Raising())
+    tracing = trimtab._tracing.Tracing(provider=TracerProvider())
+    assert tracing.carrier() == {}
+    assert trimtab._tracing.outgoing() == {}
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with trimtab._tracing.remote_parent(parent, "k=v"):
+        ran = True
+    assert ran

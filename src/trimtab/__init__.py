@@ -1,9 +1,10 @@
 """trimtab: an open agent session runtime whose context window the host controls."""
 
-from trimtab._client import Client, SessionOptions
+from trimtab._client import Client
 from trimtab._errors import (
     ClearContextError,
     LeaseLostError,
+    PolicyRefusedError,
     PromptBlockedError,
     ProviderError,
     SessionError,
@@ -14,15 +15,19 @@ from trimtab._errors import (
 )
 from trimtab._history import ClearContextResult, CompactResult, History, TruncateResult
 from trimtab._metrics import SessionMetrics
+from trimtab._options import SessionOptions
 from trimtab._permissions import PermissionDecision, PermissionHandler
-from trimtab._session import QueuedMessage, Session
+from trimtab._session import QueuedCommand, QueuedMessage, Session
 from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
 from trimtab._window import ContextMessage, ContextWindow
+from trimtab._workspace import Checkpoint, PathInfo, Workspace, WorkspaceError
+from trimtab.builtin import builtin_tools
 from trimtab.events import Event
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
     "ClearContextError",
     "ClearContextResult",
     "Client",
@@ -32,10 +37,13 @@ __all__ = [
     "Event",
     "History",
     "LeaseLostError",
+    "PathInfo",
     "PermissionDecision",
     "PermissionHandler",
+    "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
+    "QueuedCommand",
     "QueuedMessage",
     "Session",
     "SessionError",
@@ -49,5 +57,8 @@ __all__ = [
     "ToolResult",
     "TrimtabError",
     "TruncateResult",
+    "Workspace",
+    "WorkspaceError",
+    "builtin_tools",
     "define_tool",
 ]

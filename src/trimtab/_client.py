@@ -4,46 +4,41 @@ resumes, lists and deletes sessions."""
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import logging
-import math
 import os
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Unpack, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-from pydantic import ConfigDict, Strict, TypeAdapter, ValidationError
-from typing_extensions import TypedDict
+from pydantic import ValidationError
 
 from trimtab import _loop
 from trimtab._durations import check_seconds
+from trimtab._engine import Engine
 from trimtab._errors import SessionNotFoundError, TrimtabError
-from trimtab._hooks import Hooks, SessionHooks
+from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, chained
+from trimtab._options import SessionOptions, options_of, storable
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._session import Session
+from trimtab._session import Session, answer_waiting, ownership_of
 from trimtab._state import SessionState, StateSnapshot, state_of
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
-from trimtab._toolsearch import TOOL_SEARCH
 from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
-    InfiniteSessions,
-    ModelLimits,
     SessionConfigData,
     SessionResumeData,
     SessionResumeEvent,
     SessionStartData,
     SessionStartEvent,
-    ToolSearch,
     new_id,
 )
 from trimtab.providers import Provider, ProviderConfig, make_provider
+from trimtab.providers._choice import AutomaticChoice, choose_automatically, ollama_url
 from trimtab.store import DEFAULT_TIMEOUT, Lease, SessionRecord, Store, open_store
 
 if TYPE_CHECKING:
@@ -52,53 +47,9 @@ if TYPE_CHECKING:
     from trimtab.mcp import ServerPool
     from trimtab.remote import RemoteClient
 
-__all__ = ["Client", "SessionOptions"]
+__all__ = ["Client"]
 
 log = logging.getLogger("trimtab")
-
-
-class SystemMessage(TypedDict, total=False):
-    """The Copilot SDK's `system_message={"content": ...}` form."""
-
-    content: str
-    mode: Literal["append", "replace"]
-
-
-class SessionOptions(TypedDict, total=False):
-    """Options of `create_session` and `resume_session`; unknown keys are an error."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid", arbitrary_types_allowed=True)  # type: ignore[misc]
-
-    model: str
-    reasoning_effort: str
-    """The effort asked of a reasoning model (`low`, `medium`, `high`...), sent to the
-    providers whose API has it (spec D12)."""
-    provider: dict[str, Any] | Provider
-    system_message: str | SystemMessage
-    developer_messages: list[str]
-    tools: list[Tool]
-    on_permission_request: PermissionHandlerFn | None
-    streaming: bool
-    model_limits: ModelLimits | dict[str, int]
-    """Override the built-in limits table: `{"context_window": ..., "max_output_tokens": ...}`."""
-    infinite_sessions: InfiniteSessions | dict[str, Any]
-    """Automatic compaction: `{"enabled": True, "threshold": 0.8}` by default."""
-    tool_search: ToolSearch | dict[str, Any]
-    """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
-    max_turns: Annotated[int, Strict()]  # not True, nor 2.0
-    """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
-    hooks: SessionHooks
-    """The Copilot SDK's session hooks: `{"on_pre_tool_use": handler, ...}` (see `_hooks`)."""
-    mcp_servers: dict[str, dict[str, Any]]
-    """MCP servers whose tools the session gets, in the Copilot SDK's shapes (`trimtab.mcp`):
-    started on the session's first run, shared by the sessions of this client. Not logged
-    (their env and headers may hold secrets): pass them again on resume, as tools."""
-
-
-@functools.cache
-def _options_adapter() -> TypeAdapter[SessionOptions]:
-    # Built on first use: a server is ready to accept connections without it.
-    return TypeAdapter(SessionOptions)
 
 
 class Client:
@@ -113,6 +64,11 @@ class Client:
         store: where logs live: a `Store`, `"memory"`, a SQLite path, or None for the SQLite
             database under `TRIMTAB_HOME` (default `~/.trimtab`).
         provider: the provider of sessions that name none (a config dict or a `Provider`).
+            `"auto"` chooses one from the environment, as the command line does: an OpenAI
+            or Anthropic key, a running Ollama, else the embedded model; once per client,
+            announced in one line on the `trimtab` logger (spec S6). None: every session
+            must name its own. A session resumed without one keeps the provider its log
+            names, unless this is a config dict or a `Provider`.
         lease_ttl: seconds a session lease lasts without renewal (spec R1).
         poll_interval: seconds between lease renewals and checks for queued remote input.
         store_timeout: seconds within which every call of the store this client opens
@@ -124,19 +80,24 @@ class Client:
         trace_content: put message contents, tool arguments and results on the spans; None
             reads `TRIMTAB_TRACING_CONTENT` (off unless `1`).
         tracer_provider: the OpenTelemetry `TracerProvider` to use instead of the global one.
+        engine: a durable execution engine that runs this client's sessions instead of this
+            process (`trimtab.temporal.TemporalEngine`, spec EN1): the client stores inputs,
+            follows the logs, and answers the runs' questions with its sessions' tools and
+            permission handlers. None: this process runs them, holding their leases.
     """
 
     def __init__(
         self,
         *,
         store: Store | str | os.PathLike[str] | None = None,
-        provider: dict[str, Any] | Provider | None = None,
+        provider: dict[str, Any] | Provider | Literal["auto"] | None = "auto",
         lease_ttl: float = 30.0,
         poll_interval: float = 1.0,
         store_timeout: float = DEFAULT_TIMEOUT,
         tracing: bool | None = None,
         trace_content: bool | None = None,
         tracer_provider: TracerProvider | None = None,
+        engine: Engine | None = None,
     ) -> None:
         check_seconds("lease_ttl", lease_ttl)
         check_seconds("poll_interval", poll_interval)
@@ -144,7 +105,14 @@ class Client:
         self._store_spec = store
         self._store_timeout = store_timeout
         self._store: Store | None = None
+        if isinstance(provider, str) and provider != "auto":
+            raise ValueError(
+                f"provider must be a config dict, a Provider, 'auto' or None, not {provider!r}"
+            )
         self._default_provider = provider
+        self._automatic: AutomaticChoice | None = None
+        """The environment's provider, chosen on first need when `provider` is "auto"."""
+        self._choosing = asyncio.Lock()
         self._lease_ttl = lease_ttl
         self._poll_interval = poll_interval
         self._tracing = Tracing(tracing, content=trace_content, provider=tracer_provider)
@@ -157,6 +125,8 @@ class Client:
         self._maintainer: asyncio.Task[None] | None = None
         self._mcp: ServerPool | None = None
         """The MCP servers of this client's sessions, created with the first that has any."""
+        self._engine = engine
+        self._engine_started = False
 
     @classmethod
     def connect(
@@ -192,12 +162,18 @@ class Client:
         await self.stop()
 
     async def start(self) -> None:
-        """Open the store and start lease upkeep; called by `async with` and on first use."""
+        """Open the store (and connect to the engine), and start lease upkeep; called by
+        `async with` and on first use."""
         if self._store is None:
             self._store = open_store(self._store_spec, timeout=self._store_timeout)
-            self._maintainer = asyncio.get_running_loop().create_task(
-                self._maintain(), name="trimtab-leases"
-            )
+            if self._engine is None:
+                # (On an engine this client holds no lease and takes no session over.)
+                self._maintainer = asyncio.get_running_loop().create_task(
+                    self._maintain(), name="trimtab-leases"
+                )
+        if self._engine is not None and not self._engine_started:
+            await self._engine.start()
+            self._engine_started = True
 
     async def stop(self) -> None:
         """Disconnect every session, then close every provider they used and the store."""
@@ -219,6 +195,9 @@ class Client:
         if self._store is not None and not isinstance(self._store_spec, Store):
             await self._store.close()
         self._store = None
+        if self._engine is not None and self._engine_started:
+            self._engine_started = False
+            await self._engine.stop()
 
     async def _open_store(self) -> Store:
         await self.start()
@@ -228,21 +207,42 @@ class Client:
     # --- sessions ------------------------------------------------------------------------
 
     async def create_session(
-        self, *, session_id: str | None = None, **options: Unpack[SessionOptions]
+        self,
+        options: SessionOptions | None = None,
+        *,
+        session_id: str | None = None,
+        owner: str | None = None,
+        **keywords: Any,
     ) -> Session:
         """Create a session and hold its lease.
 
+        The options are a `SessionOptions`, keywords of its field names, or both (the keywords
+        win): `create_session(SessionOptions(model="m"), max_turns=3)`.
+
         Atomic: options, text and configuration are checked before anything is stored, and a
         create that fails later (a store error) removes what it stored, so the id stays free.
+        `owner` names who the session belongs to, in its `session.start` and its store record
+        (a server with several tokens records the token's name, spec S16); its forks keep it.
         """
-        opts = _checked(options)
+        opts = self._checked(options, keywords)
         session_id = _checked_id(new_id() if session_id is None else session_id)
-        provider, public = self._provider(opts.get("provider"))
-        config = _storable(_config(SessionConfigData(provider=public), opts))
-        hooks = Hooks(session_id, opts.get("hooks"))
+        if owner is not None:
+            owner = _checked_id(owner, "owner")  # a store's key too, as the id
+        spec, operators, model = await self._provider_spec(opts.provider)
+        if model is not None and opts.model is None:
+            opts = opts.model_copy(update={"model": model})
+        provider, public = self._provider(spec, operators)
+        config = opts.to_config(SessionConfigData(provider=public))
+        hooks = Hooks(session_id, opts.hooks)
         config = _started(config, await hooks.session_start("new"))
         start = SessionStartEvent(
-            data=SessionStartData(session_id=session_id, selected_model=config.model, config=config)
+            data=SessionStartData(
+                session_id=session_id,
+                selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
+                config=config,
+                owner=owner,
+            )
         )
         return await self._created(session_id, [start], provider, opts, hooks)
 
@@ -260,6 +260,10 @@ class Client:
         events = chained(events, None, 0)
         await store.create(session_id, events)
         try:
+            if self._engine is not None:
+                return await self._on_engine(
+                    self._session(session_id, store, None, state_of(events), provider, opts, hooks)
+                )
             lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
             if lease is None:
                 raise TrimtabError(f"session {session_id!r} was taken by another runtime")
@@ -268,15 +272,30 @@ class Client:
             await _undo_create(store, session_id)
             raise
 
+    async def _on_engine(self, session: Session) -> Session:
+        """`session`, run by this client's engine from now on: this process follows its log
+        and answers its runs' questions (spec EN1, EN6)."""
+        assert self._engine is not None
+        try:
+            await ownership_of(session).follow()
+            await self._engine.open_session(session.session_id)
+        except BaseException:
+            await session.disconnect()
+            raise
+        answer_waiting(session)
+        return session
+
     async def resume_session(
         self,
         session_id: str,
+        options: SessionOptions | None = None,
         *,
         continue_pending_work: bool = False,
-        **options: Unpack[SessionOptions],
+        **keywords: Any,
     ) -> Session:
         """Open an existing session by replaying its log (spec P1).
 
+        Options are taken as by `create_session`; those given replace the session's own.
         Tools and the permission handler are not persisted as code: pass them again. When
         another runtime holds the session's lease the session is remote (spec R1). A tool
         call a crash left unfinished is completed as `cancelled`; with
@@ -284,34 +303,64 @@ class Client:
         """
         if (open_session := self._sessions.get(session_id)) is not None:
             if not open_session.closed:
+                # Open already: shared as it is (the options are not applied), and its
+                # resume logged all the same (spec D5).
+                await ownership_of(open_session).reopened(continue_pending=continue_pending_work)
                 return open_session
             await open_session.disconnect()  # let it finish closing, then open it anew
-        opts = _checked(options)
+        opts = self._checked(options, keywords)
         store = await self._open_store()
         replayed = await _open_state(store, session_id)
-        provider, public = self._provider(opts.get("provider"), replayed.config.provider)
-        config = _storable(_config(replayed.config.model_copy(update={"provider": public}), opts))
+        spec, operators, model = await self._provider_spec(opts.provider, replayed.config.provider)
+        if model is not None and opts.model is None and replayed.config.model is None:
+            opts = opts.model_copy(update={"model": model})
+        provider, public = self._provider(spec, operators)
+        if self._engine is not None:
+            # The engine's workers run it from its log: nothing is logged here, and a
+            # configuration given again is not applied (spec EN1).
+            hooks = Hooks(session_id, None)
+            return await self._on_engine(
+                self._session(session_id, store, None, replayed, provider, opts, hooks)
+            )
+        config = opts.to_config(replayed.config.model_copy(update={"provider": public}))
         lease = await store.acquire_lease(session_id, self._owner, self._lease_ttl)
-        hooks = Hooks(session_id, opts.get("hooks"))
+        hooks = Hooks(session_id, opts.hooks)
         if lease is not None:  # (a session another runtime runs was started there)
             config = _started(config, await hooks.session_start("resume"))
         session = self._session(session_id, store, lease, replayed, provider, opts, hooks)
         if lease is None:
-            session.ownership.follow()
+            # Returned once it listens: no live event of the owner's is missed from then on.
+            await ownership_of(session).follow()
             return session
         try:
             data = SessionResumeData(
                 event_count=replayed.event_count,
                 selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
                 config=config if config != replayed.config else None,
                 continue_pending_work=continue_pending_work,
             )
-            await session.ownership.resumed(SessionResumeEvent(data=data))
-            await session.ownership.recover(continue_pending=continue_pending_work)
+            await ownership_of(session).resumed(SessionResumeEvent(data=data))
+            await ownership_of(session).recover(continue_pending=continue_pending_work)
         except BaseException:
             await session.disconnect()
             raise
         return session
+
+    def _checked(
+        self, options: SessionOptions | None, keywords: Mapping[str, Any]
+    ) -> SessionOptions:
+        """The options, checked (`_checked`); on an engine, without what its workers cannot
+        take (spec EN1): hooks and MCP servers run in the process that runs the loop."""
+        opts = _checked(options, keywords)
+        if self._engine is not None:
+            given = [name for name in ("hooks", "mcp_servers") if getattr(opts, name)]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} cannot be given to a session on an engine"
+                    f" ({self._engine.name}): its workers run the loop"
+                )
+        return opts
 
     async def list_sessions(self) -> list[SessionRecord]:
         """Every stored session, most recently active first."""
@@ -329,6 +378,32 @@ class Client:
         store = await self._open_store()
         await store.get(session_id)  # raises SessionNotFoundError
         await store.delete(session_id)
+        if self._engine is not None:
+            await self._engine.delete_session(session_id)
+
+    async def _host(
+        self,
+        session_id: str,
+        lease: Lease,
+        *,
+        tools: Callable[[SessionConfigData], list[Tool]],
+        permission_handler: PermissionHandlerFn | None,
+    ) -> Session:
+        """Open a session to run it under `lease`, for an engine's attempt (spec EN3): as a
+        resume by this client would open it, with the `tools` its configuration gets and
+        `permission_handler`, but logging nothing yet, and kept by the caller, not by this
+        client (the attempt lets it go). The caller finishes what the log left in progress
+        (`ownership_of`)."""
+        store = await self._open_store()
+        replayed = await _open_state(store, session_id)
+        spec, operators, _ = await self._provider_spec(None, replayed.config.provider)
+        provider, _ = self._provider(spec, operators)
+        opts = SessionOptions(
+            tools=tools(replayed.config), on_permission_request=permission_handler
+        )
+        return self._session(
+            session_id, store, lease, replayed, provider, opts, Hooks(session_id, None), keep=False
+        )
 
     def _session(
         self,
@@ -339,42 +414,40 @@ class Client:
         provider: Provider,
         opts: SessionOptions,
         hooks: Hooks,
+        *,
+        keep: bool = True,
     ) -> Session:
-        """Assemble an opened session, and keep it (one per id)."""
-        tools = tuple(opts.get("tools", ()))
-        search = next((tool for tool in tools if tool.name == TOOL_SEARCH), None)
-        if search is not None and not search.definition.overrides_built_in_tool:
-            raise ValueError(
-                f"a tool named {TOOL_SEARCH!r} clashes with the built-in one: "
-                "define it with overrides_built_in_tool=True to replace it"
-            )
-        mcp_tools = self._mcp_tools(opts.get("mcp_servers"), frozenset(t.name for t in tools))
+        """Assemble an opened session, and keep it (one per id, unless not to `keep`)."""
+        tools = tuple(opts.tools or ())
+        mcp_tools = self._mcp_tools(opts.mcp_servers, frozenset(t.name for t in tools))
         log = SessionLog(session_id, store, lease, state)
         session = Session(
             log,
             provider=provider,
             toolbox=Toolbox(self._tool_table(tools), mcp_tools),
-            permission_handler=opts.get("on_permission_request"),
+            permission_handler=opts.on_permission_request,
             hooks=hooks,
             owner=self._owner_of_sessions,
+            engine=self._engine if lease is None else None,
         )
-        self._sessions[session_id] = session
+        if keep:
+            self._sessions[session_id] = session
         return session
 
     def _tool_table(self, tools: tuple[Tool, ...]) -> dict[str, Tool]:
         """The tools by name for a new session: one dict for every open session given the
-        same tools, as an app's sessions usually are (~140 bytes less per idle session;
-        nothing changes it), kept while one of them is open (`_forget`)."""
+        same tools, as an app's sessions usually are (nothing changes it), kept while one of
+        them is open (`_forget`)."""
         key = tuple(map(id, tools))
         shared = self._tool_tables.get(key)
         if shared is None:
-            table = {tool.name: tool for tool in tools}  # names are unique (`_checked`)
+            table = {tool.name: tool for tool in tools}  # names are unique (`SessionOptions`)
             # It holds the tools, so that their ids are not reused while it is kept.
             shared = self._tool_tables[key] = _ToolTable(tools, table)
         shared.sessions += 1
         return shared.table
 
-    def _mcp_tools(self, servers: dict[str, Any] | None, reserved: frozenset[str]) -> Any:
+    def _mcp_tools(self, servers: Mapping[str, Any] | None, reserved: frozenset[str]) -> Any:
         """The session's MCP toolset (`trimtab.mcp`, imported only when servers are named)."""
         if not servers:
             return None
@@ -390,26 +463,30 @@ class Client:
         Inert: the copy gets events of its own (new ids) and is brought to rest in the same
         transaction, so that it never runs a tool or calls the model by itself (spec §6)."""
         session_id = new_id()
-        opts = cast("SessionOptions", source.options())
-        hooks = Hooks(session_id, opts.get("hooks"))
+        opts = source.options()
+        # The fork belongs to whom its source does (spec S16).
+        owner = (await (await self._open_store()).get(source.session_id)).owner
+        hooks = Hooks(session_id, opts.hooks)
         config = _started(source.config, await hooks.session_start("new"))
         start = SessionStartEvent(
             data=SessionStartData(
                 session_id=session_id,
                 selected_model=config.model,
+                reasoning_effort=config.reasoning_effort,
                 config=config,
                 forked_from=source.session_id,
+                owner=owner,
             )
         )
         copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
         copies += _loop.at_rest(state_of(copies))
-        provider = cast("Provider", opts["provider"])
+        provider = cast("Provider", opts.provider)  # the source's own (`Session.options`)
         return await self._created(session_id, copies, provider, opts, hooks)
 
     def _forget(self, session: Session) -> None:
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
-        table = session.options()["tools"]
+        table = session.options().tools or []
         key = tuple(map(id, table))
         shared = self._tool_tables.get(key)
         if shared is not None and shared.tools == tuple(table):
@@ -417,21 +494,50 @@ class Client:
             if not shared.sessions:
                 del self._tool_tables[key]
 
-    def _provider(
+    async def _provider_spec(
         self, given: dict[str, Any] | Provider | None, persisted: Mapping[str, Any] | None = None
-    ) -> tuple[Provider, dict[str, Any]]:
-        """The provider to use, and its config as it may be logged (no secrets).
+    ) -> tuple[dict[str, Any] | Provider, bool, str | None]:
+        """The provider of a session, whether it is this client's own (the operator's, which
+        gets the environment's credentials, spec S1), and the model an automatic choice asks
+        for when the session names none.
 
-        Only this client's own default provider gets credentials from the environment for a
-        `base_url` it names; a session's own config, or one rebuilt from its log, does not
-        (spec S1). A `Provider` object carries whatever credentials its builder gave it.
+        In order: the session's own; this client's default config or `Provider`; the one the
+        session's log names (on resume); the environment's choice, if the default is "auto"
+        (spec S6).
         """
-        spec = given if given is not None else self._default_provider
-        operators = given is None and spec is not None
-        if spec is None and persisted is not None and "type" in persisted:
-            spec = dict(persisted)
-        if spec is None:
+        default = self._default_provider
+        if given is not None:
+            return given, False, None
+        if default is not None and default != "auto":
+            return default, True, None
+        if persisted is not None and "type" in persisted:
+            return dict(persisted), False, None
+        if default is None:
             raise ValueError("no provider: pass provider={...} to create_session or to Client()")
+        chosen = await self._automatic_choice()
+        return chosen.config(), True, chosen.model
+
+    async def _automatic_choice(self) -> AutomaticChoice:
+        """The environment's provider (spec S6): chosen once per client, and announced."""
+        async with self._choosing:
+            if self._automatic is None:
+                url = ollama_url(os.environ)
+                # The Ollama probe blocks (up to its timeout): not on the event loop.
+                chosen = await asyncio.to_thread(choose_automatically, os.environ, ollama_url=url)
+                log.warning("%s", chosen.notice("pass provider= to choose another"))
+                self._automatic = chosen
+            return self._automatic
+
+    def _provider(
+        self, spec: dict[str, Any] | Provider, operators: bool
+    ) -> tuple[Provider, dict[str, Any]]:
+        """The provider `spec` describes, and its config as it may be logged (no secrets).
+
+        Only the operator's provider (`operators`: this client's own) gets credentials from
+        the environment for a `base_url` it names; a session's own config, or one rebuilt
+        from its log, does not (spec S1). A `Provider` object carries whatever credentials
+        its builder gave it.
+        """
         if isinstance(spec, Provider):
             self._providers.setdefault(f"instance:{id(spec)}", spec)
             built = getattr(spec, "config", None)
@@ -458,28 +564,35 @@ class Client:
             store = self._store
             if store is None:
                 return
+            if not self._sessions:
+                continue  # nothing to renew, follow or take over (an engine's worker)
+            renew = loop.time() - last_renewal >= renew_every
+            if renew:
+                last_renewal = loop.time()
             try:
-                if loop.time() - last_renewal >= renew_every:
-                    last_renewal = loop.time()
-                    kept = set(await store.renew_leases(self._owner, self._lease_ttl))
-                    for session in self._sessions.values():
-                        if not session.is_remote and session.session_id not in kept:
-                            session.ownership.lost()
-                # One read for all: a read per session would cost every idle one each tick.
-                waiting = await store.sessions_with_inputs()
-                for session in list(self._sessions.values()):
-                    ownership = session.ownership
-                    if not ownership.owned:
-                        lease = await store.acquire_lease(
-                            session.session_id, self._owner, self._lease_ttl
-                        )
-                        if lease is not None:
-                            await ownership.adopt(lease)
-                    elif session.session_id in waiting:
-                        await ownership.take_inputs()
+                await self._upkeep(store, renew=renew)
             except Exception:
                 # Upkeep must survive a transient store error; the next tick retries.
                 log.exception("lease upkeep failed")
+
+    async def _upkeep(self, store: Store, *, renew: bool) -> None:
+        """One tick of `_maintain` (its own frame: a session it went through is not held
+        until the next tick, after the session closed)."""
+        if renew:
+            kept = set(await store.renew_leases(self._owner, self._lease_ttl))
+            for session in list(self._sessions.values()):
+                if not session.is_remote and session.session_id not in kept:
+                    await ownership_of(session).lost()
+        # One read for all: a read per session would cost every idle one each tick.
+        waiting = await store.sessions_with_inputs()
+        for session in list(self._sessions.values()):
+            ownership = ownership_of(session)
+            if not ownership.owned:
+                lease = await store.acquire_lease(session.session_id, self._owner, self._lease_ttl)
+                if lease is not None:
+                    await ownership.adopt(lease)
+            elif session.session_id in waiting:
+                await ownership.take_inputs()
 
 
 async def _undo_create(store: Store, session_id: str) -> None:
@@ -504,45 +617,15 @@ _MAX_ID_LENGTH = 200
 """The longest session id: it is a key of every store (PostgreSQL indexes keys up to ~2.7 KB)."""
 
 
-def _checked_id(session_id: str) -> str:
+def _checked_id(session_id: str, what: str = "session_id") -> str:
     """`session_id` if it can name a session in any store, else `ValueError`."""
     if not isinstance(session_id, str) or not session_id.strip():
-        raise ValueError("session_id must be a non-empty string")
+        raise ValueError(f"{what} must be a non-empty string")
     if len(session_id) > _MAX_ID_LENGTH:
-        raise ValueError(f"session_id is longer than {_MAX_ID_LENGTH} characters")
+        raise ValueError(f"{what} is longer than {_MAX_ID_LENGTH} characters")
     if valid_text(session_id) != session_id or not session_id.isprintable():
-        raise ValueError("session_id holds a control character or a lone surrogate")
+        raise ValueError(f"{what} holds a control character or a lone surrogate")
     return session_id
-
-
-def _storable(config: SessionConfigData) -> SessionConfigData:
-    """`config` if the log can store it (valid Unicode, not nested too deep), else
-    `ValueError`: checked before anything is stored, so a bad option leaves nothing behind."""
-    try:
-        config.model_dump_json()
-    except ValueError as exc:  # PydanticSerializationError is one
-        raise ValueError(f"the session configuration cannot be stored: {exc}") from None
-    if not _finite(config.model_dump()):
-        # pydantic writes them as null: the log would not give back what was configured.
-        raise ValueError(
-            "the session configuration cannot be stored: it holds a number JSON cannot"
-            " (NaN or infinity), in a tool's schema or metadata perhaps"
-        )
-    return config
-
-
-def _finite(value: Any) -> bool:
-    """No float in `value` (JSON data, any depth) is NaN or infinite."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return False
-        if isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
-    return True
 
 
 async def _open_state(store: Store, session_id: str) -> SessionState:
@@ -570,19 +653,14 @@ async def _open_state(store: Store, session_id: str) -> SessionState:
     return state_of(events)
 
 
-def _checked(options: Mapping[str, Any]) -> SessionOptions:
-    try:
-        checked = _options_adapter().validate_python(options)
-    except ValidationError as exc:
-        raise ValueError(f"invalid session options: {exc}") from None
-    names = collections.Counter(tool.name for tool in checked.get("tools", ()))
-    if twice := sorted(name for name, count in names.items() if count > 1):
-        # The model calls a tool by its name: which of two would run is not the caller's to guess.
-        raise ValueError(f"tool names must be unique; given more than once: {', '.join(twice)}")
-    if checked.get("mcp_servers"):
+def _checked(options: SessionOptions | None, keywords: Mapping[str, Any]) -> SessionOptions:
+    """The options of a create or resume, and the `mcp` package when they name MCP servers:
+    checked before anything is stored or leased."""
+    checked = options_of(options, keywords)
+    if checked.mcp_servers:
         from trimtab import mcp
 
-        mcp.check(checked["mcp_servers"])  # before anything is stored or leased
+        mcp.check(checked.mcp_servers)
     return checked
 
 
@@ -591,40 +669,7 @@ def _started(config: SessionConfigData, context: str | None) -> SessionConfigDat
     keeps its own unless the hook answers another (a blank one removes it)."""
     if context is None or context == config.start_context:
         return config
-    return _storable(config.model_copy(update={"start_context": context or None}))
-
-
-def _config(base: SessionConfigData, opts: SessionOptions) -> SessionConfigData:
-    """The persisted configuration: `base` with the given options applied."""
-    update: dict[str, Any] = {}
-    if "model" in opts:
-        update["model"] = opts["model"]
-    if "reasoning_effort" in opts:
-        effort = opts["reasoning_effort"]
-        if not effort.strip():
-            raise ValueError("reasoning_effort must be a non-empty string")
-        update["reasoning_effort"] = effort.strip()
-    if "system_message" in opts:
-        message = opts["system_message"]
-        update["system_message"] = message if isinstance(message, str) else message.get("content")
-    if "developer_messages" in opts:
-        update["developer_messages"] = list(opts["developer_messages"])
-    if "tools" in opts:
-        update["tools"] = [tool.definition for tool in opts["tools"]]
-    if "streaming" in opts:
-        update["streaming"] = opts["streaming"]
-    if "max_turns" in opts:
-        if opts["max_turns"] < 1:
-            raise ValueError("max_turns must be at least 1")
-        update["max_turns"] = opts["max_turns"]
-    for key, model in (
-        ("model_limits", ModelLimits),
-        ("infinite_sessions", InfiniteSessions),
-        ("tool_search", ToolSearch),
-    ):
-        if key in opts:
-            update[key] = model.model_validate(opts[key])  # type: ignore[literal-required]
-    return base.model_copy(update=update)
+    return storable(config.model_copy(update={"start_context": context or None}))
 
 
 class _SessionOwner:

@@ -10,38 +10,33 @@ never split, so no window holds an orphaned call (spec P3).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
-
-from pydantic import BaseModel, ConfigDict
+from typing import Literal
 
 from trimtab._errors import ProviderError
+from trimtab._results import CompactResult
+from trimtab._run_context import RunContext, Writer, emit
+from trimtab._state import SessionState
 from trimtab._tools import valid_text
-from trimtab._tracing import Tracing
 from trimtab._window import estimate_tokens, units
 from trimtab.events import (
     AssistantUsageData,
     AssistantUsageEvent,
     CompactionCompleteData,
     CompactionStartData,
-    Event,
     Message,
-    ModelLimits,
     SessionCompactionCompleteEvent,
     SessionCompactionStartEvent,
-    SessionConfigData,
     SessionUsageInfoEvent,
     SessionWarningEvent,
-    ToolDefinition,
     UsageInfoData,
     WarningData,
 )
-from trimtab.providers import ModelRequest, ModelResponse, Provider
+from trimtab.providers import ModelRequest, ModelResponse
 
 __all__ = [
     "COMPACTION_PROMPT",
     "HANDOFF_PROMPT",
     "CompactResult",
-    "CompactionHost",
     "compact",
     "fit_window",
     "request_tokens",
@@ -77,81 +72,50 @@ _MESSAGE_CHARS = 4_000
 Trigger = Literal["manual", "threshold"]
 
 
-class CompactionHost(Protocol):
-    """What compaction needs from the session."""
-
-    @property
-    def config(self) -> SessionConfigData: ...
-    @property
-    def provider(self) -> Provider: ...
-    @property
-    def limits(self) -> ModelLimits: ...
-    @property
-    def tracing(self) -> Tracing: ...
-
-    session_id: str
-
-    async def emit(self, event: Event) -> Event: ...
-    def window(self) -> list[Message]: ...
-    def window_tokens(self) -> int: ...
-    def conversation(self) -> list[Message]: ...
-    def model_tools(self) -> list[ToolDefinition]: ...
-
-
-class CompactResult(BaseModel):
-    """What a compaction did."""
-
-    model_config = ConfigDict(frozen=True, defer_build=True)
-
-    success: bool
-    """False when there was nothing to compact (the window is already small)."""
-    summary: str | None = None
-    """The summary that replaced the older messages (None if they were dropped unsummarised)."""
-    messages_removed: int = 0
-    tokens_removed: int = 0
-    """Estimated tokens the window lost."""
-
-
-def request_tokens(host: CompactionHost) -> int:
+def request_tokens(ctx: RunContext, state: SessionState) -> int:
     """The estimated size of the next model request: the window and the tool schemas."""
-    tools = sum(len(d.model_dump_json()) for d in host.model_tools()) // 4
-    return host.window_tokens() + tools
+    tools = sum(len(d.model_dump_json()) for d in ctx.shown) // 4
+    return state.window_tokens() + tools
 
 
-def needs_fitting(host: CompactionHost, more: int = 0) -> bool:
+def needs_fitting(ctx: RunContext, state: SessionState, more: int = 0) -> bool:
     """The next model request, with `more` tokens in the window, passes the threshold of
     automatic compaction."""
-    return host.config.infinite_sessions.enabled and request_tokens(host) + more > _budget(host)
+    return ctx.config.infinite_sessions.enabled and request_tokens(ctx, state) + more > _budget(ctx)
 
 
-async def fit_window(host: CompactionHost) -> None:
+async def fit_window(ctx: RunContext, log: Writer) -> None:
     """Before a model call: compact if the request would pass the threshold (auto compaction),
     then, if it still does not fit, drop the oldest whole units and say so."""
-    if not needs_fitting(host):
+    if not needs_fitting(ctx, log.state):
         return
-    await compact(host, trigger="threshold")
-    overflow = request_tokens(host) - _budget(host)
+    await compact(ctx, log, trigger="threshold")
+    overflow = request_tokens(ctx, log.state) - _budget(ctx)
     if overflow > 0:
-        await _drop_oldest(host, overflow, "the window was still too large after compaction")
+        await _drop_oldest(log, overflow, "the window was still too large after compaction")
 
 
-def _budget(host: CompactionHost) -> int:
+def _budget(ctx: RunContext) -> int:
     """The request size automatic compaction keeps under."""
-    return int(host.limits.context_window * host.config.infinite_sessions.threshold)
+    return int(ctx.limits.context_window * ctx.config.infinite_sessions.threshold)
 
 
 async def compact(
-    host: CompactionHost, *, trigger: Trigger, custom_instructions: str | None = None
+    ctx: RunContext, log: Writer, *, trigger: Trigger, custom_instructions: str | None = None
 ) -> CompactResult:
     """Summarise all but the newest units of the conversation into a new window base."""
-    groups = units(host.conversation())
-    keep = _newest(groups, int(host.limits.context_window * KEEP_SHARE))
+    groups = units(log.state.conversation())
+    keep = _newest(groups, int(ctx.limits.context_window * KEEP_SHARE))
     older = groups[: len(groups) - len(keep)]
     if not older:
         return CompactResult(success=False)
-    await host.emit(SessionCompactionStartEvent(data=CompactionStartData(trigger=trigger)))
+    await emit(log, SessionCompactionStartEvent(data=CompactionStartData(trigger=trigger)))
     prompt = COMPACTION_PROMPT + (f"\n\nAlso: {custom_instructions}" if custom_instructions else "")
-    summary = await _summarize_fitting(host, older, prompt)
+    summary = await _summarize_fitting(ctx, log, older, prompt)
+    if summary is None and not keep:
+        # Nothing else would be left to answer from: the newest unit stays, whatever its
+        # size (spec H1), and if it does not fit, the request says so at the provider.
+        keep, older = older[-1:], older[:-1]
     before = estimate_tokens(m for unit in groups for m in unit)
     base = [Message(role="user", content=SUMMARY_PREFIX + summary)] if summary else []
     base += [m for unit in keep for m in unit]
@@ -161,67 +125,65 @@ async def compact(
         messages_removed=sum(len(unit) for unit in older),
         tokens_removed=max(0, before - estimate_tokens(base)),
     )
-    await _rebase(host, trigger, base, result)
+    await _rebase(log, trigger, base, result)
     return result
 
 
-async def summarize_for_handoff(host: CompactionHost) -> str:
+async def summarize_for_handoff(ctx: RunContext, log: Writer) -> str:
     """A markdown handoff note about the conversation; the window is not changed."""
-    return await _summarize_fitting(host, units(host.conversation()), HANDOFF_PROMPT) or ""
+    groups = units(log.state.conversation())
+    return await _summarize_fitting(ctx, log, groups, HANDOFF_PROMPT) or ""
 
 
 async def _summarize_fitting(
-    host: CompactionHost, groups: list[list[Message]], prompt: str
+    ctx: RunContext, log: Writer, groups: list[list[Message]], prompt: str
 ) -> str | None:
     """Ask the model for a summary of `groups`, leaving out the oldest units that do not fit
     (with a warning); None if the model failed."""
-    budget = host.limits.context_window - _summary_tokens(host) - estimate_tokens([_system(prompt)])
+    budget = ctx.limits.context_window - _summary_tokens(ctx) - estimate_tokens([_system(prompt)])
     groups = list(groups)
     dropped = 0
     while groups and estimate_tokens([_transcript(groups)]) > budget:
         groups.pop(0)
         dropped += 1
     if dropped:
-        await _warn(host, f"{dropped} oldest turn(s) were too large to summarise and were dropped.")
+        await _warn(log, f"{dropped} oldest turn(s) were too large to summarise and were dropped.")
     if not groups:
         return None
     request = ModelRequest(
-        model=host.config.model or "default",
+        model=ctx.config.model or "default",
         messages=(_system(prompt), _transcript(groups)),
-        max_tokens=_summary_tokens(host),
+        max_tokens=_summary_tokens(ctx),
     )
     info = UsageInfoData(
-        token_limit=host.limits.context_window,
+        token_limit=ctx.limits.context_window,
         current_tokens=estimate_tokens(request.messages),
         messages_length=len(request.messages),
     )
     try:
-        response = await _ask(host, request, info.current_tokens)
+        response = await _ask(ctx, request, info.current_tokens)
     except ProviderError as exc:
         await _warn(
-            host,
+            log,
             valid_text(
                 f"summarising failed ({exc.error_type}: {exc.message}); turns dropped instead"
             ),
         )
         return None
-    await host.emit(
-        AssistantUsageEvent(
-            data=AssistantUsageData(
-                model=request.model,
-                input_tokens=response.usage.input_tokens,
-                output_tokens=response.usage.output_tokens,
-                finish_reason=response.finish_reason,
-            )
-        )
+    usage = AssistantUsageData(
+        model=request.model,
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        finish_reason=response.finish_reason,
     )
+    await emit(log, AssistantUsageEvent(data=usage))
     # Every model call reports its request's size, summaries too (spec §6).
-    await host.emit(SessionUsageInfoEvent(data=info))
+    await emit(log, SessionUsageInfoEvent(data=info))
     return valid_text(response.content.strip()) or None
 
 
-async def _drop_oldest(host: CompactionHost, overflow: int, reason: str) -> None:
-    groups = units(host.conversation())
+async def _drop_oldest(log: Writer, overflow: int, reason: str) -> None:
+    groups = units(log.state.conversation())
     dropped: list[list[Message]] = []
     while len(groups) > 1 and overflow > 0:
         unit = groups.pop(0)
@@ -229,37 +191,41 @@ async def _drop_oldest(host: CompactionHost, overflow: int, reason: str) -> None
         dropped.append(unit)
     if not dropped:
         return
-    await _warn(host, f"{reason}: the {len(dropped)} oldest turn(s) were dropped from the window.")
-    await host.emit(SessionCompactionStartEvent(data=CompactionStartData(trigger="threshold")))
+    await _warn(log, f"{reason}: the {len(dropped)} oldest turn(s) were dropped from the window.")
+    await emit(log, SessionCompactionStartEvent(data=CompactionStartData(trigger="threshold")))
     base = [m for unit in groups for m in unit]
     removed = [m for unit in dropped for m in unit]
     result = CompactResult(
         success=True, messages_removed=len(removed), tokens_removed=estimate_tokens(removed)
     )
-    await _rebase(host, "threshold", base, result)
+    await _rebase(log, "threshold", base, result)
 
 
 async def _rebase(
-    host: CompactionHost, trigger: Trigger, base: list[Message], result: CompactResult
+    log: Writer, trigger: Trigger, base: list[Message], result: CompactResult
 ) -> None:
-    await host.emit(
-        SessionCompactionCompleteEvent(
-            data=CompactionCompleteData(
-                success=True,
-                trigger=trigger,
-                messages_removed=result.messages_removed,
-                tokens_removed=result.tokens_removed,
-                summary_content=result.summary,
-                base=base,
-            )
-        )
+    data = CompactionCompleteData(
+        success=True,
+        trigger=trigger,
+        messages_removed=result.messages_removed,
+        tokens_removed=result.tokens_removed,
+        summary_content=result.summary,
+        base=base,
     )
+    await emit(log, SessionCompactionCompleteEvent(data=data))
 
 
 def _newest(groups: Sequence[list[Message]], budget: int) -> list[list[Message]]:
-    """The newest units that fit the keep limits; never all of them (something must go)."""
+    """The newest units that fit the keep limits; never all of them (something must go),
+    but always a newest user message, whatever its size (spec H1)."""
     kept: list[list[Message]] = []
     count = 0
+    if groups and groups[-1][0].role == "user":
+        # The prompt the model is about to answer: summarised, it could not be answered (a
+        # summary quotes no long text verbatim), and with the summary failed it would be gone.
+        kept, groups = [groups[-1]], groups[:-1]
+        budget -= estimate_tokens(kept[0])
+        count += len(kept[0])
     for unit in reversed(groups[1:]):
         budget -= estimate_tokens(unit)
         count += len(unit)
@@ -269,8 +235,8 @@ def _newest(groups: Sequence[list[Message]], budget: int) -> list[list[Message]]
     return kept
 
 
-def _summary_tokens(host: CompactionHost) -> int:
-    return min(SUMMARY_TOKENS, host.limits.max_output_tokens, host.limits.context_window // 4)
+def _summary_tokens(ctx: RunContext) -> int:
+    return min(SUMMARY_TOKENS, ctx.limits.max_output_tokens, ctx.limits.context_window // 4)
 
 
 def _system(prompt: str) -> Message:
@@ -290,11 +256,11 @@ def _transcript(groups: Sequence[list[Message]]) -> Message:
     return Message(role="user", content="Conversation to summarise:\n\n" + "\n".join(lines))
 
 
-async def _ask(host: CompactionHost, request: ModelRequest, tokens: int) -> ModelResponse:
+async def _ask(ctx: RunContext, request: ModelRequest, tokens: int) -> ModelResponse:
     """The summary's model call, a `chat` span of its own (spec OT3)."""
     response: ModelResponse | None = None
-    provider = host.provider
-    with host.tracing.chat(request, tokens, host.session_id, provider.name) as span:
+    provider = ctx.provider
+    with ctx.tracing.chat(request, tokens, ctx.session_id, provider.name) as span:
         async for event in provider.stream(request):
             if isinstance(event, ModelResponse):
                 response = event
@@ -304,7 +270,7 @@ async def _ask(host: CompactionHost, request: ModelRequest, tokens: int) -> Mode
     return response
 
 
-async def _warn(host: CompactionHost, message: str) -> None:
-    await host.emit(
-        SessionWarningEvent(data=WarningData(warning_type="compaction", message=message))
+async def _warn(log: Writer, message: str) -> None:
+    await emit(
+        log, SessionWarningEvent(data=WarningData(warning_type="compaction", message=message))
     )

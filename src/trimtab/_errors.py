@@ -10,6 +10,8 @@ __all__ = [
     "ClearContextError",
     "ClearContextErrorCode",
     "LeaseLostError",
+    "LogTailLostError",
+    "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
     "ProviderErrorType",
@@ -117,6 +119,12 @@ class LeaseLostError(TrimtabError):
     """This runtime no longer holds the lease of the session it tried to write (spec R1)."""
 
 
+class LogTailLostError(LeaseLostError):
+    """The append was refused because the log no longer ends with the events this runtime
+    stored: the database lost its last commits in a crash (spec P5). The lease is still
+    this runtime's: the session goes on from the log as it is (P6)."""
+
+
 class StoreUnavailableError(TrimtabError):
     """The store could not be reached (a database restart, a failover). Whether the write
     went through is unknown; appending the same events again is safe (appends are idempotent
@@ -126,3 +134,20 @@ class StoreUnavailableError(TrimtabError):
 class PromptBlockedError(TrimtabError):
     """A `userPromptSubmitted` hook blocked the prompt: no run, no user message (its reason
     is this error's message)."""
+
+
+class PolicyRefusedError(TrimtabError):
+    """A server's operator does not let its clients make the host do this: run a command a
+    client named, read a file outside the directory allowed, reach a host not allowed (spec
+    S11). Nothing was stored.
+
+    Args:
+        policy: Which policy refused (`mcp_commands`, `files`, `hosts`).
+        flag: The `trimtab serve` flag with which the operator would allow it.
+        message: What was refused, and why.
+    """
+
+    def __init__(self, policy: str, flag: str, message: str) -> None:
+        super().__init__(f"{policy}: {message} (the server's operator allows it with {flag})")
+        self.policy = policy
+        self.flag = flag

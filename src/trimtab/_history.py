@@ -9,41 +9,39 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-from collections.abc import Awaitable, Callable, Generator
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-from pydantic import BaseModel, ConfigDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, Protocol, TypeVar
 
 from trimtab import _loop
-from trimtab._compaction import CompactResult, compact, summarize_for_handoff
+from trimtab._compaction import compact, summarize_for_handoff
 from trimtab._errors import ClearContextError, TrimtabError
+from trimtab._results import ClearContextResult, CompactResult, TruncateResult
+from trimtab._run_context import emit
 from trimtab._runner import Runner
 from trimtab._state import state_of
-from trimtab._tools import valid_text
+from trimtab._tools import SessionHandle, valid_text
+from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
     SessionTruncatedEvent,
     TruncatedData,
 )
 
-if TYPE_CHECKING:
-    from trimtab._session import Session
-    from trimtab._tracing import Tracing
-
-__all__ = ["ClearContextResult", "CompactResult", "History", "TruncateResult"]
+__all__ = ["ClearContextResult", "CompactResult", "History", "SessionOwner", "TruncateResult"]
 
 T = TypeVar("T")
+S = TypeVar("S", bound=SessionHandle)
+"""The kind of session a fork makes (the `Client`'s: `Session`)."""
 
 
-class SessionOwner(Protocol):
-    """What opened a session (the `Client`): one reference per session, not a closure, so
-    an idle session holds nothing more (docs/performance.md, memory per idle session)."""
+class SessionOwner(Protocol[S]):
+    """What opened a session (the `Client`): one reference per session, not a closure."""
 
-    async def fork_session(self, source: Session, events: list[Event]) -> Session:
+    async def fork_session(self, source: S, events: list[Event]) -> S:
         """A new session from `source`'s options and a copy of `events`."""
         ...
 
-    def forget_session(self, session: Session) -> None:
+    def forget_session(self, session: S) -> None:
         """`session` has closed."""
         ...
 
@@ -53,35 +51,13 @@ class SessionOwner(Protocol):
         ...
 
 
-class ClearContextResult(BaseModel):
-    """What an accepted `clear_context` reports. Awaitable, so that `await` works from async
-    code while a sync tool handler can use the result directly."""
-
-    model_config = ConfigDict(frozen=True, defer_build=True)
-
-    messages_cleared: int
-    """Non-system, non-developer messages in the window when the clear was staged (C5)."""
-
-    def __await__(self) -> Generator[Any, None, ClearContextResult]:
-        return self._self().__await__()
-
-    async def _self(self) -> ClearContextResult:
-        return self
-
-
-class TruncateResult(BaseModel):
-    model_config = ConfigDict(frozen=True, defer_build=True)
-
-    events_removed: int
-    """Events from the named one to the end of the log, which the window no longer holds."""
-
-
-class History:
+class History(Generic[S]):
     """Context operations on a session's window (`session.history`)."""
 
-    __slots__ = ("_loop", "_owner", "_runner")
+    __slots__ = ("_loop", "_owner", "_runner", "_session")
 
-    def __init__(self, runner: Runner, owner: SessionOwner | None) -> None:
+    def __init__(self, session: S, runner: Runner, owner: SessionOwner[S] | None) -> None:
+        self._session = session
         self._runner = runner
         self._owner = owner
         self._loop = asyncio.get_running_loop()
@@ -99,7 +75,7 @@ class History:
             # A sync handler runs in a worker thread: stage on the loop, in its context.
             return _call_on_loop(self._loop, self.clear_context, prompt)
         runner = self._runner
-        session_id, state = runner.session_id, runner.state
+        session_id, state = runner.session_id, runner.live
         if runner.closed:  # (no lease either: not to be taken for a remote session)
             raise ClearContextError(
                 "no_tool_call_in_flight", f"session {session_id} is disconnected"
@@ -148,7 +124,9 @@ class History:
             custom_instructions = valid_text(custom_instructions)  # they go to the model
         runner = self._runner
         return await self._between_runs(
-            lambda: compact(runner, trigger="manual", custom_instructions=custom_instructions)
+            lambda: compact(
+                runner.context(), runner, trigger="manual", custom_instructions=custom_instructions
+            )
         )
 
     async def truncate(self, event_id: str) -> TruncateResult:
@@ -167,12 +145,12 @@ class History:
                 events_removed=len(events) - cut,
                 base=state_of(events[:cut]).conversation(),
             )
-            await runner.emit(SessionTruncatedEvent(data=data))
+            await emit(runner, SessionTruncatedEvent(data=data))
             return TruncateResult(events_removed=data.events_removed)
 
         return await self._between_runs(apply)
 
-    async def fork(self, event_id: str | None = None) -> Session:
+    async def fork(self, event_id: str | None = None) -> S:
         """A new session whose log is a copy of this one's before `event_id` (all of it if
         None), at rest: it runs nothing by itself (spec §6)."""
         runner = self._runner
@@ -186,7 +164,7 @@ class History:
                 )
         if self._owner is None:
             raise TrimtabError("this session was not opened by a Client that can fork it")
-        return await self._owner.fork_session(runner.session, events[1:cut])
+        return await self._owner.fork_session(self._session, events[1:cut])
 
     async def summarize_for_handoff(self) -> str:
         """A markdown summary of the conversation for handing the work to another session.
@@ -199,7 +177,7 @@ class History:
                 f"session {runner.session_id} is run by another runtime (remote): "
                 "summarize it there"
             )
-        return await summarize_for_handoff(runner)
+        return await summarize_for_handoff(runner.context(), runner)
 
     async def _between_runs(self, apply: Callable[[], Awaitable[T]]) -> T:
         """Run a window operation between runs, never during one (queued behind them)."""

@@ -16,8 +16,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeAlias, TypeGuard
 
-from trimtab._errors import LeaseLostError, StoreUnavailableError
-from trimtab._state import SessionState
+from trimtab._errors import LeaseLostError, LogTailLostError, StoreUnavailableError
+from trimtab._state import SessionState, state_of
 from trimtab._subscribers import Subscribers
 from trimtab.events import (
     AbortEvent,
@@ -67,6 +67,7 @@ class SessionLog:
 
     __slots__ = (
         "_end_logged",
+        "_halted",
         "_idle_delivered",
         "idle_given",
         "_unsure",
@@ -90,7 +91,7 @@ class SessionLog:
         self.subscribers = Subscribers()
         self.claimed: set[str] | None = None
         """Inputs queued here from the store's inbox whose user message is not stored yet
-        (None, not an empty set, in every idle session)."""
+        (None rather than an empty set while there are none)."""
         self._writing = asyncio.Lock()
         """Held while events are stamped, stored and delivered: one chain (E3) however many
         tool calls finish at once, whatever the store awaits."""
@@ -103,7 +104,17 @@ class SessionLog:
         from the log (E5), so the owner's own is not published to them."""
         self.idle_given: str | None = None
         """A run of this runtime whose idle was delivered here before its end was in the log
-        (the lease was lost under it): the end, when it comes, brings no second one (E1)."""
+        (the lease was lost under it, or the database lost its end, P6): the end, when it
+        comes, brings no second one (E1)."""
+        self._halted = False
+
+    def halt(self) -> None:
+        """Stop writing, silently: every later batch is dropped (neither stored nor applied
+        nor delivered), so that the log reads as if this runtime had stopped right here. What
+        an engine does to a run it parks (spec EN5): the run is then let go of, and whatever
+        its stopping would log (cancelled calls, an abort, its idle) is never written."""
+        self._halted = True
+        self.lease = None
 
     @property
     def writable(self) -> bool:
@@ -115,7 +126,7 @@ class SessionLog:
             # A streamed delta's path to the handlers: with nothing to store there is nothing
             # to leave half done (the stores' `publish` does not wait), and a free writer is
             # taken at once, in this task, so the delta goes out without a task of its own
-            # and the loop cycle it would wait for (17 -> 5 µs an emit, docs/performance.md).
+            # and the loop cycle it would wait for.
             async with self._writing:
                 return (await self.emit_unlocked((event,)))[0]
         return (await self.emit_all((event,)))[0]
@@ -156,9 +167,16 @@ class SessionLog:
 
         `first` gives events to store before `events`, from the state as the log holds it
         (after an append given up on is caught up with)."""
-        state = self.state
+        if self._halted:
+            state = self.state
+            return chained(events, state.last_id, state.epoch)
         if self._unsure and self.lease is not None and not all(e.ephemeral for e in events):
+            believed = self.state
             await self.catch_up()
+            if self.state is not believed:
+                # (`first` and the caller's events were made for the log as it was believed.)
+                raise LogTailLostError(f"the log of session {self.session_id} lost its tail")
+        state = self.state
         if first is not None:
             events = (*first(state), *events)
         stamped = chained(events, state.last_id, state.epoch)
@@ -233,6 +251,21 @@ class SessionLog:
                         self.session_id, events, lease=self.lease, durable=durable
                     )
                 return
+            except LogTailLostError:
+                # The database lost the log's last appends (P5): the state is read again from
+                # the log now (by the next append if the store fails meanwhile), so that what
+                # comes next is decided from the log as it is (P6).
+                self._unsure = True
+                with contextlib.suppress(StoreUnavailableError):
+                    await self.catch_up()
+                raise
+            except LeaseLostError:
+                # Fenced out (a lost tail, its subclass, is handled above): another runtime
+                # (or an engine's later attempt) holds the session now. Said here, where it
+                # happens: the run that wrote may be stopping anyway, and then nothing else
+                # reports it.
+                log.warning("session %s: an append was refused, the lease is lost", self.session_id)
+                raise
             except StoreUnavailableError:
                 delay = _STORE_RETRY_DELAYS[min(attempt, len(_STORE_RETRY_DELAYS) - 1)]
                 # Retried only while a try as long as this one still fits: one that waited
@@ -248,11 +281,38 @@ class SessionLog:
 
     async def catch_up(self) -> None:
         """Apply (and deliver) the events stored after what this session knows: appends given
-        up on that landed after all, or another runtime's before a takeover (E3)."""
-        for event in await self.store.read(self.session_id, after=self.state.event_count):
-            self.state.apply(event)
+        up on that landed after all, or another runtime's before a takeover (E3).
+
+        A log that no longer holds the last event applied here lost its last appends in a
+        crash of the database (P5): the state is then rebuilt from the log as it is, and the
+        session goes on from there (P6)."""
+        state = self.state
+        events = await self.store.read(self.session_id, after=state.event_count - 1)
+        if not events or events[0].id != state.last_id:
+            await self._reread()
+            return
+        for event in events[1:]:
+            state.apply(event)
             self.subscribers.deliver(event)
         self._unsure = False
+
+    async def _reread(self) -> None:
+        """Rebuild the state from the whole log, which lost events applied here (spec P6).
+
+        A run the log now leaves open that was over here had its idle delivered here: the
+        end stored for it later brings no second one (`idle_given`, E1)."""
+        believed = self.state
+        self.state = state = state_of(await self.store.read(self.session_id))
+        if state.run_id is not None and state.run_id != believed.run_id:
+            self.idle_given = state.run_id
+        self._unsure = self._end_logged = False
+        log.warning(
+            "the log of session %s ends at event %d, not %d: its database lost the last"
+            " appends in a crash (spec P5); the session goes on from the log (P6)",
+            self.session_id,
+            state.event_count,
+            believed.event_count,
+        )
 
     def follow(self, event: Event) -> None:
         """Deliver one of the owner's events, with exactly one idle per run (spec E1, E5):

@@ -1,7 +1,9 @@
 """One run: turns, batches, permissions, and the terminal and clear rules of the spec.
 
-The loop never touches storage or subscribers: it hands every event to `LoopHost.emit`
-(the session, the only writer of its log) and reads the window back from it.
+The loop never touches storage or subscribers: it hands every event to `LoopHost.emit_all`
+(the session's log, its only writer) and reads what the log says back from its state. What
+a turn works with (configuration, provider, tools, policy, hooks) is one `RunContext`, which
+the host builds at the turn's start.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
-from trimtab._compaction import CompactionHost, fit_window, request_tokens
+from trimtab._compaction import fit_window, request_tokens
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
 from trimtab._hooks import SUPPRESSED, Hooks
 from trimtab._permissions import (
@@ -24,9 +26,9 @@ from trimtab._permissions import (
     CANCELLED,
     NO_HANDLER,
     Approval,
-    PermissionHandlerFn,
     ask_permission,
 )
+from trimtab._run_context import RunContext, Writer, emit
 from trimtab._runs import RunEnd
 from trimtab._tools import (
     MAX_TOOL_NAME,
@@ -39,7 +41,7 @@ from trimtab._tools import (
     parse_arguments,
     valid_text,
 )
-from trimtab._tracing import Tracing
+from trimtab._tracing import RunTrace
 from trimtab.events import (
     AbortEvent,
     AssistantMessageData,
@@ -58,6 +60,7 @@ from trimtab.events import (
     ExternalToolRequestedEvent,
     PermissionCompletedData,
     PermissionCompletedEvent,
+    PermissionRequestData,
     PermissionRequestedData,
     PermissionRequestedEvent,
     PermissionResultData,
@@ -86,7 +89,7 @@ from trimtab.providers import ModelRequest, ModelResponse, TextDelta, ToolCall
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-    from trimtab._state import SessionState
+    from trimtab._state import SessionState, Wait
 
 __all__ = [
     "INTERRUPTED",
@@ -129,9 +132,8 @@ conversations recorded against it replay unchanged (spec D7)."""
 
 
 _NO_TOOLS: frozenset[str] = frozenset()
-"""One empty set for every session (docs/performance.md, memory per idle session)."""
 _NOT_IN_FLIGHT: Mapping[str, str] = MappingProxyType({})
-"""Likewise, one empty mapping of the calls in flight."""
+_NO_WAITS: Mapping[str, Wait] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,56 +158,21 @@ class LoopState:
     A frozen set, replaced on change, so that the empty one is shared."""
 
 
-class LoopHost(CompactionHost, Protocol):
-    """What the loop needs from the session it runs for."""
-
-    session_id: str
-    state: LoopState
-    approve_all: bool
-    """Every call is approved without a permission request (spec K6)."""
+class LoopHost(Writer, Protocol):
+    """What the loop needs from the session it runs for: its log (`Writer`), the loop's own
+    live state, a fresh `RunContext` at each turn's start, and the tools' refresh."""
 
     @property
-    def tools(self) -> Mapping[str, Tool]: ...
-    @property
-    def permission_handler(self) -> PermissionHandlerFn | None: ...
-    @property
-    def approved_tools(self) -> frozenset[str]: ...
-    @property
-    def hooks(self) -> Hooks: ...
-    @property
-    def tracing(self) -> Tracing: ...
-    @property
-    def epoch(self) -> int:
-        """How many clears the session has committed."""
+    def live(self) -> LoopState:
+        """What the session's `clear_context` needs to see of the run (calls in flight)."""
         ...
 
-    @property
-    def request_headers(self) -> dict[str, str] | None:
-        """The HTTP headers the run's `send` gave for its model requests."""
+    def context(self) -> RunContext:
+        """What the next turn works with, as things stand now."""
         ...
 
-    @property
-    def running(self) -> bool:
-        """Whether the log shows the run still in progress (it did not end with its turn)."""
-        ...
-
-    @property
-    def pending_seed(self) -> tuple[str, bool] | None:
-        """A committed clear's prompt not answered yet, and whether its `user.message` is
-        logged already (spec C8, C10)."""
-        ...
-
-    def deferred(self) -> frozenset[str]: ...
     async def refresh_tools(self) -> None:
         """Take in changes of the session's tool source (its MCP servers) between turns."""
-        ...
-
-    def next_turn_id(self) -> str: ...
-    def invocation(
-        self, call: ToolCall, arguments: object, request_id: str | None = None
-    ) -> ToolInvocation: ...
-    async def emit_all(self, events: Sequence[Event]) -> list[Event]:
-        """Store and deliver `events` as one atomic batch, nothing between them."""
         ...
 
 
@@ -217,6 +184,10 @@ class Interrupted:
     """The turn left open, which is closed first."""
     calls: tuple[ToolCall, ...] = ()
     """Calls started and never completed that run again."""
+    waiting: Mapping[str, Wait] = field(default_factory=lambda: _NO_WAITS)
+    """Calls of `calls` that go on from the question they had announced (a permission
+    request, an external tool's request), by call id, waiting for its answer rather than
+    asking it again: a run an engine parked (spec EN5)."""
 
 
 async def run(
@@ -240,10 +211,9 @@ async def run(
     whoever sent (spec OT2).
     """
     result = RunEnd(message_id)
-    state = host.state
-    state.staged, state.discovered = None, _NO_TOOLS
-    trace = host.tracing.run(host.session_id, host.provider.name, parent)
-    trace.start(host.epoch, host.config.model)
+    live = host.live
+    live.staged, live.discovered = None, _NO_TOOLS
+    trace, hooks = _traced(host.context(), host.state.epoch, parent)
     failure: str | None = None
     try:
         if aborted:
@@ -253,10 +223,10 @@ async def run(
         while step != "end":
             if isinstance(step, _Seed):
                 turns = 0  # the seeded run is a run of its own (C8)
-                trace.start(host.epoch, host.config.model, seeded=True)
+                trace.start(host.state.epoch, host.state.config.model, seeded=True)
                 if not step.recorded:
-                    await host.emit(user_message(step.prompt, new_id(), "context_cleared"))
-            if turns >= host.config.max_turns:
+                    await emit(host, user_message(step.prompt, new_id(), "context_cleared"))
+            if turns >= host.state.config.max_turns:
                 result.error = _error_event(
                     "max_turns",
                     f"the run made {turns} model calls, its limit (max_turns); send again to go on",
@@ -267,15 +237,15 @@ async def run(
                 break
             step = await _turn(host, message_id, result, started)
             turns, started = turns + 1, None
-            if step == "end" and result.error is None and host.hooks:
+            if step == "end" and result.error is None and hooks:
                 # An `agentStop` hook may keep the run going, as a user message of the same
                 # run (the turns still count against max_turns).
-                reason = await _awaited(host, host.hooks.agent_stop(stopped))
+                reason = await _awaited(host.context(), hooks.agent_stop(stopped))
                 if reason is not None:
-                    await host.emit(user_message(valid_text(reason), message_id, "agent_stop"))
+                    await emit(host, user_message(valid_text(reason), message_id, "agent_stop"))
                     step, stopped = "continue", True
         if result.error is not None:
-            stored = await host.emit(result.error)
+            stored = await emit(host, result.error)
             assert isinstance(stored, SessionErrorEvent)
             result.error = stored
     except asyncio.CancelledError:
@@ -283,30 +253,46 @@ async def run(
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        if host.running:  # (an abort that came after the run's last turn changes nothing)
+        if host.state.run_id is not None:  # (an abort after its last turn changes nothing)
             result.aborted = True
-            seed = host.pending_seed
-            if seed is not None and not seed[1]:
-                # A committed clear stays committed: its seed is kept in the fresh window
-                # (not answered: the user stopped the run), never silently lost (C12).
-                await host.emit(user_message(seed[0], new_id(), "context_cleared"))
-            await host.emit(AbortEvent())
+            await _abort(host)
     except Exception as exc:
         failure = type(exc).__qualname__  # the log cannot be written: the runner reports it
         raise
     finally:
-        state.staged = None
+        live.staged = None
         if result.error is not None:
             failure = result.error.data.error_type
         trace.end(error=failure, aborted=result.aborted)
     return result
 
 
+async def _abort(host: LoopHost) -> None:
+    """End the run in progress as aborted."""
+    state = host.state
+    if state.unfinished_calls:
+        # Calls a crash or a park left, aborted before the run took them up again: they
+        # end too, and their turn (O1).
+        await host.emit_all(_left_at_rest(state))
+    if state.pending_seed is not None and not state.seed_recorded:
+        # A committed clear stays committed: its seed is kept in the fresh window (not
+        # answered: the user stopped the run), never silently lost (C12).
+        await emit(host, user_message(state.pending_seed, new_id(), "context_cleared"))
+    await emit(host, AbortEvent())
+
+
+def _traced(ctx: RunContext, epoch: int, parent: Context | None) -> tuple[RunTrace, Hooks]:
+    """The run's trace, started, and its hooks (what the run needs of its first context)."""
+    trace = ctx.tracing.run(ctx.session_id, ctx.provider.name, parent)
+    trace.start(epoch, ctx.config.model)
+    return trace, ctx.hooks
+
+
 async def _stop_unstarted(host: LoopHost, started: str | None) -> NoReturn:
     """End a run an `abort()` stopped before it started: its turn, when it was logged with
     its message, ends first."""
     if started is not None:
-        await host.emit(_turn_end(started, host.config.model))
+        await emit(host, _turn_end(started, host.state.config.model))
     raise asyncio.CancelledError
 
 
@@ -317,11 +303,15 @@ async def _finish_turn(host: LoopHost, interrupted: Interrupted) -> _Step:
     try:
         await host.refresh_tools()
         if interrupted.calls:
-            await _run_batch(host, interrupted.calls, interrupted.turn_id or "", started=True)
+            ctx = host.context()
+            turn_id = interrupted.turn_id or ""
+            calls, waiting = interrupted.calls, interrupted.waiting
+            await _run_batch(ctx, host, calls, turn_id, started=True, waiting=waiting)
     finally:
         if interrupted.turn_id is not None:
-            await host.emit(AssistantTurnEndEvent(data=TurnData(turn_id=interrupted.turn_id)))
-    return _next_step(host)
+            end = AssistantTurnEndEvent(data=TurnData(turn_id=interrupted.turn_id))
+            await emit(host, end)
+    return _next_step(host.state)
 
 
 def user_message(content: str, message_id: str | None, source: str) -> UserMessageEvent:
@@ -347,92 +337,106 @@ async def _turn(
     """One model call and its batch, bracketed by turn_start / turn_end (`started`: the
     turn's start is logged already, with the run's user message)."""
     await host.refresh_tools()  # (started: no tool source, so nothing it could log)
+    ctx = host.context()
     if started is None:
-        await fit_window(host)
-    model = host.config.model
-    turn_id = started or host.next_turn_id()
-    closes = True
+        await fit_window(ctx, host)
+    model = ctx.config.model
+    turn_id = started or str(host.state.turns)
+    writable = True
     try:
         if started is None:
             # (An emit is never half done: aborted during it, the turn is started, and ends.)
-            await host.emit(turn_start(turn_id, model))
-        try:
-            # (The window as the request has it; `session.usage_info` made of it once answered.)
-            limit, tokens, length = (
-                host.limits.context_window,
-                request_tokens(host),
-                len(host.window()),
-            )
-            reply_id = new_id()
-            response, duration = await _call_model(host, reply_id, tokens)
-        except ProviderError as exc:
-            result.error = _error_event(
-                exc.error_type, valid_text(exc.message), exc.status_code, exc.retryable, message_id
-            )
-            return "end"
-        except BaseException as exc:  # a provider bug must not take the runtime down
-            if not contained(exc):
-                raise
-            text = valid_text(f"{type(exc).__name__}: {exc}")
-            result.error = _error_event("internal", text, None, False, message_id)
-            return "end"
-        if len(response.tool_calls) > MAX_CALLS_PER_TURN:
-            # Its calls would all start at once, and their events cost the loop time as
-            # the square of their number: refused, as a malformed answer is (M2).
-            text = (
-                f"the model called {len(response.tool_calls)} tools in one answer;"
-                f" at most {MAX_CALLS_PER_TURN} are run"
-            )
-            result.error = _error_event("bad_response", text, None, True, message_id)
-            return "end"
-        calls = _distinct(response.tool_calls)
-        reasoning = valid_text(response.reasoning) if response.reasoning else None
-        reply = AssistantMessageData(
-            message_id=reply_id,
-            content=valid_text(response.content),
-            tool_requests=[_request(c) for c in calls] or None,
-            originating_message_id=message_id,
-            turn_id=turn_id,
-            model=model,
-            reasoning_text=reasoning,
-        )
-        usage = AssistantUsageData(
-            model=model or host.provider.name,
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
-            duration=duration,
-            finish_reason=response.finish_reason,
-        )
-        # The reply and its usage in one append: one round trip to the store, not two; a
-        # reply that calls nothing ends the turn in the same append. An emit is never half
-        # done: an abort during it still stores the end, which must then not be stored again.
-        info = UsageInfoData(token_limit=limit, current_tokens=tokens, messages_length=length)
-        answer: tuple[Event, ...] = (
-            AssistantMessageEvent(data=reply),
-            AssistantUsageEvent(data=usage),
-            SessionUsageInfoEvent(data=info),
-        )
-        if not calls:
-            closes = False
-            answer += (_turn_end(turn_id, model),)
-        message = (await host.emit_all(answer))[0]
-        assert isinstance(message, AssistantMessageEvent)
-        result.last_message = message
-        if not calls:
-            return _next_step(host)
-        # The batch may wait long (a client's tool, a user's approval): what only the answer
-        # needed is let go meanwhile (~3 KB a call; a thousand sessions' calls at once).
-        del response, reply, usage, answer, info
-        await _run_batch(host, calls, turn_id)
+            await emit(host, turn_start(turn_id, model))
+        calls = await _reply(ctx, host, result, message_id, turn_id)
+        if calls:
+            await _run_batch(ctx, host, calls, turn_id)
     except BaseException as exc:
         # An abort or a failure still closes the turn; a store that failed is not asked
         # again (each try would wait out its timeout): the next input closes it (W2).
-        closes = closes and not _cannot_write(exc)
+        writable = not _cannot_write(exc)
         raise
     finally:
-        if closes:
-            await host.emit(_turn_end(turn_id, model))
-    return _next_step(host)
+        # Closed here unless the log has it closed (a reply that calls nothing closes it in
+        # its own append, which an abort cannot cut in two).
+        if writable and host.state.open_turn == turn_id:
+            await emit(host, _turn_end(turn_id, model))
+    return "end" if calls is None else _next_step(host.state)
+
+
+async def _reply(
+    ctx: RunContext, log: Writer, result: RunEnd, message_id: str, turn_id: str
+) -> tuple[ToolCall, ...] | None:
+    """Call the model and record its answer: the reply, its usage and the request's size in
+    one append, with the turn's end when it calls nothing (an emit is never half done: an
+    abort during it still stores the end, not to be stored again). The calls it makes, or
+    None when the model failed (`result.error` says how)."""
+    answer = await _answer(ctx, log, message_id, turn_id)
+    if isinstance(answer, SessionErrorEvent):
+        result.error = answer
+        return None
+    events, calls = answer
+    if not calls:
+        events += (_turn_end(turn_id, ctx.config.model),)
+    message = (await log.emit_all(events))[0]
+    assert isinstance(message, AssistantMessageEvent)
+    result.last_message = message
+    return calls
+
+
+async def _answer(
+    ctx: RunContext, log: Writer, message_id: str, turn_id: str
+) -> tuple[tuple[Event, ...], tuple[ToolCall, ...]] | SessionErrorEvent:
+    """The model's answer as the events that record it (the reply, its usage and the
+    request's size, stored in one append) and the calls it makes; or the error that ends
+    the run."""
+    # The window as the request has it; `session.usage_info` is made of it once answered.
+    limit, tokens = ctx.limits.context_window, request_tokens(ctx, log.state)
+    length = len(log.state.window())
+    reply_id = new_id()
+    try:
+        response, duration = await _call_model(ctx, log, reply_id, tokens)
+    except ProviderError as exc:
+        text = valid_text(exc.message)
+        return _error_event(exc.error_type, text, exc.status_code, exc.retryable, message_id)
+    except BaseException as exc:  # a provider bug must not take the runtime down
+        if not contained(exc):
+            raise
+        text = valid_text(f"{type(exc).__name__}: {exc}")
+        return _error_event("internal", text, None, False, message_id)
+    if len(response.tool_calls) > MAX_CALLS_PER_TURN:
+        # Its calls would all start at once, and their events cost the loop time as the
+        # square of their number: refused, as a malformed answer is (M2).
+        text = (
+            f"the model called {len(response.tool_calls)} tools in one answer;"
+            f" at most {MAX_CALLS_PER_TURN} are run"
+        )
+        return _error_event("bad_response", text, None, True, message_id)
+    calls = _distinct(response.tool_calls)
+    model = ctx.config.model
+    reply = AssistantMessageData(
+        message_id=reply_id,
+        content=valid_text(response.content),
+        tool_requests=[_request(c) for c in calls] or None,
+        originating_message_id=message_id,
+        turn_id=turn_id,
+        model=model,
+        reasoning_text=valid_text(response.reasoning) if response.reasoning else None,
+    )
+    usage = AssistantUsageData(
+        model=model or ctx.provider.name,
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        duration=duration,
+        finish_reason=response.finish_reason,
+        reasoning_effort=ctx.config.reasoning_effort,
+    )
+    info = UsageInfoData(token_limit=limit, current_tokens=tokens, messages_length=length)
+    events = (
+        AssistantMessageEvent(data=reply),
+        AssistantUsageEvent(data=usage),
+        SessionUsageInfoEvent(data=info),
+    )
+    return events, calls
 
 
 def turn_start(turn_id: str, model: str | None) -> AssistantTurnStartEvent:
@@ -450,12 +454,12 @@ def _cannot_write(exc: BaseException) -> bool:
     return isinstance(exc, (StoreUnavailableError, LeaseLostError))
 
 
-def _next_step(host: LoopHost) -> _Step:
+def _next_step(state: SessionState) -> _Step:
     """After a turn, as the log tells it: the seeded run of a clear (C8), another turn, or the
     end (no calls, T1, O2)."""
-    if (seed := host.pending_seed) is not None:
-        return _Seed(*seed)
-    return "continue" if host.running else "end"
+    if state.pending_seed is not None:
+        return _Seed(state.pending_seed, state.seed_recorded)
+    return "continue" if state.run_id is not None else "end"
 
 
 def _distinct(calls: Sequence[ToolCall]) -> tuple[ToolCall, ...]:
@@ -490,37 +494,33 @@ _NAME = re.compile(TOOL_NAME)
 _REQUEST_FIELDS = set(ModelRequest.model_fields)
 
 
-async def _call_model(host: LoopHost, reply_id: str, tokens: int) -> tuple[ModelResponse, float]:
+async def _call_model(
+    ctx: RunContext, log: Writer, reply_id: str, tokens: int
+) -> tuple[ModelResponse, float]:
     """The model's response and how long it took (ms); streams deltas when configured, under
     the id the final `assistant.message` will carry (clients join them on it). `tokens` is the
     request's estimate, for its span."""
-    config = host.config
-    # Built from validated parts, as the window's messages are (`_window._kept`): no copy of
-    # the window's tuple, and one set of fields for every request (~0.6 KB a call in flight).
+    config = ctx.config
+    # Built from parts validated already (the window's messages, the tools' definitions).
     request = ModelRequest.model_construct(
         _REQUEST_FIELDS,
         model=config.model or "default",
-        messages=tuple(host.window()),
-        tools=tuple(host.model_tools()),
+        messages=tuple(log.state.window()),
+        tools=ctx.shown,
         stream=config.streaming,
         # Only a session's own override bounds the output: the table's figure is a ceiling.
         max_tokens=config.model_limits.max_output_tokens if config.model_limits else None,
-        headers=host.request_headers,
+        headers=ctx.request_headers,
         reasoning_effort=config.reasoning_effort,
     )
     response: ModelResponse | None = None
     started = time.perf_counter()
-    provider = host.provider
-    with host.tracing.chat(request, tokens, host.session_id, provider.name) as span:
+    provider = ctx.provider
+    with ctx.tracing.chat(request, tokens, ctx.session_id, provider.name) as span:
         async for event in provider.stream(request):
             if isinstance(event, TextDelta) and config.streaming:
-                await host.emit(
-                    AssistantMessageDeltaEvent(
-                        data=AssistantMessageDeltaData(
-                            message_id=reply_id, delta_content=event.text
-                        )
-                    )
-                )
+                delta = AssistantMessageDeltaData(message_id=reply_id, delta_content=event.text)
+                await emit(log, AssistantMessageDeltaEvent(data=delta))
             elif isinstance(event, ModelResponse):
                 response = event
         if response is None:
@@ -549,28 +549,57 @@ def _error_event(
 
 
 async def _run_batch(
-    host: LoopHost, calls: Sequence[ToolCall], turn_id: str, *, started: bool = False
+    ctx: RunContext,
+    host: LoopHost,
+    calls: Sequence[ToolCall],
+    turn_id: str,
+    *,
+    started: bool = False,
+    waiting: Mapping[str, Wait] = _NO_WAITS,
 ) -> list[CallOutcome]:
     """Run every call of one response concurrently and wait for all of them (spec T3)."""
     async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(_execute(host, call, turn_id, started)) for call in calls]
+        tasks = [
+            group.create_task(_execute(ctx, host, c, turn_id, started, waiting.get(c.id)))
+            for c in calls
+        ]
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            # An abort ends the calls in the order the model asked for them (E4), and their
+            # `cancelled` completions are logged so: the group would cancel them in the
+            # order of its set of tasks (their addresses), which differs from one process to
+            # the next. Those the group cancelled already (a call failed) are left to it.
+            for task in tasks:
+                if not task.cancelling():
+                    task.cancel()
+            await asyncio.wait(tasks)
+            raise
     return [task.result() for task in tasks]
 
 
-async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) -> CallOutcome:
+async def _execute(
+    ctx: RunContext,
+    host: LoopHost,
+    call: ToolCall,
+    turn_id: str,
+    started: bool,
+    wait: Wait | None = None,
+) -> CallOutcome:
     """One call from `tool.execution_start` to its single `tool.execution_complete` (O1), in
-    its span (OT4)."""
+    its span (OT4); with `wait`, from the question it announced before (EN5)."""
     arguments = parse_arguments(call.arguments)
-    with host.tracing.tool(call, arguments, turn_id):
+    with ctx.tracing.tool(call, arguments, turn_id):
         try:
             if not started:
                 # (An emit is never half done: cancelled during it, the start is stored.)
-                await host.emit(_execution_start(host, call, arguments, turn_id))
+                await emit(host, _execution_start(ctx, call, arguments, turn_id))
             notes: list[str] = []
-            outcome = await _decide(host, call, arguments, notes)
+            outcome = await _decide(ctx, host, call, arguments, notes, wait)
             if notes:
                 # Before the result: a clear this call commits wipes them with the window.
-                await host.emit(user_message(valid_text("\n\n".join(notes)), None, "hook"))
+                note = user_message(valid_text("\n\n".join(notes)), None, "hook")
+                await emit(host, note)
         except asyncio.CancelledError:
             await _complete(host, call, CallOutcome("cancelled", INTERRUPTED), turn_id)
             raise
@@ -578,17 +607,16 @@ async def _execute(host: LoopHost, call: ToolCall, turn_id: str, started: bool) 
             raise  # the log cannot be written: the run ends (the session reports it)
         except Exception:
             # A bug below the loop: the call still ends, and the model only learns it failed.
-            log.exception("tool call %s of session %s failed", call.id, host.session_id)
+            log.exception("tool call %s of session %s failed", call.id, ctx.session_id)
             outcome = failed_call(call.name)
         await _complete(host, call, outcome, turn_id)
     return outcome
 
 
 def _execution_start(
-    host: LoopHost, call: ToolCall, arguments: object, turn_id: str
+    ctx: RunContext, call: ToolCall, arguments: object, turn_id: str
 ) -> ToolExecutionStartEvent:
-    # (Made here, not in `_execute`, whose frame would keep it while the call runs.)
-    tool = host.tools.get(call.name)
+    tool = ctx.tools.get(call.name)
     start = ToolExecutionStartData(
         tool_call_id=call.id,
         tool_name=call.name,
@@ -600,62 +628,75 @@ def _execution_start(
 
 
 async def _decide(
-    host: LoopHost, call: ToolCall, arguments: object, notes: list[str]
+    ctx: RunContext,
+    host: LoopHost,
+    call: ToolCall,
+    arguments: object,
+    notes: list[str],
+    wait: Wait | None = None,
 ) -> CallOutcome:
-    """How the call ends; what its hooks add to the conversation goes to `notes` (D13)."""
-    usable = _usable(host, call, arguments)
+    """How the call ends; what its hooks add to the conversation goes to `notes` (D13).
+
+    With `wait`, the call goes on from the question it announced before: its permission
+    request is answered, or, past its permission, its external request (EN5)."""
+    usable = _usable(ctx, host.live, call, arguments)
     if isinstance(usable, CallOutcome):
-        return await _failed(host, call, arguments, usable, notes)
+        return await _failed(ctx, call, arguments, usable, notes)
     tool, params = usable
     external = isinstance(tool, ExternalTool)
-    hooks, approved, suppressed = host.hooks, False, False
+    hooks, approved, suppressed = ctx.hooks, False, False
     if hooks:
-        pre = await _awaited(host, hooks.pre_tool_use(call.name, arguments))
+        pre = await _awaited(ctx, hooks.pre_tool_use(call.name, arguments))
         notes += [pre.note] if pre.note else []
         if pre.denied is not None:
             return CallOutcome("denied", valid_text(pre.denied))
         if pre.arguments is not arguments:
             arguments, params = pre.arguments, tool.validate(pre.arguments)
             if isinstance(params, CallOutcome):
-                return await _failed(host, call, arguments, params, notes)
+                return await _failed(ctx, call, arguments, params, notes)
         approved, suppressed = pre.approved, pre.suppressed
-    invocation = host.invocation(call, arguments, new_id() if external else None)
-    if not approved:
-        approval = await _permission(host, tool, call, invocation)
+    requested = wait.request_id if isinstance(wait, ExternalToolRequestedData) else None
+    invocation = ctx.invocation(call, arguments, requested or (new_id() if external else None))
+    if not approved and requested is None:
+        asked = wait.permission_request if isinstance(wait, PermissionRequestedData) else None
+        approval = await _permission(ctx, host, tool, call, invocation, asked)
         if approval.refusal is not None:
             return approval.refusal
-    state = host.state
-    state.in_flight = {**state.in_flight, call.id: call.name}
-    token = current_tool_call.set((host.session_id, call.id))
+    live = host.live
+    live.in_flight = {**live.in_flight, call.id: call.name}
+    token = current_tool_call.set((ctx.session_id, call.id))
     try:
         if external:
-            outcome = await _run_external(host, tool, params, invocation)
+            announced = requested is not None
+            outcome = await _run_external(ctx, host, tool, params, invocation, announced)
         else:
-            outcome = await _awaited(host, tool.run(params, invocation))
+            outcome = await _awaited(ctx, tool.run(params, invocation))
     finally:
         current_tool_call.reset(token)
-        in_flight = {k: v for k, v in state.in_flight.items() if k != call.id}
-        state.in_flight = in_flight or _NOT_IN_FLIGHT
+        in_flight = {k: v for k, v in live.in_flight.items() if k != call.id}
+        live.in_flight = in_flight or _NOT_IN_FLIGHT
     if outcome.outcome != "success":
-        return await _failed(host, call, arguments, outcome, notes)
-    _discover(host, outcome.references)
+        return await _failed(ctx, call, arguments, outcome, notes)
+    _discover(ctx, live, outcome.references)
     if hooks:
-        post = await _awaited(host, hooks.post_tool_use(call.name, arguments, outcome.text))
+        post = await _awaited(ctx, hooks.post_tool_use(call.name, arguments, outcome.text))
         notes += [post.note] if post.note else []
         suppressed = suppressed or post.suppressed
         outcome = outcome._replace(text=SUPPRESSED if suppressed else valid_text(post.text))
     return outcome
 
 
-def _usable(host: LoopHost, call: ToolCall, arguments: object) -> tuple[Tool, Any] | CallOutcome:
+def _usable(
+    ctx: RunContext, live: LoopState, call: ToolCall, arguments: object
+) -> tuple[Tool, Any] | CallOutcome:
     """The tool and its validated parameters, or why the call cannot be made."""
-    tool = host.tools.get(call.name)
+    tool = ctx.tools.get(call.name)
     if tool is None:
         return CallOutcome("failure", f"Tool '{call.name}' does not exist.")
     if isinstance(tool, ExternalTool) and not tool.provided():
         # Its client left: nobody would ever answer.
         return CallOutcome("failure", f"No connected client provides the tool '{call.name}'.")
-    if call.name in host.deferred() and call.name not in host.state.discovered:
+    if call.name in ctx.deferred and call.name not in live.discovered:
         return CallOutcome(
             "failure", f"Tool '{call.name}' is not loaded: find it with tool_search first."
         )
@@ -664,79 +705,100 @@ def _usable(host: LoopHost, call: ToolCall, arguments: object) -> tuple[Tool, An
 
 
 async def _failed(
-    host: LoopHost, call: ToolCall, arguments: object, outcome: CallOutcome, notes: list[str]
+    ctx: RunContext, call: ToolCall, arguments: object, outcome: CallOutcome, notes: list[str]
 ) -> CallOutcome:
     """A call that did not succeed, also one that could not be made (an unknown tool, bad
     arguments): its `postToolUseFailure` hooks may add guidance (D13), as in the reference
     runtime. A denial is the user's answer, not a failure: they are not asked."""
-    if host.hooks and outcome.outcome != "denied":
-        failure = host.hooks.post_tool_use_failure(call.name, arguments, outcome.text)
-        note = await _awaited(host, failure)
+    if ctx.hooks and outcome.outcome != "denied":
+        failure = ctx.hooks.post_tool_use_failure(call.name, arguments, outcome.text)
+        note = await _awaited(ctx, failure)
         notes += [note] if note else []
     return outcome
 
 
-async def _awaited(host: LoopHost, work: Awaitable[_T]) -> _T:
+async def _awaited(ctx: RunContext, work: Awaitable[_T]) -> _T:
     """`work`, host code the run waits for, run as such (`awaited_by`)."""
-    token = awaited_by.set(host.session_id)
+    token = awaited_by.set(ctx.session_id)
     try:
         return await work
     finally:
         awaited_by.reset(token)
 
 
-def _discover(host: LoopHost, references: Sequence[str]) -> None:
+def _discover(ctx: RunContext, live: LoopState, references: Sequence[str]) -> None:
     """Deferred tools a successful call (`tool_search`) found become callable."""
-    found = [r for r in references if r in host.tools]
+    found = [r for r in references if r in ctx.tools]
     if found:
-        host.state.discovered |= set(found)
-        host.tracing.found(found)
+        live.discovered |= set(found)
+        ctx.tracing.found(found)
 
 
 async def _run_external(
-    host: LoopHost, tool: Tool, params: Any, invocation: ToolInvocation
+    ctx: RunContext,
+    log: Writer,
+    tool: Tool,
+    params: Any,
+    invocation: ToolInvocation,
+    announced: bool = False,
 ) -> CallOutcome:
-    """A call a client runs: announced, answered (the handler waits for the client), then
-    settled, also when aborted: the last event tells clients to stop and not answer."""
+    """A call a client runs: announced (unless `announced` before, EN5), answered (the
+    handler waits for the client), then settled, also when aborted: the last event tells
+    clients to stop and not answer."""
     assert invocation.request_id is not None
-    request = ExternalToolRequestedData(
-        request_id=invocation.request_id,
-        session_id=host.session_id,
-        tool_call_id=invocation.tool_call_id,
-        tool_name=invocation.tool_name,
-        arguments=invocation.arguments,
-        **host.tracing.carrier(),
-    )
-    await host.emit(ExternalToolRequestedEvent(data=request))
+    if not announced:
+        request = ExternalToolRequestedData(
+            request_id=invocation.request_id,
+            session_id=ctx.session_id,
+            tool_call_id=invocation.tool_call_id,
+            tool_name=invocation.tool_name,
+            arguments=invocation.arguments,
+            **ctx.tracing.carrier(),
+        )
+        await emit(log, ExternalToolRequestedEvent(data=request))
     try:
         return await tool.run(params, invocation)
     finally:
         settled = ExternalToolCompletedData(request_id=invocation.request_id)
-        await host.emit(ExternalToolCompletedEvent(data=settled))
+        await emit(log, ExternalToolCompletedEvent(data=settled))
 
 
 async def _permission(
-    host: LoopHost, tool: Tool, call: ToolCall, invocation: ToolInvocation
+    ctx: RunContext,
+    log: Writer,
+    tool: Tool,
+    call: ToolCall,
+    invocation: ToolInvocation,
+    asked: PermissionRequestData | None = None,
 ) -> Approval:
-    if tool.definition.skip_permission or host.approve_all or tool.name in host.approved_tools:
+    """Whether the call may run: `asked` is the request announced before (EN5), whose
+    answer is awaited without asking again."""
+    # Approvals for the session are read from the log as it is now: a sibling call of the
+    # batch may have just given one.
+    approved_for_session = tool.name in log.state.approved_tools
+    if asked is None and (
+        tool.definition.skip_permission or ctx.approve_all or approved_for_session
+    ):
         return APPROVED
-    handler = host.permission_handler
+    handler = ctx.permission_handler
     if handler is None:
+        if asked is None:
+            return NO_HANDLER
+        # Announced already: its request is closed, as every answered one is.
+        await emit(log, _permission_completed(asked.request_id or "", call.id, NO_HANDLER.kind))
         return NO_HANDLER
-    request_id = new_id()
-    request = tool.permission_request(invocation.arguments, call.id, request_id)
+    request = asked or tool.permission_request(invocation.arguments, call.id, new_id())
+    request_id = request.request_id or ""
     try:
-        await host.emit(
-            PermissionRequestedEvent(
-                data=PermissionRequestedData(request_id=request_id, permission_request=request)
-            )
-        )
-        approval = await _awaited(host, ask_permission(handler, request, invocation))
+        if asked is None:
+            announce = PermissionRequestedData(request_id=request_id, permission_request=request)
+            await emit(log, PermissionRequestedEvent(data=announce))
+        approval = await _awaited(ctx, ask_permission(handler, request, invocation))
     except asyncio.CancelledError:
         # Aborted while asking: the request is closed too, so that clients stop showing it.
-        await host.emit(_permission_completed(request_id, call.id, CANCELLED))
+        await emit(log, _permission_completed(request_id, call.id, CANCELLED))
         raise
-    await host.emit(_permission_completed(request_id, call.id, approval.kind))
+    await emit(log, _permission_completed(request_id, call.id, approval.kind))
     return approval
 
 
@@ -767,7 +829,8 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
             )
         )
     ]
-    staged = host.state.staged
+    live = host.live
+    staged = live.staged
     ours = staged is not None and staged.tool_call_id == call.id
     if ours and success:
         assert staged is not None
@@ -779,10 +842,10 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
     if ours:
         # Staged until stored: a sibling's clear meanwhile is refused (C4); once stored, the
         # log's pending seed refuses it.
-        host.state.staged = None
+        live.staged = None
         if success:
             # The fresh window starts like a new session's: tools found by search are gone.
-            host.state.discovered = _NO_TOOLS
+            live.discovered = _NO_TOOLS
 
 
 def cancelled(call_id: str, tool_name: str) -> ToolExecutionCompleteEvent:
@@ -813,6 +876,25 @@ def at_rest(state: SessionState) -> list[Event]:
         events.append(user_message(state.pending_seed, new_id(), "context_cleared"))
     if state.run_id is not None and not _closing_ends_run(state):
         events.append(AbortEvent())
+    return events
+
+
+def _left_at_rest(state: SessionState) -> list[Event]:
+    """The end of the calls left unfinished and of their turn: each question one of them
+    still waits on is closed first, so that clients stop showing it."""
+    events: list[Event] = []
+    for call_id, wait in state.waiting.items():
+        if isinstance(wait, PermissionRequestedData):
+            events.append(_permission_completed(wait.request_id, call_id, CANCELLED))
+        else:
+            events.append(
+                ExternalToolCompletedEvent(
+                    data=ExternalToolCompletedData(request_id=wait.request_id)
+                )
+            )
+    events += [cancelled(call_id, s.tool_name) for call_id, s in state.unfinished_calls.items()]
+    if state.open_turn is not None:
+        events.append(AssistantTurnEndEvent(data=TurnData(turn_id=state.open_turn)))
     return events
 
 

@@ -107,7 +107,7 @@ APPROVED_FOR_SESSION = "approved-for-session"
 CANCELLED = "cancelled"
 """The `permission.completed` result kind of a request the run was aborted during."""
 _UNAVAILABLE = Approval(
-    CallOutcome("denied", "Permission denied and could not request permission from user."),
+    CallOutcome("denied", "Permission denied and could not request permission from user"),
     "denied-no-approval-rule-and-could-not-request-from-user",
 )
 NO_HANDLER = _UNAVAILABLE._replace(

@@ -1,33 +1,39 @@
-"""`Runner`: runs a session's inputs one after another, each to its one idle, and is the host
-the loop runs in.
+"""`Runner`: runs a session's inputs one after another, each to its one idle.
 
 It owns the queue (inputs and window operations, in order), the task of the run in progress
-(what `abort` cancels) and the one way to wait for a run's end (`RunLedger`, from the events
-the session delivers: the same whether the run is here or in another runtime).
+(what `abort` cancels), the one way to wait for a run's end (`RunLedger`, from the events
+the session delivers: the same whether the run is here or in another runtime), and builds
+the `RunContext` each turn of the loop works with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import needs_fitting
-from trimtab._errors import LeaseLostError, TrimtabError
+from trimtab._errors import LeaseLostError, LogTailLostError, TrimtabError
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._run_context import RunContext
 from trimtab._runs import RunEnd, RunLedger
+from trimtab._state import SessionState
 from trimtab._toolbox import Toolbox
-from trimtab._tools import Tool, ToolInvocation, valid_text
+from trimtab._tools import SessionHandle, valid_text
 from trimtab._tracing import Tracing
 from trimtab._window import estimate_tokens
 from trimtab.events import (
     AssistantTurnStartEvent,
+    CommandCompletedData,
+    CommandCompletedEvent,
+    CommandQueuedData,
+    CommandQueuedEvent,
     Event,
     Image,
     ModelLimits,
@@ -39,22 +45,23 @@ from trimtab.events import (
     SessionIdleData,
     SessionIdleEvent,
     SessionWarningEvent,
-    ToolDefinition,
     UserMessageData,
     UserMessageEvent,
     WarningData,
 )
-from trimtab.providers import Message, Provider, ToolCall
+from trimtab.providers import Message, Provider
 from trimtab.providers._limits import limits_for
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-    from trimtab._session import Session
-
-__all__ = ["Attached", "Pending", "Runner"]
+__all__ = ["COMMAND_TIMEOUT", "Attached", "Command", "Pending", "Runner"]
 
 T = TypeVar("T")
+
+COMMAND_TIMEOUT = 120.0
+"""Seconds a queued command waits for a host's answer once its turn came (spec K13); then
+the queue goes on without it."""
 
 log = logging.getLogger("trimtab")
 
@@ -110,6 +117,17 @@ class Attached:
 
 
 @dataclass(slots=True, eq=False)
+class Command:
+    """A slash command queued behind the session's runs, for a host to run (spec K13)."""
+
+    request_id: str
+    command: str
+    display_text: str
+    answered: asyncio.Future[bool]
+    """Set by `Runner.answer`: whether a host ran it."""
+
+
+@dataclass(slots=True, eq=False)
 class _Operation:
     """A queued window operation (compact, truncate): it never overlaps a run."""
 
@@ -118,15 +136,16 @@ class _Operation:
 
 
 class Runner:
-    """The runs of one session, and what the loop sees of it (`LoopHost`)."""
+    """The runs of one session; the host the loop runs in (`LoopHost`)."""
 
     __slots__ = (
         "_current",
+        "_dispatching",
+        "_handle",
+        "_lease_lost",
         "_ledger",
         "_ledger_users",
         "_stop_ledger",
-        "_permission_handler",
-        "_provider",
         "_queue",
         "_running",
         "_store_failed",
@@ -134,36 +153,45 @@ class Runner:
         "approve_all",
         "closed",
         "hooks",
+        "live",
         "log",
-        "session",
+        "permission_handler",
+        "provider",
         "session_id",
-        "state",
         "toolbox",
+        "tracing",
     )
 
     def __init__(
         self,
-        session: Session,
         log: SessionLog,
         *,
+        handle: SessionHandle,
         provider: Provider,
         toolbox: Toolbox,
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
+        tracing: Tracing,
+        lease_lost: Callable[[], Awaitable[None]],
     ) -> None:
-        self.session = session
-        self.session_id = session.session_id
+        self.session_id = log.session_id
         self.log = log
-        self.state = LoopState()
+        self.live = LoopState()
         self.toolbox = toolbox
         self.hooks = hooks
-        self._provider = provider
-        self._permission_handler = permission_handler
+        self.provider = provider
+        self.permission_handler = permission_handler
+        self.tracing = tracing
         self.approve_all = False
         """Approve every call without asking the handler, or anyone (spec K6)."""
-        # A list, not a deque: an idle session holds an empty queue (a deque is much bigger),
-        # and a queue holds a message or two.
-        self._queue: list[Pending | _Operation] = []
+        self._handle = handle
+        """The session, as the tool handlers of its runs get it."""
+        self._lease_lost = lease_lost
+        """Awaited when a run finds the session's lease gone (another runtime may own it):
+        returns once the session follows its log (R1)."""
+        self._queue: list[Pending | _Operation | Command] = []
+        self._dispatching: Command | None = None
+        """The command whose turn came, waiting for a host's answer."""
         self._worker: asyncio.Task[None] | None = None
         self._current: asyncio.Task[RunEnd] | None = None
         self._running: Pending | None = None
@@ -178,22 +206,28 @@ class Runner:
     # --- what the loop sees (LoopHost) ---------------------------------------------------
 
     @property
-    def config(self) -> SessionConfigData:
-        return self.log.state.config
+    def state(self) -> SessionState:
+        return self.log.state
 
-    @property
-    def provider(self) -> Provider:
-        return self._provider
-
-    @property
-    def tools(self) -> Mapping[str, Tool]:
-        return self.toolbox.callable(self.config)
-
-    def deferred(self) -> frozenset[str]:
-        return self.toolbox.deferred(self.config)
-
-    def model_tools(self) -> list[ToolDefinition]:
-        return self.toolbox.shown(self.config, self.state.discovered)
+    def context(self) -> RunContext:
+        """What a turn (or a window operation) works with, as things stand now."""
+        config = self.log.state.config
+        toolbox = self.toolbox
+        running = self._running
+        return RunContext(
+            session=self._handle,
+            config=config,
+            provider=self.provider,
+            limits=limits(config),
+            tools=toolbox.callable(config),
+            deferred=toolbox.deferred(config),
+            shown=tuple(toolbox.shown(config, self.live.discovered)),
+            permission_handler=self.permission_handler,
+            approve_all=self.approve_all,
+            hooks=self.hooks,
+            tracing=self.tracing,
+            request_headers=running.headers if running is not None else None,
+        )
 
     async def refresh_tools(self) -> None:
         warnings = await self.toolbox.refresh()
@@ -205,77 +239,12 @@ class Runner:
                 ]
             )
 
-    @property
-    def limits(self) -> ModelLimits:
-        """The model's context window and output limit (the session's override, else the table)."""
-        config = self.config
-        model = config.model
-        if model is None and (config.provider or {}).get("type") == "local":
-            model = "smollm2"  # the embedded default model, whose window is small
-        return limits_for(model, config.model_limits)
-
-    @property
-    def permission_handler(self) -> PermissionHandlerFn | None:
-        return self._permission_handler
-
-    @property
-    def approved_tools(self) -> frozenset[str]:
-        return self.log.state.approved_tools
-
-    @property
-    def running(self) -> bool:
-        return self.log.state.run_id is not None
-
-    @property
-    def request_headers(self) -> dict[str, str] | None:
-        return self._running.headers if self._running is not None else None
-
-    @property
-    def pending_seed(self) -> tuple[str, bool] | None:
-        state = self.log.state
-        if state.pending_seed is None:
-            return None
-        return state.pending_seed, state.seed_recorded
-
-    @property
-    def tracing(self) -> Tracing:
-        return self.session.tracing
-
-    @property
-    def epoch(self) -> int:
-        return self.log.state.epoch
-
-    def next_turn_id(self) -> str:
-        return str(self.log.state.turns)
-
-    def invocation(
-        self, call: ToolCall, arguments: object, request_id: str | None = None
-    ) -> ToolInvocation:
-        return ToolInvocation(
-            session_id=self.session_id,
-            tool_call_id=call.id,
-            tool_name=call.name,
-            arguments=arguments,
-            session=self.session,
-            request_id=request_id,
-        )
-
-    def window(self) -> list[Message]:
-        return self.log.state.window()
-
-    def window_tokens(self) -> int:
-        return self.log.state.window_tokens()
-
-    def conversation(self) -> list[Message]:
-        return self.log.state.conversation()
-
-    async def emit(self, event: Event) -> Event:
-        stored = await self.log.emit(event)
-        self.tracing.note((stored,))
-        return stored
-
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
-        stored = await self.log.emit_all(events)
+        # One event goes through `emit`, whose path for a streamed delta is the short one.
+        if len(events) == 1:
+            stored = [await self.log.emit(events[0])]
+        else:
+            stored = await self.log.emit_all(events)
         self.tracing.note(stored)
         return stored
 
@@ -321,30 +290,25 @@ class Runner:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4)."""
         log_ = self.log
-        parent = self.tracing.parent()
+        pending = Pending(
+            prompt,
+            message_id,
+            False,
+            parent=self.tracing.parent(),
+            headers=headers,
+            attached=attached,
+        )
         async with log_.exclusive():
             if self._worker is None:
                 # Idle: the message is stored before this returns, and its run starts.
-                message = _message(prompt, message_id, attached)
-                if self._interrupted():
-                    await log_.emit_unlocked((), first=_loop.end_of_interrupted_run)
-                start = self._turn_start(message)
-                events = (message,) if start is None else (message, start)
-                await log_.emit_unlocked(events, first=self._first())
-                self._store_failed = False
-                pending = Pending(prompt, message_id, True, parent=parent, headers=headers)
-                pending.turn = start.data.turn_id if start else None
-                self._queue.append(pending)
+                await self._store_message(pending, log_.emit_unlocked)
             else:
                 # Busy: the input waits in the store, never only in memory (nothing
                 # acknowledged may be lost to a crash); its run stores its message.
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
-                pending = Pending(
-                    prompt, message_id, False, parent=parent, headers=headers, attached=attached
-                )
-                self._queue.append(pending)
                 await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
+            self._queue.append(pending)
             self._start_worker()
 
     async def take_inputs(self) -> None:
@@ -374,8 +338,22 @@ class Runner:
         inputs = await self.log.store.pending_inputs(self.session_id)
         return [(prompt, message_id) for prompt, message_id in inputs if message_id != starting]
 
-    async def clear_queue(self) -> list[str]:
-        """Remove every input still waiting (spec K9); the message ids removed.
+    def queued(self, inputs: Sequence[tuple[str, str]]) -> list[tuple[str, str] | Command]:
+        """What waits behind the run in progress, in order: `inputs` (`pending()`) and the
+        commands queued here among them; inputs this runtime has not taken yet come last."""
+        waiting = {message_id: prompt for prompt, message_id in inputs}
+        items: list[tuple[str, str] | Command] = []
+        for item in self._queue:
+            if isinstance(item, Command):
+                items.append(item)
+            elif isinstance(item, Pending) and item.message_id in waiting:
+                items.append((waiting.pop(item.message_id), item.message_id))
+        items += [(prompt, message_id) for message_id, prompt in waiting.items()]
+        return items
+
+    async def remove_queued(self, ids: Collection[str] | None = None) -> list[str]:
+        """Remove the waiting inputs and commands named by `ids` (every one when None), spec
+        K9; the ids removed, in queue order.
 
         With the writer held, no input's message can be stored meanwhile: an input is either
         still pending and removed, or its run has begun and it stays (never half of each)."""
@@ -383,22 +361,58 @@ class Runner:
         if not log_.writable:
             raise TrimtabError(f"session {self.session_id} is run by another runtime (remote)")
         async with log_.exclusive():
-            waiting = [message_id for _, message_id in await self.pending()]
-            removed = await log_.store.discard_inputs(self.session_id, waiting)
-            if removed:
-                gone = set(removed)
-                for item in self._queue:
-                    if isinstance(item, Pending) and item.message_id in gone and item.ended:
-                        item.ended.set()  # an abort waiting for it to end
-                self._queue = [
-                    item
-                    for item in self._queue
-                    if not (isinstance(item, Pending) and item.message_id in gone)
-                ]
-                log_.claimed = (log_.claimed or set()) - gone or None
-                data = PendingMessagesModifiedData(removed=removed)
-                await log_.emit_unlocked((PendingMessagesModifiedEvent(data=data),))
-        return removed
+            items = self.queued(await self.pending())
+            chosen = [i for i in items if ids is None or _id(i) in ids]
+            inputs = [_id(i) for i in chosen if not isinstance(i, Command)]
+            removed = await log_.store.discard_inputs(self.session_id, inputs) if inputs else []
+            gone = set(removed) | {i.request_id for i in chosen if isinstance(i, Command)}
+            if not gone:
+                return []
+            for item in self._queue:
+                if isinstance(item, Pending) and item.message_id in gone and item.ended:
+                    item.ended.set()  # an abort waiting for it to end
+            self._queue = [item for item in self._queue if _queue_id(item) not in gone]
+            log_.claimed = (log_.claimed or set()) - gone or None
+            data = PendingMessagesModifiedData(removed=removed or None)
+            await log_.emit_unlocked((PendingMessagesModifiedEvent(data=data),))
+        return [_id(i) for i in items if _id(i) in gone]
+
+    async def enqueue_command(self, command: str, display_text: str, request_id: str) -> None:
+        """Queue a command behind the inputs and commands queued before it (spec K13)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        async with self.log.exclusive():
+            self._queue.append(Command(request_id, command, display_text, future))
+            await self.log.emit_unlocked((PendingMessagesModifiedEvent(),))
+        self._start_worker()
+
+    def answer(self, request_id: str, handled: bool) -> bool:
+        """A host's answer to the command whose turn came; False for any other id."""
+        command = self._dispatching
+        if command is None or command.request_id != request_id or command.answered.done():
+            return False
+        command.answered.set_result(handled)
+        return True
+
+    async def _dispatch(self, command: Command) -> None:
+        """Ask the hosts to run `command` (`command.queued`), and wait a bounded time for one
+        to answer before the queue goes on."""
+        self._dispatching = command
+        request_id = command.request_id
+        try:
+            queued = CommandQueuedData(request_id=request_id, command=command.command)
+            await self.log.emit(CommandQueuedEvent(data=queued))
+            await asyncio.wait_for(asyncio.shield(command.answered), COMMAND_TIMEOUT)
+        except TimeoutError:
+            log.warning("session %s: no host answered command %s", self.session_id, request_id)
+        except Exception:
+            log.exception("session %s: command %s failed", self.session_id, request_id)
+        finally:
+            self._dispatching = None
+        try:
+            done = CommandCompletedData(request_id=request_id)
+            await self.log.emit(CommandCompletedEvent(data=done))
+        except Exception:
+            log.exception("session %s: command %s failed", self.session_id, request_id)
 
     def go_on(self, interrupted: _loop.Interrupted, message_id: str) -> None:
         """Queue the continuation of a run a crash interrupted (spec P3, C10)."""
@@ -432,6 +446,9 @@ class Runner:
                 if isinstance(item, _Operation):
                     await _settle(item)
                     continue
+                if isinstance(item, Command):
+                    await self._dispatch(item)
+                    continue
                 try:
                     await self._run(item)
                 finally:
@@ -444,10 +461,12 @@ class Runner:
         self._running = item
         try:
             if not item.appended:
-                await self._log_input(item)
+                # From the run's waiter, where no abort cancels: the message is logged
+                # (claiming it in the inbox) before its run can be stopped.
+                await self._store_message(item, self.log.emit_all, queued=True)
         except Exception as exc:
             self._running = None
-            self._failed(exc, item.message_id)
+            await self._failed(exc, item.message_id)
             return
         self._current = asyncio.get_running_loop().create_task(self._body(item))
         # When this waiter is cancelled (close), the run's task may still fail on its own:
@@ -460,29 +479,47 @@ class Runner:
         except Exception as exc:
             # The store failed or the lease was lost: nothing more can be logged, but no
             # waiter may hang, here or in a host following the session.
-            self._failed(exc, item.message_id, logged=True)
+            await self._failed(exc, item.message_id, logged=True)
             return
         finally:
             self._current = self._running = None
         # The run's one idle (E1), from here: an abort cancels the run's task, not this one.
         await self.log.emit(SessionIdleEvent(data=SessionIdleData(aborted=end.aborted or None)))
 
-    async def _log_input(self, item: Pending) -> None:
-        """Store the input's message, with its run's first turn start when it can go in the
-        same append (E7). From the run's waiter, where no abort cancels: the message is logged
-        (claiming it in the inbox) before its run can be stopped. (A frame of its own: the
-        events are not kept while the run goes on, ~2 KB each of a thousand runs at once.)"""
+    async def _store_message(
+        self,
+        item: Pending,
+        emit: Callable[..., Awaitable[list[Event]]],
+        *,
+        queued: bool = False,
+    ) -> None:
+        """Store the input's `user.message` with `emit` (`_store_message_once`). Refused
+        because the database lost the log's last appends in a crash, it is stored once more,
+        after what the log kept, which the session has read again meanwhile (spec P6)."""
+        try:
+            await self._store_message_once(item, emit, queued=queued)
+        except LogTailLostError:
+            await self._store_message_once(item, emit, queued=queued)
+        item.appended, item.attached = True, None
+
+    async def _store_message_once(
+        self, item: Pending, emit: Callable[..., Awaitable[list[Event]]], *, queued: bool
+    ) -> None:
+        """Store the input's message, and its run's first turn start in the same append when
+        nothing comes between them (E7): the end of a run the log holds open goes first, in
+        an append of its own; the end of one the store failed under, in the same. A queued
+        input's message also tells watchers the queue changed (an ephemeral event, last:
+        stores that do not carry one in their append store what comes before it in one)."""
         message = _message(item.prompt, item.message_id, item.attached)
         if self._interrupted():
-            await self.log.emit_all((), first=_loop.end_of_interrupted_run)
+            await emit((), first=self._end_of_interrupted_run)
         start = self._turn_start(message)
-        # (The queue's change, an ephemeral event, last: stores that do not carry one in their
-        # append store what comes before it in one.)
-        events = (message, start) if start else (message,)
-        await self.log.emit_all(events + (PendingMessagesModifiedEvent(),), first=self._first())
+        events: tuple[Event, ...] = (message,) if start is None else (message, start)
+        if queued:
+            events += (PendingMessagesModifiedEvent(),)
+        await emit(events, first=self._first())
         item.turn = start.data.turn_id if start else None
         self._store_failed = False
-        item.appended = True
 
     async def _body(self, item: Pending) -> RunEnd:
         """The run's task: it reads `item.aborted` only once it has started."""
@@ -510,24 +547,39 @@ class Runner:
         data = message.data
         images = tuple(data.images) if data.images else ()
         more = estimate_tokens((Message(role="user", content=data.content, images=images),))
-        if needs_fitting(self, more):
+        if needs_fitting(self.context(), self.log.state, more):
             return None
-        return _loop.turn_start(self.next_turn_id(), self.config.model)
+        return _loop.turn_start(str(self.log.state.turns), self.log.state.config.model)
+
+    def _end_of_interrupted_run(self, state: SessionState) -> list[Event]:
+        """`_loop.end_of_interrupted_run`, without the idle of a run whose idle was delivered
+        here already (its end was in a tail the database lost, P6: E1)."""
+        events = _loop.end_of_interrupted_run(state)
+        if events and state.run_id == self.log.idle_given:
+            self.log.idle_given = None
+            return events[:-1]
+        return events
 
     def _interrupted(self) -> bool:
-        """The log holds a run nothing here runs or ran (a crash interrupted it, and the
-        session was resumed without continuing it, P3): a new input ends it first, with its
-        idle, in an append of their own (the idle comes right after the run's end there, for
-        whoever follows the log: after a batch's stored events, it would come late)."""
+        """The log holds a run nothing here runs (a crash interrupted it, and the session was
+        resumed without continuing it, P3; or the database lost its end, P6): a new input ends
+        it first, with its idle unless delivered already, in an append of their own (the idle
+        comes right after the run's end there, for whoever follows the log: after a batch's
+        stored events, it would come late)."""
         return not self._store_failed and self.log.state.run_id is not None
 
-    def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
-        """A run that could not go on (`logged`: its `user.message` is in the log)."""
+    async def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
+        """A run that could not go on (`logged`: its `user.message` is in the log).
+
+        A lost lease is followed before the run's end is told: a host that answers it with
+        a `send` (which the new owner runs) sees that run whole (R1)."""
         self._store_failed = True
         cause = _cause(exc)
-        lost = isinstance(cause, LeaseLostError)
+        # (A log that lost its tail is still this runtime's to write: the run ends as under a
+        # failed store, and the session goes on from the log, P6.)
+        lost = isinstance(cause, LeaseLostError) and not isinstance(cause, LogTailLostError)
         if lost:
-            self.session.ownership.lost()
+            await self._lease_lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
         if self._ledger is not None:
             self._ledger.fail(message_id, cause)
@@ -574,6 +626,8 @@ class Runner:
                 if not item.waiter.done():
                     item.waiter.set_exception(reason)
                 continue
+            if isinstance(item, Command):
+                continue  # a host's request, not an acknowledged input: gone with the session
             if self._ledger is not None:
                 self._ledger.fail(item.message_id, reason)
             if item.ended is not None:
@@ -585,8 +639,10 @@ class Runner:
         """Stop: the run in progress (and one about to start) ends as an abort, the rest of
         the queue is dropped; returns once nothing runs."""
         self.closed = True
-        kept: list[Pending | _Operation] = []
-        dropped: list[Pending | _Operation] = []
+        if self._dispatching is not None:
+            self.answer(self._dispatching.request_id, False)  # no host will answer now
+        kept: list[Pending | _Operation | Command] = []
+        dropped: list[Pending | _Operation | Command] = []
         for item in self._queue:
             if isinstance(item, Pending) and item.appended and item.interrupted is None:
                 item.aborted = True  # its message is logged: the run ends, as an abort
@@ -620,6 +676,29 @@ def _cause(exc: BaseException) -> Exception:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+
+
+def limits(config: SessionConfigData) -> ModelLimits:
+    """The model's context window and output limit (the session's override, else the table)."""
+    model = config.model
+    if model is None and (config.provider or {}).get("type") == "local":
+        model = "smollm2"  # the embedded default model, whose window is small
+    return limits_for(model, config.model_limits)
+
+
+def _id(item: tuple[str, str] | Command) -> str:
+    """A waiting item's id: an input's message id, a command's request id."""
+    return item.request_id if isinstance(item, Command) else item[1]
+
+
+def _queue_id(item: Pending | _Operation | Command) -> str | None:
+    match item:
+        case Command():
+            return item.request_id
+        case Pending():
+            return item.message_id
+        case _:
+            return None
 
 
 def _retrieve(task: asyncio.Task[RunEnd]) -> None:

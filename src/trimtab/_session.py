@@ -12,14 +12,15 @@ import asyncio
 import base64
 import binascii
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Unpack, get_args, overload
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Unpack, cast, get_args, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypedDict
 
 from trimtab import _loop
+from trimtab._answerer import Answerer
 from trimtab._durations import check_seconds
 from trimtab._errors import (
     PromptBlockedError,
@@ -32,15 +33,17 @@ from trimtab._history import History
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
 from trimtab._metrics import SessionMetrics, metrics_of
+from trimtab._options import SessionOptions
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._runner import Attached, Runner
+from trimtab._runner import Attached, Command, Runner
 from trimtab._runs import RunEnd
 from trimtab._subscribers import EventHandler
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
 from trimtab._tracing import OFF, Tracing
 from trimtab._window import ContextWindow, context_window
+from trimtab._workspace import Workspace
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
@@ -49,6 +52,7 @@ from trimtab.events import (
     InfoData,
     ModeChangedData,
     ModelChangeData,
+    PermissionsChangedData,
     SessionConfigData,
     SessionErrorData,
     SessionErrorEvent,
@@ -56,6 +60,7 @@ from trimtab.events import (
     SessionMode,
     SessionModeChangedEvent,
     SessionModelChangeEvent,
+    SessionPermissionsChangedEvent,
     SessionShutdownEvent,
     SessionTitleChangedEvent,
     SessionWarningEvent,
@@ -68,10 +73,18 @@ from trimtab.providers import Message, Provider, Usage
 from trimtab.providers._headers import FRAMING, checked_headers
 
 if TYPE_CHECKING:
+    from trimtab._engine import Engine
     from trimtab._history import SessionOwner
     from trimtab.store import Lease
 
-__all__ = ["LogLevel", "QueuedMessage", "Session"]
+__all__ = [
+    "LogLevel",
+    "QueuedCommand",
+    "QueuedMessage",
+    "Session",
+    "answer_waiting",
+    "ownership_of",
+]
 
 LogLevel = Literal["info", "warning", "error"]
 
@@ -87,6 +100,19 @@ class QueuedMessage(BaseModel):
     prompt: str
 
 
+class QueuedCommand(BaseModel):
+    """A slash command waiting in the session's queue (`Session.pending_items`, spec K13)."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    request_id: str
+    command: str
+    display_text: str
+
+
+MAX_COMMAND_LENGTH = 10_000
+"""Characters of a queued slash command."""
+
 MAX_NAME_LENGTH = 100
 """Characters a session's name may have (as the Copilot clients allow)."""
 
@@ -94,7 +120,7 @@ MAX_NAME_LENGTH = 100
 class _Rpc:
     __slots__ = ("history",)
 
-    def __init__(self, history: History) -> None:
+    def __init__(self, history: History[Session]) -> None:
         self.history = history
 
 
@@ -105,14 +131,16 @@ class Session:
     """
 
     __slots__ = (
+        "_answerer",
         "_closing",
+        "_engine",
         "_hooks",
         "_log",
         "_owner",
+        "_ownership",
         "_runner",
         "_shutting",
         "history",
-        "ownership",
         "session_id",
     )
 
@@ -124,47 +152,68 @@ class Session:
         toolbox: Toolbox,
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
-        owner: SessionOwner | None = None,
+        owner: SessionOwner[Session] | None = None,
+        engine: Engine | None = None,
     ) -> None:
         self.session_id = log.session_id
         self._log = log
         self._hooks = hooks
+        self._engine = engine
+        """The engine that runs this session (spec EN1), if not this runtime or another
+        holding its lease."""
+        self._answerer: Answerer | None = None
         self._runner = Runner(
-            self,
             log,
+            handle=self,
             provider=provider,
             toolbox=toolbox,
             permission_handler=permission_handler,
             hooks=hooks,
+            tracing=owner.tracing if owner is not None else OFF,
+            lease_lost=self._lease_lost,
         )
-        self.ownership = Ownership(log, self._runner)
-        """Who runs the session: what the runtime that opened it (`Client`) drives."""
-        self.history = History(self._runner, owner)
+        self._ownership = Ownership(log, self._runner)
+        """Who runs the session: what the runtime that opened it (`Client`) drives, through
+        `ownership_of`."""
+        self.history: History[Session] = History(self, self._runner, owner)
         self._owner = owner
+        if engine is not None:
+            runner = self._runner
+            self._answerer = Answerer(
+                self,
+                engine,
+                tools=lambda: runner.toolbox.callable(self.config),
+                permission_handler=lambda: runner.permission_handler,
+            )
+            log.subscribers.add(self._answerer.observe, None)
         self._closing: asyncio.Task[None] | None = None
         self._shutting: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
 
+    async def _lease_lost(self) -> None:
+        await self._ownership.lost()
+
     # --- what the session is -------------------------------------------------------------
 
     @property
     def rpc(self) -> _Rpc:
         """`session.rpc.history.*`: the Copilot SDK's spelling of `session.history.*`."""
-        return _Rpc(self.history)  # made on use: one object less in every idle session
+        return _Rpc(self.history)  # made on use: an idle session holds none
 
-    def options(self) -> dict[str, Any]:
+    def options(self) -> SessionOptions:
         """What the host gave this session that its log does not keep (provider, tools,
         handlers, hooks, MCP servers): what a fork of it is given again."""
         runner = self._runner
-        return {
-            "provider": runner.provider,
-            "tools": list(runner.toolbox.own.values()),
-            "on_permission_request": runner.permission_handler,
-            "hooks": self._hooks.handlers,
-            "mcp_servers": runner.toolbox.source_options,
-        }
+        # Not validated again: each part was, when the session was opened.
+        return SessionOptions.model_construct(
+            provider=runner.provider,
+            tools=list(runner.toolbox.own.values()),
+            on_permission_request=runner.permission_handler,
+            hooks=self._hooks.handlers,
+            mcp_servers=cast("dict[str, dict[str, Any]] | None", runner.toolbox.source_options),
+        )
 
     @property
     def config(self) -> SessionConfigData:
@@ -174,7 +223,17 @@ class Session:
     @property
     def tools(self) -> Mapping[str, Tool]:
         """Every tool the model may call, the built-in `tool_search` included."""
-        return self._runner.tools
+        return self._runner.toolbox.callable(self.config)
+
+    @property
+    def deferred_tools(self) -> frozenset[str]:
+        """The tools left out of the model's list until `tool_search` finds them (§6)."""
+        return self._runner.toolbox.deferred(self.config)
+
+    @property
+    def workspace(self) -> Workspace:
+        """The session's plan and files, kept in its log (spec K16)."""
+        return Workspace(self._log, self._writable)  # made on use: an idle session holds none
 
     def offer_tools(self, tools: Sequence[Tool]) -> None:
         """Offer the model `tools` too while the session is open, in place of those offered
@@ -194,6 +253,11 @@ class Session:
         return self._log.state.name
 
     @property
+    def named_automatically(self) -> bool:
+        """Whether the name came from a summary (`set_auto_name`), not from `set_name`."""
+        return self._log.state.name_auto
+
+    @property
     def is_remote(self) -> bool:
         """Another runtime holds this session's lease: it may be read, not driven (spec R1)."""
         return not self._log.writable
@@ -201,7 +265,7 @@ class Session:
     @property
     def tracing(self) -> Tracing:
         """How this session traces: its client's setting (spec OT1)."""
-        return self._owner.tracing if self._owner is not None else OFF
+        return self._runner.tracing
 
     @property
     def context_epoch(self) -> int:
@@ -214,8 +278,8 @@ class Session:
 
     def get_context(self) -> ContextWindow:
         """What the model will see next, with token counts, so a host can inspect its budget."""
-        runner = self._runner
-        return context_window(self.window(), runner.model_tools(), runner.limits.context_window)
+        ctx = self._runner.context()
+        return context_window(self.window(), list(ctx.shown), ctx.limits.context_window)
 
     async def get_events(self, *, after: int = 0) -> list[Event]:
         """The persisted log, oldest first; with `after`, the events past its first `after`."""
@@ -277,7 +341,13 @@ class Session:
 
     @approve_all.setter
     def approve_all(self, enabled: bool) -> None:
-        self._runner.approve_all = bool(enabled)
+        runner = self._runner
+        before, runner.approve_all = runner.approve_all, bool(enabled)
+        if runner.approve_all != before:
+            # Delivered here only: the setting is this open session's, not its log's (K6).
+            modes = ("allow-all", "manual") if runner.approve_all else ("manual", "allow-all")
+            data = PermissionsChangedData(mode=modes[0], previous_mode=modes[1])
+            self._log.subscribers.deliver(SessionPermissionsChangedEvent(data=data))
 
     async def set_name(self, name: str) -> None:
         """Name the session (trimmed, 1 to 100 characters); logged as `session.title_changed`
@@ -290,6 +360,24 @@ class Session:
         if valid_text(title) != title:
             raise ValueError("the session name is not valid Unicode text (a lone surrogate)")
         await self._writable().emit(SessionTitleChangedEvent(data=TitleChangedData(title=title)))
+
+    async def set_auto_name(self, summary: str) -> bool:
+        """Name the session from a summary of it, unless the user named it (spec K12): the
+        summary trimmed, its first line, cut at 100 characters. Returns whether it was
+        applied (not when blank, nor over a name `set_name` gave)."""
+        if not isinstance(summary, str):
+            raise ValueError(f"summary must be a string, got {type(summary).__name__}")
+        title = valid_text(summary.strip()).split("\n", 1)[0].strip()[:MAX_NAME_LENGTH].strip()
+        if not title:
+            return False
+        log = self._writable()
+        async with log.exclusive():
+            state = log.state
+            if state.name is not None and not state.name_auto:
+                return False
+            data = TitleChangedData(title=title, auto=True)
+            await log.emit_unlocked((SessionTitleChangedEvent(data=data),))
+        return True
 
     async def log(
         self,
@@ -383,6 +471,8 @@ class Session:
             await self._runner.submit(prompt, message_id, headers, attached)
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
+            if self._engine is not None:
+                await self._engine.submit(self.session_id, message_id)
         return message_id
 
     async def _prompt(self, prompt: str) -> str:
@@ -440,19 +530,62 @@ class Session:
             inputs = await self._log.store.pending_inputs(self.session_id)
         return [QueuedMessage(message_id=m, prompt=p) for p, m in inputs]
 
+    async def pending_items(self) -> list[QueuedMessage | QueuedCommand]:
+        """The messages and commands waiting behind the run in progress, in the order they
+        will run (spec K9, K13)."""
+        if not self._log.writable:
+            return list(await self.pending_messages())
+        runner = self._runner
+        return [
+            QueuedCommand(request_id=i.request_id, command=i.command, display_text=i.display_text)
+            if isinstance(i, Command)
+            else QueuedMessage(message_id=i[1], prompt=i[0])
+            for i in runner.queued(await runner.pending())
+        ]
+
     async def clear_pending_messages(self) -> list[str]:
-        """Remove every message still waiting (spec K9), never one whose run has begun; the
-        ids removed. Their waiters (`send_and_wait`) get a `TrimtabError`, and watchers a
-        `pending_messages.modified` event."""
+        """Remove every message and command still waiting (spec K9), never one whose run has
+        begun; the ids removed. The messages' waiters (`send_and_wait`) get a
+        `TrimtabError`, and watchers a `pending_messages.modified` event."""
+        return await self.remove_pending(None)
+
+    async def remove_pending(self, ids: Collection[str] | None) -> list[str]:
+        """Remove the waiting messages and commands named by `ids` (message ids, commands'
+        request ids; every one when None), as `clear_pending_messages` does; the ids
+        removed, in queue order (spec K9)."""
         if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
-        return await self._runner.clear_queue()
+        return await self._runner.remove_queued(None if ids is None else frozenset(ids))
+
+    async def enqueue_command(self, command: str, *, display_text: str | None = None) -> str:
+        """Queue a slash command (`/name args`) behind the messages and commands queued
+        before it (spec K13); its request id. When its turn comes the session emits
+        `command.queued` for a host to run it, and waits up to `COMMAND_TIMEOUT` seconds
+        for `respond_to_command` before the queue goes on."""
+        command = _text("command", command).strip()
+        if not command.startswith("/") or len(command) < 2:
+            raise ValueError(f"a queued command starts with '/' and names one: {command!r}")
+        if len(command) > MAX_COMMAND_LENGTH:
+            raise ValueError(f"a queued command is at most {MAX_COMMAND_LENGTH} characters")
+        display = valid_text(_text("display_text", display_text or command))
+        self._writable()
+        request_id = new_id()
+        await self._runner.enqueue_command(valid_text(command), display, request_id)
+        return request_id
+
+    def respond_to_command(self, request_id: str, *, handled: bool = True) -> bool:
+        """A host's answer to the queued command whose turn came (`command.queued`): the
+        queue goes on. False when no command of that id is waiting for an answer."""
+        return self._runner.answer(request_id, bool(handled))
 
     async def abort(self) -> None:
         """Stop the current run, or the one about to start (right after `send`): running
         handlers are cancelled, the run ends with `abort` and `session.idle`. Messages queued
         behind it still run. Returns once the run has ended."""
-        await self._runner.abort()
+        if self._engine is not None:
+            await self._engine.abort(self.session_id)
+        else:
+            await self._runner.abort()
 
     @property
     def busy(self) -> bool:
@@ -519,7 +652,9 @@ class Session:
 
     async def _close(self) -> None:
         log = self._log
-        await self.ownership.unfollow()
+        await self._ownership.unfollow()
+        if self._answerer is not None:
+            await self._answerer.close()
         reason = TrimtabError(
             f"session {self.session_id} was disconnected before this ran"
             " (a queued message stays in the store, and runs when the session is resumed)"
@@ -561,6 +696,21 @@ class Session:
     def closed(self) -> bool:
         """`disconnect()` was called: the session can no longer be used."""
         return self._closing is not None
+
+
+def ownership_of(session: Session) -> Ownership:
+    """The session's lease, as the runtime that opened it drives it (not the host's API)."""
+    return session._ownership
+
+
+def answer_waiting(session: Session) -> None:
+    """Answer the questions the session's log shows waiting (a run parked on an engine,
+    spec EN6), each announced again to the session's subscribers first: call it once the
+    session is handed to whoever subscribes."""
+    answerer = session._answerer
+    if answerer is not None:
+        for wait in session._log.state.waiting.values():
+            answerer.ask(wait, session._log.subscribers.deliver)
 
 
 class SendOptions(TypedDict, total=False):

@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeAlias
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,8 +27,13 @@ from trimtab.events import (
     AssistantTurnStartEvent,
     AssistantUsageEvent,
     Event,
+    ExternalToolCompletedEvent,
+    ExternalToolRequestedData,
+    ExternalToolRequestedEvent,
     Message,
     PermissionCompletedEvent,
+    PermissionRequestedData,
+    PermissionRequestedEvent,
     SessionCompactionCompleteEvent,
     SessionConfigData,
     SessionContextClearedEvent,
@@ -47,12 +53,16 @@ from trimtab.events import (
 )
 from trimtab.providers import Usage
 
-__all__ = ["Batch", "SessionState", "StateSnapshot", "state_of"]
+__all__ = ["Batch", "SessionState", "StateSnapshot", "Wait", "state_of"]
+
+Wait: TypeAlias = PermissionRequestedData | ExternalToolRequestedData
+"""What an unfinished call waits for from outside its run: a permission decision, or the
+result of a call a client runs."""
 
 _NOTHING: frozenset[str] = frozenset()
-"""One empty set for every session (docs/performance.md, memory per idle session)."""
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
-"""Likewise, one empty mapping of unfinished calls."""
+_NO_WAITS: Mapping[str, Wait] = MappingProxyType({})
+"""Shared empties: most sessions have no approvals and no unfinished calls."""
 
 
 class Batch(BaseModel):
@@ -103,6 +113,7 @@ class StateSnapshot(BaseModel):
     seed_recorded: bool
     approved_tools: list[str] = []
     name: str | None = None
+    name_auto: bool = False
     mode: SessionMode = "interactive"
 
 
@@ -122,14 +133,17 @@ class SessionState:
     projection: Projection = field(default_factory=Projection, repr=False, compare=False)
     """The conversation since the base."""
     tokens: tuple[int, int] | None = field(default=None, repr=False)
-    """Input and output tokens summed over every `assistant.usage`; None before the first.
-
-    Two ints rather than a `Usage` model (docs/performance.md, memory per idle session)."""
+    """Input and output tokens summed over every `assistant.usage`; None before the first."""
     unfinished_calls: Mapping[str, ToolExecutionStartData] = field(
         default_factory=lambda: _NO_CALLS
     )
     """Tool calls started but never completed (a crash mid-call), by call id; replaced on
     change, so that the empty one is shared."""
+    waiting: Mapping[str, Wait] = field(default_factory=lambda: _NO_WAITS)
+    """Unfinished calls whose announced question (a `permission.requested`, an
+    `external_tool.requested`) has no answer logged yet, by call id: a run parked on an
+    engine waits on these (spec EN5). Never held in a snapshot, which is only kept when no
+    call is unfinished."""
     open_turn: str | None = None
     """The id of a turn started and not ended (a crash mid-turn)."""
     run_id: str | None = None
@@ -145,6 +159,8 @@ class SessionState:
     """Tools approved for the rest of the session (`approve-for-session`)."""
     name: str | None = None
     """The session's friendly name, as last set (`session.title_changed`)."""
+    name_auto: bool = False
+    """Whether that name came from a summary (`set_auto_name`), not from the user."""
     mode: SessionMode = "interactive"
     """The agent's mode, as last set (`session.mode_changed`)."""
 
@@ -164,7 +180,7 @@ class SessionState:
                 }
                 self.config = _shared(self.config.model_copy(update=change))
             case SessionTitleChangedEvent():
-                self.name = event.data.title
+                self.name, self.name_auto = event.data.title, bool(event.data.auto)
             case SessionModeChangedEvent():
                 self.mode = event.data.new_mode
             case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
@@ -192,7 +208,26 @@ class SessionState:
                     self.approved_tools |= {start.tool_name}
             case _:
                 pass
+        if self.unfinished_calls:
+            self._track_waits(event)
         return self._track_run(event)
+
+    def _track_waits(self, event: Event) -> None:
+        """Follow the questions the unfinished calls wait on (`waiting`)."""
+        match event:
+            case PermissionRequestedEvent():
+                call_id = event.data.permission_request.tool_call_id
+                if call_id is not None and call_id in self.unfinished_calls:
+                    self.waiting = {**self.waiting, call_id: event.data}
+            case ExternalToolRequestedEvent() if event.data.tool_call_id in self.unfinished_calls:
+                self.waiting = {**self.waiting, event.data.tool_call_id: event.data}
+            case PermissionCompletedEvent() | ExternalToolCompletedEvent():
+                answered = event.data.request_id
+                if any(wait.request_id == answered for wait in self.waiting.values()):
+                    waits = {k: w for k, w in self.waiting.items() if w.request_id != answered}
+                    self.waiting = waits or _NO_WAITS
+            case _:
+                pass
 
     def _track_run(self, event: Event) -> bool:
         """Follow the run in progress (spec E1, P3); True when `event` ended it."""
@@ -237,6 +272,9 @@ class SessionState:
         if call_id in self.unfinished_calls:
             calls = {k: v for k, v in self.unfinished_calls.items() if k != call_id}
             self.unfinished_calls = calls or _NO_CALLS
+        if call_id in self.waiting:
+            waits = {k: w for k, w in self.waiting.items() if k != call_id}
+            self.waiting = waits or _NO_WAITS
 
     def _end_run(self) -> bool:
         ended = self.run_id is not None
@@ -299,6 +337,7 @@ class SessionState:
             seed_recorded=self.seed_recorded,
             approved_tools=sorted(self.approved_tools),
             name=self.name,
+            name_auto=self.name_auto,
             mode=self.mode,
         )
 
@@ -323,6 +362,7 @@ class SessionState:
             seed_recorded=snapshot.seed_recorded,
             approved_tools=frozenset(snapshot.approved_tools) or _NOTHING,
             name=snapshot.name,
+            name_auto=snapshot.name_auto,
             mode=snapshot.mode,
         )
 
@@ -334,7 +374,7 @@ def _shared(config: SessionConfigData) -> SessionConfigData:
     """An equal configuration already in memory, if any, else `config`.
 
     Configurations are immutable and most sessions of one process share theirs (same model,
-    prompt and tools): interning them saves ~1.5 KB per idle session.
+    prompt and tools): one copy serves them all.
     """
     key = config.model_dump_json()
     shared = _configs.get(key)

@@ -25,7 +25,7 @@ _NOTHING: frozenset[str] = frozenset()
 """Shared: nothing is deferred in most sessions, and an empty frozenset is not a singleton."""
 
 _NO_TOOLS: Mapping[str, Tool] = MappingProxyType({})
-"""Shared by every toolbox without source or offered tools (memory per idle session)."""
+"""Shared by every toolbox without source or offered tools."""
 
 
 class Toolbox:
@@ -34,7 +34,7 @@ class Toolbox:
     __slots__ = ("_cache", "_guests", "_offered", "_own", "_source", "_sourced", "_tools")
 
     def __init__(self, tools: Mapping[str, Tool], source: ToolSource | None = None) -> None:
-        # The client hands over a dict of its own: no copy (one less dict per idle session).
+        # The client hands over a dict of its own, which sessions given the same tools share.
         self._own = tools if type(tools) is dict else dict(tools)
         """The tools the host gave: they win a name clash with the source's."""
         self._tools = self._own

@@ -17,17 +17,15 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, overload
+from typing import Any, Literal, NamedTuple, Protocol, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trimtab._durations import check_seconds
 from trimtab._errors import ToolError, contained
-from trimtab.events import PermissionRequestData, ToolDefinition, ToolOutcome
-
-if TYPE_CHECKING:
-    from trimtab._session import Session
+from trimtab._results import ClearContextResult, CompactResult, TruncateResult
+from trimtab.events import Event, PermissionRequestData, ToolDefinition, ToolOutcome
 
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
@@ -35,6 +33,9 @@ __all__ = [
     "TOOL_NAME",
     "CallOutcome",
     "ExternalTool",
+    "HistoryHandle",
+    "RpcHandle",
+    "SessionHandle",
     "Tool",
     "ToolHandler",
     "ToolInvocation",
@@ -50,6 +51,47 @@ ToolHandler = Callable[..., Any]
 """`handler(params)` or `handler(params, invocation)`, sync or async."""
 
 
+class HistoryHandle(Protocol):
+    """The context operations a handler may reach (`session.history`, spec C1-C11, §6)."""
+
+    def clear_context(self, prompt: str) -> ClearContextResult: ...
+    async def compact(self, custom_instructions: str | None = None) -> CompactResult: ...
+    async def truncate(self, event_id: str) -> TruncateResult: ...
+    async def fork(self, event_id: str | None = None) -> SessionHandle: ...
+    async def summarize_for_handoff(self) -> str: ...
+
+
+class RpcHandle(Protocol):
+    @property
+    def history(self) -> HistoryHandle: ...
+
+
+class SessionHandle(Protocol):
+    """What a tool handler may do with the session that called it: its id, its history
+    (`clear_context`), its log and events, sending, and letting go of it (spec C11).
+    `Session` is one; the loop below it never needs more."""
+
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def history(self) -> HistoryHandle: ...
+    async def log(self, message: str, *, level: Literal["info", "warning", "error"] = ...) -> Event:
+        """A note in the session's timeline (spec K4)."""
+        ...
+
+    def on(self, handler: Callable[[Event], object], /) -> Callable[[], None]: ...
+    async def send(self, prompt: str) -> str: ...
+    async def get_events(self, *, after: int = 0) -> list[Event]: ...
+    async def disconnect(self) -> None: ...
+    async def shutdown(
+        self, kind: Literal["routine", "error"] = ..., reason: str | None = ...
+    ) -> None: ...
+    @property
+    def rpc(self) -> RpcHandle:
+        """`history` in the Copilot SDK's spelling (`session.rpc.history`)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolInvocation:
     """What a handler knows about the call it serves."""
@@ -59,7 +101,7 @@ class ToolInvocation:
     tool_name: str
     arguments: Any
     """The arguments as the model sent them (parsed JSON)."""
-    session: Session = field(repr=False)
+    session: SessionHandle = field(repr=False)
     """The calling session, so a handler can use `invocation.session.history.clear_context`."""
     request_id: str | None = None
     """For an `ExternalTool`: the id of the `external_tool.requested` that announced the
@@ -72,7 +114,8 @@ class ToolResult(BaseModel):
     model_config = ConfigDict(defer_build=True)
 
     text_result_for_llm: str
-    result_type: Literal["success", "failure", "rejected", "denied"] = "success"
+    result_type: Literal["success", "failure", "rejected", "denied", "timeout"] = "success"
+    """`timeout`: the handler enforced a time limit of its own (a shell command's)."""
     error: str | None = None
     """Detail for logs and hosts; never shown to the model."""
     tool_references: list[str] = []

@@ -65,7 +65,7 @@ class Projection:
         """The open turn's messages, until a result changes them."""
         self._after: tuple[Message, ...] = ()
         """User messages sent after the open turn (results may still come for it); a tuple,
-        so that the empty one of every idle session is shared."""
+        so that the empty one is shared."""
 
     def add(self, event: Event) -> None:
         """Project one event; those that do not shape the window are ignored."""
@@ -81,7 +81,7 @@ class Projection:
                 self._finalize((*self._turn_messages(), *self._after))
                 requests = tuple(event.data.tool_requests or ())
                 # Results are only ever added for a request: a turn without any shares one
-                # empty dict (most turns of an idle session's window end that way).
+                # empty dict.
                 results = {} if requests else _NO_RESULTS
                 self._turn, self._rendered, self._after = (
                     (event.data.content, requests, results),

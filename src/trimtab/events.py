@@ -28,6 +28,10 @@ __all__ = [
     "AssistantUsageData",
     "AssistantUsageEvent",
     "CodeChanges",
+    "CommandCompletedData",
+    "CommandCompletedEvent",
+    "CommandQueuedData",
+    "CommandQueuedEvent",
     "CompactionCompleteData",
     "CompactionStartData",
     "ContextClearedData",
@@ -54,9 +58,13 @@ __all__ = [
     "PermissionCompletedData",
     "PermissionCompletedEvent",
     "PermissionRequestData",
+    "PossibleUrl",
     "PermissionRequestedData",
     "PermissionRequestedEvent",
     "PermissionResultData",
+    "PermissionsChangedData",
+    "PlanChangedData",
+    "PlanOperation",
     "SessionConfigData",
     "SessionCompactionCompleteEvent",
     "SessionCompactionStartEvent",
@@ -69,6 +77,8 @@ __all__ = [
     "SessionModeChangedEvent",
     "SessionMode",
     "SessionModelChangeEvent",
+    "SessionPermissionsChangedEvent",
+    "SessionPlanChangedEvent",
     "SessionResumeData",
     "SessionResumeEvent",
     "SessionStartData",
@@ -78,6 +88,9 @@ __all__ = [
     "SessionTruncatedEvent",
     "SessionUsageInfoEvent",
     "SessionWarningEvent",
+    "SessionWorkspaceFileChangedEvent",
+    "SessionWorkspacePathChangedEvent",
+    "ShellCommand",
     "ToolCall",
     "ToolDefinition",
     "ToolExecutionCompleteData",
@@ -97,6 +110,8 @@ __all__ = [
     "UserMessageData",
     "UserMessageEvent",
     "WarningData",
+    "WorkspaceFileChangedData",
+    "WorkspacePathChangedData",
     "event_from_json",
     "new_id",
     "now",
@@ -110,8 +125,8 @@ ToolOutcome: TypeAlias = Literal[
 
 def new_id() -> str:
     """A fresh UUID4 string: the Copilot clients parse every event id as a UUID."""
-    # What `str(uuid.uuid4())` gives, without the `UUID` object made only to be printed:
-    # 0.8 µs against 1.9 for every event (a streamed delta's path, docs/performance.md).
+    # What `str(uuid.uuid4())` gives, without the `UUID` object made only to be printed
+    # (every event needs one, a streamed delta's too).
     digits = os.urandom(16).hex()
     variant = "89ab"[int(digits[16], 16) & 3]  # RFC 4122: the top two bits are 10
     return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
@@ -249,15 +264,22 @@ class SessionStartData(WireModel):
     copilot_version: str = "0"
     start_time: datetime = Field(default_factory=now)
     selected_model: str | None = None
+    reasoning_effort: str | None = None
+    """The session's reasoning effort (spec D12), as the Copilot clients read it here."""
     config: SessionConfigData = Field(default_factory=SessionConfigData)
     forked_from: str | None = None
     """For a fork: the id of the session it was copied from."""
+    owner: str | None = None
+    """Who the session belongs to: on a server with several connection tokens, the name of
+    the token that created it (a fork keeps its source's); None otherwise (spec S16)."""
 
 
 class SessionResumeData(WireModel):
     event_count: int
     resume_time: datetime = Field(default_factory=now)
     selected_model: str | None = None
+    reasoning_effort: str | None = None
+    """The session's reasoning effort from this point on (spec D12)."""
     config: SessionConfigData | None = None
     """The configuration from this point on, when the resume changed it."""
     continue_pending_work: bool | None = None
@@ -314,6 +336,8 @@ class AssistantUsageData(WireModel):
     duration: float | None = None
     """Milliseconds the model call took."""
     finish_reason: str | None = None
+    reasoning_effort: str | None = None
+    """The effort the call asked of the model (spec D12); None: the model's default."""
 
 
 class ToolExecutionStartData(WireModel):
@@ -368,9 +392,23 @@ class ExternalToolCompletedData(WireModel):
     request_id: str
 
 
+class ShellCommand(WireModel):
+    """A command a `shell` permission request names (the Copilot protocol's shape)."""
+
+    identifier: str
+    """The command's name, as the command line spells it (`git`, `./run.sh`)."""
+    read_only: bool = False
+    """trimtab claims no command read-only: always false (spec B7)."""
+
+
+class PossibleUrl(WireModel):
+    url: str
+
+
 class PermissionRequestData(WireModel):
-    kind: Literal["custom-tool", "mcp"] = "custom-tool"
-    """`mcp` for a tool of an MCP server, whose request also names the server."""
+    kind: Literal["custom-tool", "mcp", "read", "write", "shell"] = "custom-tool"
+    """`mcp` for a tool of an MCP server, whose request also names the server; `read`,
+    `write` and `shell` for the built-in tools (spec B7), in the Copilot CLI's shapes."""
     tool_name: str
     """The tool's name; for `mcp`, as its server names it (not the session-wide name)."""
     tool_description: str = ""
@@ -384,6 +422,28 @@ class PermissionRequestData(WireModel):
     """`mcp`: the server says the tool changes nothing (`readOnlyHint`)."""
     request_id: str | None = None
     """The id of the `permission.requested` event that asks it: what an answer names."""
+    intention: str | None = None
+    """`read`, `write`, `shell`: what the call is for, in a few words."""
+    path: str | None = None
+    """`read`: the file or directory read."""
+    file_name: str | None = None
+    """`write`: the file written."""
+    diff: str | None = None
+    """`write`: the change, as a unified diff."""
+    new_file_contents: str | None = None
+    """`write`: a created file's whole text."""
+    full_command_text: str | None = None
+    """`shell`: the command line as the model wrote it."""
+    commands: list[ShellCommand] | None = None
+    """`shell`: the commands the command line runs."""
+    possible_paths: list[str] | None = None
+    """`shell`: words of the command line that look like paths."""
+    possible_urls: list[PossibleUrl] | None = None
+    """`shell`: words of the command line that look like URLs."""
+    has_write_file_redirection: bool | None = None
+    """`shell`: the command line redirects output into a file."""
+    can_offer_session_approval: bool | None = None
+    """`write`, `shell`: whether a client may offer to approve the tool for the session."""
 
 
 class PermissionRequestedData(WireModel):
@@ -491,6 +551,60 @@ class PendingMessagesModifiedData(WireModel):
 
 class TitleChangedData(WireModel):
     title: str
+    auto: bool | None = None
+    """Set from a summary (`Session.set_auto_name`), not chosen by the user: a later summary
+    may replace it, never a name the user chose (spec K12)."""
+
+
+PlanOperation: TypeAlias = Literal["create", "update", "delete"]
+
+
+class PlanChangedData(WireModel):
+    """The session's plan was written or deleted (spec K16)."""
+
+    operation: PlanOperation
+    content: str | None = None
+    """The plan's text after the change (None once deleted): the log is the plan's store."""
+
+
+class WorkspaceFileChangedData(WireModel):
+    """A file of the session's workspace was written (spec K16)."""
+
+    operation: Literal["create", "update"]
+    path: str
+    """Slash-separated, relative to the workspace's files."""
+    content: str
+    """The file's text after the change: the log is the workspace's store."""
+
+
+class WorkspacePathChangedData(WireModel):
+    """A directory of the workspace was made, or a path removed or renamed (spec K16)."""
+
+    operation: Literal["create_directory", "remove", "rename"]
+    path: str
+    destination: str | None = None
+    """`rename`: the new path."""
+
+
+class PermissionsChangedData(WireModel):
+    """The open session's permission mode changed (spec K6)."""
+
+    mode: Literal["manual", "allow-all"]
+    previous_mode: Literal["manual", "allow-all"]
+
+
+class CommandQueuedData(WireModel):
+    """A queued slash command's turn came: a host runs it and answers by `request_id`
+    (`Session.respond_to_command`, spec K13)."""
+
+    request_id: str
+    command: str
+
+
+class CommandCompletedData(WireModel):
+    """The queued command was answered (or its wait ended): hosts dismiss it."""
+
+    request_id: str
 
 
 class ModelRequests(WireModel):
@@ -685,6 +799,41 @@ class SessionTitleChangedEvent(EventBase):
     data: TitleChangedData
 
 
+class SessionPlanChangedEvent(EventBase):
+    type: Literal["session.plan_changed"] = "session.plan_changed"
+    data: PlanChangedData
+
+
+class SessionWorkspaceFileChangedEvent(EventBase):
+    type: Literal["session.workspace_file_changed"] = "session.workspace_file_changed"
+    data: WorkspaceFileChangedData
+
+
+class SessionWorkspacePathChangedEvent(EventBase):
+    """trimtab's own: the Copilot protocol names file writes only (the clients ignore it)."""
+
+    type: Literal["session.workspace_path_changed"] = "session.workspace_path_changed"
+    data: WorkspacePathChangedData
+
+
+class SessionPermissionsChangedEvent(EventBase):
+    type: Literal["session.permissions_changed"] = "session.permissions_changed"
+    data: PermissionsChangedData
+    ephemeral: bool = True
+
+
+class CommandQueuedEvent(EventBase):
+    type: Literal["command.queued"] = "command.queued"
+    data: CommandQueuedData
+    ephemeral: bool = True
+
+
+class CommandCompletedEvent(EventBase):
+    type: Literal["command.completed"] = "command.completed"
+    data: CommandCompletedData
+    ephemeral: bool = True
+
+
 class PendingMessagesModifiedEvent(EventBase):
     """The queue of inputs waiting behind the run changed (`Session.pending_messages`)."""
 
@@ -739,6 +888,12 @@ Event: TypeAlias = Annotated[
     | SessionModelChangeEvent
     | SessionModeChangedEvent
     | SessionTitleChangedEvent
+    | SessionPlanChangedEvent
+    | SessionWorkspaceFileChangedEvent
+    | SessionWorkspacePathChangedEvent
+    | SessionPermissionsChangedEvent
+    | CommandQueuedEvent
+    | CommandCompletedEvent
     | PendingMessagesModifiedEvent
     | SessionShutdownEvent
     | SessionUsageInfoEvent
@@ -773,6 +928,12 @@ EventType: TypeAlias = Literal[
     "session.model_change",
     "session.mode_changed",
     "session.title_changed",
+    "session.plan_changed",
+    "session.workspace_file_changed",
+    "session.workspace_path_changed",
+    "session.permissions_changed",
+    "command.queued",
+    "command.completed",
     "pending_messages.modified",
     "session.shutdown",
     "session.usage_info",

@@ -7,8 +7,10 @@ The CLI is never imported in the test process: importing `trimtab.cli` would als
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +20,8 @@ from typing import Any
 
 import pexpect  # type: ignore[import-untyped]
 import pytest
+
+from tests.fake_ollama import not_ollama, ollama  # noqa: F401 (fixtures of the CLI's tests)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -33,28 +37,32 @@ def closed_port() -> Iterator[int]:
 
 
 class Cli:
-    """Runs `python -m trimtab` in a clean environment, in its own working directory."""
+    """Runs `python -m trimtab` in a clean environment, in its own working directory.
+
+    Each command runs in a process group of its own, which `close` (the fixture's teardown)
+    kills if it is still running: a test that fails or times out half-way leaves nothing.
+    """
 
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.cwd = cwd
         self.env = env
         self.home = Path(env["TRIMTAB_HOME"])
         self._scripts = 0
+        self._started: list[Any] = []
 
     def __call__(
         self, *args: str, input: str | None = None, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run one command to its end; stdin is `input`, or empty (never the test's TTY)."""
-        return subprocess.run(
-            [sys.executable, "-m", "trimtab", *args],
-            input=input,
-            stdin=subprocess.DEVNULL if input is None else None,
-            capture_output=True,
-            text=True,
-            cwd=self.cwd,
+        process = self.popen(
+            *args,
             env={**self.env, **(env or {})},
-            timeout=60,
+            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
+        stdout, stderr = process.communicate(input, timeout=60)
+        return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
     def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """Start a command with empty stdin and captured output; `finish` collects it."""
@@ -79,13 +87,19 @@ class Cli:
     def popen(self, *args: str, **options: Any) -> subprocess.Popen[str]:
         """Start a command without waiting for it."""
         options.setdefault("env", self.env)
-        return subprocess.Popen(
-            [sys.executable, "-m", "trimtab", *args], cwd=self.cwd, text=True, **options
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trimtab", *args],
+            cwd=self.cwd,
+            text=True,
+            start_new_session=True,
+            **options,
         )
+        self._started.append(process)
+        return process
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> Any:
-        """Start a command in a real pseudo-terminal."""
-        return pexpect.spawn(
+        """Start a command in a real pseudo-terminal (a session of its own)."""
+        child = pexpect.spawn(
             sys.executable,
             ["-m", "trimtab", *args],
             cwd=str(self.cwd),
@@ -94,6 +108,27 @@ class Cli:
             timeout=15,
             dimensions=(50, 160),
         )
+        self._started.append(child)
+        return child
+
+    def close(self) -> None:
+        """Kill every command still running, with whatever it started in its group."""
+        for started in self._started:
+            running = (
+                started.poll() is None
+                if isinstance(started, subprocess.Popen)
+                else (started.isalive())
+            )
+            if running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(started.pid, signal.SIGKILL)
+            if isinstance(started, subprocess.Popen):
+                started.wait()
+                for stream in (started.stdin, started.stdout, started.stderr):
+                    if stream is not None:
+                        stream.close()
+            else:
+                started.close(force=True)
 
     def script(self, *steps: Any) -> str:
         """Write a scripted-provider file and return its path."""
@@ -108,7 +143,7 @@ class Cli:
 
 
 @pytest.fixture
-def cli(tmp_path: Path, closed_port: int) -> Cli:
+def cli(tmp_path: Path, closed_port: int) -> Iterator[Cli]:
     """A CLI runner whose home, store and working directory are fresh and whose environment
     names no provider: the Ollama probe is pointed at a closed port, never at 11434."""
     env = {
@@ -124,7 +159,9 @@ def cli(tmp_path: Path, closed_port: int) -> Cli:
     )
     work = tmp_path / "work"
     work.mkdir()
-    return Cli(work, env)
+    runner = Cli(work, env)
+    yield runner
+    runner.close()
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

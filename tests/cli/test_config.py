@@ -6,80 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import pytest
-
 from tests.cli.conftest import Cli
-
-
-class FakeOllama(ThreadingHTTPServer):
-    """Answers `GET /api/tags` like Ollama, and chat completions with one streamed reply."""
-
-    def __init__(self, *, tags_status: int = 200) -> None:
-        super().__init__(("127.0.0.1", 0), _OllamaHandler)
-        self.tags_status = tags_status
-        self.chat_requests: list[dict[str, Any]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _OllamaHandler(BaseHTTPRequestHandler):
-    server: FakeOllama
-
-    def do_GET(self) -> None:
-        if self.path != "/api/tags" or self.server.tags_status != 200:
-            self._send(self.server.tags_status if self.path == "/api/tags" else 404, b"{}")
-            return
-        self._send(200, json.dumps({"models": [{"name": "fake-model:1b"}]}).encode())
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.server.chat_requests.append(body)
-        chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m"}
-        deltas = [{"role": "assistant", "content": "Hello from Ollama"}, {}]
-        stream = [
-            {**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-            for delta, finish in zip(deltas, [None, "stop"], strict=True)
-        ]
-        text = "".join(f"data: {json.dumps(event)}\n\n" for event in stream) + "data: [DONE]\n\n"
-        self._send(200, text.encode(), "text/event-stream")
-
-    def _send(self, status: int, body: bytes, kind: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # keep the test output clean
-
-
-def _serve(server: FakeOllama) -> Iterator[FakeOllama]:
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.fixture
-def ollama() -> Iterator[FakeOllama]:
-    yield from _serve(FakeOllama())
-
-
-@pytest.fixture
-def not_ollama() -> Iterator[FakeOllama]:
-    """Some other service on the port: it answers HTTP, but not Ollama's API."""
-    yield from _serve(FakeOllama(tags_status=404))
+from tests.fake_ollama import FakeOllama
 
 
 def _selected(result: Any) -> dict[str, Any]:

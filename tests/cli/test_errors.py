@@ -9,9 +9,8 @@ import subprocess
 import sys
 from typing import Any
 
-import pytest
-
-from tests.cli.conftest import Cli, no_traceback
+from tests.cli.conftest import SRC, Cli, no_traceback
+from tests.requirements import unmet
 
 BAD_USAGE = [
     (
@@ -63,11 +62,12 @@ def test_an_embedded_model_that_cannot_run_is_one_line_with_a_hint(cli: Cli) -> 
     result = cli("run", "--provider", "local", "--model", str(cli.cwd / "missing.gguf"), "Hi")
 
     # Without llama-cpp-python the provider cannot start; with it, the weights are missing.
+    # The CLI runs this checkout's sources, so its install hint names the checkout.
     assert result.returncode == 1
     error, hint = result.stderr.splitlines()
     assert error in (
         "error: cannot use provider local: provider type 'local' needs llama-cpp-python:"
-        " pip install 'trimtab[local]'",
+        f" pip install -e '{SRC.parent}[local]'",
         f"error: provider_unavailable: model file not found: {cli.cwd / 'missing.gguf'}",
     )
     assert hint.startswith("hint: ") and "--provider" in hint
@@ -111,7 +111,7 @@ def test_entry_points_python_m_the_installed_script_and_serve(cli: Cli) -> None:
     assert serve_help.returncode == 0 and serve_help.stdout.startswith("Usage: trimtab serve")
     script = shutil.which("trimtab")
     if script is None:
-        pytest.skip("the trimtab script is not installed (pip install -e .)")
+        unmet("the trimtab script is not installed (pip install -e .)")
     installed = subprocess.run(
         [script, "--version"], capture_output=True, text=True, env=cli.env, check=True
     )

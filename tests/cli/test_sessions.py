@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import signal
 import subprocess
 import threading
-import time
+from typing import Any
 
 from tests.cli.conftest import Cli, json_lines, no_traceback, tool_call
+from trimtab.events import SessionConfigData, SessionStartData, SessionStartEvent
+from trimtab.providers import ProviderConfig
+from trimtab.store import open_store
 
 
 def _run(cli: Cli, prompt: str, *steps: object) -> str:
@@ -96,7 +100,6 @@ def test_events_follow_prints_new_events_until_ctrl_c(cli: Cli) -> None:
         more = [json.loads(lines.get(timeout=15))["type"] for _ in range(6)]
         assert more[0] == "session.resume" and more[-1] == "assistant.turn_end"
     finally:
-        time.sleep(0.3)  # let the follower settle into its wait before interrupting it
         follower.send_signal(signal.SIGINT)
         follower.wait(timeout=10)
     assert follower.stderr is not None
@@ -136,3 +139,41 @@ def test_rm_refuses_a_session_in_use_and_ctrl_c_ends_a_run_cleanly(cli: Cli) -> 
     assert busy.stderr is not None
     assert busy.returncode == 130 and "Traceback" not in busy.stderr.read()
     assert cli("sessions", "rm", session_id).stdout == f"deleted {session_id}\n"
+
+
+def test_issue33_show_says_what_the_provider_settings_are(cli: Cli) -> None:
+    providers: list[dict[str, Any]] = [
+        {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key": "sk-never-shown"},
+        {"type": "openai", "wire_api": "responses", "max_retries": 1, "timeout": 30},
+        {"type": "anthropic", "headers": {"X-Team": "a", "X-Api-Key": "secret"}},
+        {"type": "local", "model_path": "/models/m.gguf"},
+    ]
+
+    ids = [f"s{number}" for number in range(len(providers))]
+
+    async def create() -> None:
+        # The logs as the runtime writes them (the config without secrets), with no provider
+        # built: the embedded model's and Anthropic's packages need not be installed.
+        store = open_store(cli.home / "trimtab.db")
+        for session_id, provider in zip(ids, providers, strict=True):
+            config = SessionConfigData(
+                model="m", provider=ProviderConfig.model_validate(provider).public_dict()
+            )
+            start = SessionStartData(session_id=session_id, config=config)
+            await store.create(session_id, [SessionStartEvent(data=start)])
+        await store.close()
+
+    asyncio.run(create())
+    shown = cli.many(*(["sessions", "show", session_id] for session_id in ids))
+
+    lines = []
+    for result in shown:
+        assert result.returncode == 0, result.stderr
+        [line] = [line for line in result.stdout.splitlines() if line.startswith("provider")]
+        lines.append(line.removeprefix("provider").strip())
+    assert lines == [
+        "openai at http://127.0.0.1:9/v1, Chat Completions API, 2 retries",
+        "openai, Responses API, timeout 30 s, 1 retry",
+        "anthropic, 2 retries, headers X-Team",
+        "local, model file /models/m.gguf",
+    ]

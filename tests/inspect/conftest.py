@@ -4,24 +4,25 @@ the model boundary only, and the inspector's app over the same store."""
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 
-from tests.conftest import clear_tool, in_ci, open_session
+from tests.conftest import clear_tool, open_session
+from tests.requirements import require_import
+from tests.server.accounts import other_account, shared_directory  # noqa: F401 (fixtures)
 from trimtab import Client, Session
 from trimtab.store import Store, open_store
 from trimtab.testing import ScriptedModel, tool_call
 
 
 def require_extra() -> None:
-    """Skip the calling test module without the `inspect` extra, except in CI (which installs
-    every extra: there, the import fails)."""
-    if not in_ci():
-        for module in ("starlette", "uvicorn", "jinja2"):
-            pytest.importorskip(module, reason="needs the trimtab[inspect] extra")
+    """Skip the calling test module without the `inspect` extra."""
+    for module in ("starlette", "uvicorn", "jinja2"):
+        require_import(module, "needs the trimtab[inspect] extra")
 
 
 SEED = "Reply with exactly FRESH_CONTEXT."
@@ -44,11 +45,16 @@ async def client(store: Store) -> AsyncIterator[Client]:
 
 @pytest.fixture
 async def inspector(store: Store) -> AsyncIterator[httpx.AsyncClient]:
-    """The inspector's pages, requested through httpx's ASGI transport."""
+    """The inspector's pages, requested through httpx's ASGI transport with its token."""
     from trimtab.inspect import create_app
 
-    transport = httpx.ASGITransport(app=create_app(store))
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+    token = secrets.token_urlsafe(32)
+    transport = httpx.ASGITransport(app=create_app(store, token=token))
+    async with httpx.AsyncClient(
+        transport=transport,
+        base_url="http://127.0.0.1",
+        headers={"authorization": f"Bearer {token}"},
+    ) as http:
         yield http
 
 

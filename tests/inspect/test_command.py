@@ -30,9 +30,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 WEB_STACK = ("starlette", "uvicorn", "jinja2")
 
 
-def environment(tmp_path: Path) -> dict[str, str]:
+def environment(tmp_path: Path, home: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMTAB_")}
-    env["TRIMTAB_HOME"] = str(tmp_path / "home")
+    env["TRIMTAB_HOME"] = str(home or tmp_path / "home")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
     return env
 
@@ -50,15 +50,18 @@ def run(tmp_path: Path, *args: str, code: str | None = None) -> subprocess.Compl
 
 
 @contextmanager
-def inspector_process(tmp_path: Path, *args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`trimtab inspect ARGS` running, and the URL it printed."""
+def inspector_process(
+    tmp_path: Path, *args: str, home: Path | None = None
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`trimtab inspect ARGS` running (its TRIMTAB_HOME `home`, else in `tmp_path`), and the
+    URL it printed."""
     process = subprocess.Popen(
         [sys.executable, "-m", "trimtab", "inspect", "--port", "0", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        env=environment(tmp_path),
+        env=environment(tmp_path, home),
     )
     try:
         assert process.stdout is not None
@@ -74,6 +77,21 @@ def inspector_process(tmp_path: Path, *args: str) -> Iterator[tuple[str, subproc
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def base_of(url: str) -> str:
+    """The inspector's root: the printed URL without the token it carries."""
+    return url.split("?")[0]
+
+
+@asynccontextmanager
+async def admitted(url: str) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """An HTTP client that opened the printed `url` as a browser does, keeping the cookie
+    the token was traded for (spec L9), and the inspector's root (also its base URL)."""
+    async with httpx.AsyncClient(base_url=base_of(url), timeout=30) as http:
+        opened = await http.get(url)
+        assert opened.status_code == 303 and http.cookies, opened.text
+        yield http, base_of(url)
 
 
 async def seeded_store(tmp_path: Path, store: str | None = None) -> tuple[str, str]:
@@ -149,13 +167,14 @@ def test_issue19_the_printed_url_reaches_the_inspector_from_this_machine() -> No
 async def test_issue19_inspect_prints_its_url_and_serves_a_sqlite_store(tmp_path: Path) -> None:
     store, session_id = await seeded_store(tmp_path)
     with inspector_process(tmp_path, "--store", store) as (url, _):
-        async with httpx.AsyncClient(timeout=30) as http:
-            index = await http.get(url)
-            page = await http.get(session_url(url, session_id))
-            window = await http.get(session_url(url, session_id, "/calls/2"))
+        async with admitted(url) as (http, base):
+            index = await http.get(base)
+            page = await http.get(session_url(base, session_id))
+            window = await http.get(session_url(base, session_id, "/calls/2"))
             rebinding = await http.get(url, headers={"host": "attacker.example"})
 
-    assert url.startswith("http://127.0.0.1:") and url.endswith("/")
+    assert base.startswith("http://127.0.0.1:") and base.endswith("/")
+    assert url.startswith(f"{base}?token=")
     assert index.status_code == 200 and f'href="/sessions/{session_id}"' in index.text
     assert page.status_code == 200 and "context cleared: 2 messages" in page.text
     assert window.status_code == 200 and 'class="msg msg-user seed"' in window.text
@@ -187,9 +206,9 @@ async def test_issue19_a_token_is_traded_for_a_cookie(tmp_path: Path) -> None:
 async def test_issue19_inspect_serves_a_postgresql_store(tmp_path: Path, pg_dsn: str) -> None:
     store, session_id = await seeded_store(tmp_path, pg_dsn)
     with inspector_process(tmp_path, "--store", store) as (url, _):
-        async with httpx.AsyncClient(timeout=30) as http:
-            index = await http.get(url)
-            page = await http.get(session_url(url, session_id))
+        async with admitted(url) as (http, base):
+            index = await http.get(base)
+            page = await http.get(session_url(base, session_id))
 
     assert f'href="/sessions/{session_id}"' in index.text
     assert 'data-epoch="1"' in page.text and "seeded run after the clear" in page.text
@@ -231,8 +250,8 @@ async def test_issue19_live_view_receives_events_appended_by_another_process(
 ) -> None:
     store, session_id = await seeded_store(tmp_path)
     with inspector_process(tmp_path, "--store", store) as (url, _):
-        async with httpx.AsyncClient(timeout=30) as http:
-            stream_url = session_url(url, session_id, "/live?after=16")
+        async with admitted(url) as (http, base):
+            stream_url = session_url(base, session_id, "/live?after=16")
             async with live(http, stream_url) as stream:
                 # A later run, by a runtime that shares nothing with the inspector but the file.
                 async with Client(store=store) as client:
@@ -266,13 +285,13 @@ async def test_issue19_live_view_receives_events_appended_by_another_process(
 async def test_issue19_live_view_says_when_the_session_is_deleted(tmp_path: Path) -> None:
     store, session_id = await seeded_store(tmp_path)
     with inspector_process(tmp_path, "--store", store) as (url, _):
-        async with httpx.AsyncClient(timeout=30) as http:
-            bad = await http.get(session_url(url, session_id, "/live?after=-1"))
-            async with live(http, session_url(url, session_id, "/live?after=16")) as stream:
+        async with admitted(url) as (http, base):
+            bad = await http.get(session_url(base, session_id, "/live?after=-1"))
+            async with live(http, session_url(base, session_id, "/live?after=16")) as stream:
                 async with Client(store=store) as client:
                     await client.delete_session(session_id)
                 ending = await stream.next()
-            missing = await http.get(session_url(url, session_id, "/live"))
+            missing = await http.get(session_url(base, session_id, "/live"))
 
     assert bad.status_code == 400
     assert ending["event"] == "gone"
@@ -285,10 +304,10 @@ async def test_issue19_live_views_end_when_the_inspector_stops(tmp_path: Path) -
 
     store, session_id = await seeded_store(tmp_path)
     ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    server = asyncio.create_task(serve(store, on_ready=ready.set_result))
+    server = asyncio.create_task(serve(store, home=tmp_path, on_ready=ready.set_result))
     url = await asyncio.wait_for(ready, 30)
-    async with httpx.AsyncClient(timeout=30) as http:
-        async with live(http, session_url(url, session_id, "/live")) as stream:
+    async with admitted(url) as (http, base):
+        async with live(http, session_url(base, session_id, "/live")) as stream:
             first = await stream.next()
             server.cancel()
             while (last := await stream.next())["event"] == "event":
@@ -309,11 +328,11 @@ async def test_issue19_live_views_are_kept_alive_and_bounded(
     monkeypatch.setattr(app, "MAX_LIVE_STREAMS", 1)
     store, session_id = await seeded_store(tmp_path)
     ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    server = asyncio.create_task(serve(store, on_ready=ready.set_result))
+    server = asyncio.create_task(serve(store, home=tmp_path, on_ready=ready.set_result))
     try:
         url = await asyncio.wait_for(ready, 30)
-        stream_url = session_url(url, session_id, "/live?after=16")
-        async with httpx.AsyncClient(timeout=30) as http:
+        stream_url = session_url(base_of(url), session_id, "/live?after=16")
+        async with admitted(url) as (http, _):
             async with http.stream("GET", stream_url) as response:
                 lines = response.aiter_lines()
                 async with asyncio.timeout(30):

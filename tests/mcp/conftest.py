@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import in_ci
+from tests.requirements import unmet
 from tests.server.conftest import start_server  # noqa: F401 (a fixture of the wire tests)
 
 SERVERS = Path(__file__).parent / "servers"
@@ -91,16 +91,14 @@ def assert_no_orphans(pids: Path, runtime_pid: int | None = None) -> None:
 
 
 def require_everything() -> Path:
-    """The pinned npm server's entry point; skips without it (or node), except in CI."""
+    """The pinned npm server's entry point; skips without it (or node)."""
     problem = None
     if not _has_node():
         problem = "node is not installed"
     elif not EVERYTHING.is_file():
         problem = f"{EVERYTHING} is missing (bash .ci/run installs it)"
     if problem is not None:
-        if in_ci():
-            pytest.fail(problem)
-        pytest.skip(problem)
+        unmet(problem)
     return EVERYTHING
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot.session import PermissionHandler as CopilotPermissions
 
 from tests.mcp.conftest import DEMO, assert_no_orphans, require_everything, stdio
@@ -73,8 +73,9 @@ async def run_over_serve(
         asked.append(request)
         return CopilotPermissions.approve_all(request, invocation)
 
-    server = start_server()
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    # Over TCP a client's MCP commands run only where the operator allows them (spec S12).
+    server = start_server(None, "--allow-mcp-commands")
+    client = CopilotClient(connection=server.connection())
     await client.start()
     try:
         async with ReplayServer([recorded]) as model:

@@ -1,27 +1,33 @@
-"""The Chat Completions client's HTTP (`providers/_http11.py`) and connections
-(`providers/_network.py`): h11 on asyncio transports, over HTTP and HTTPS, against real
-servers on 127.0.0.1."""
+"""The HTTP stack every provider shares (`providers/_http.py`), against real servers on
+127.0.0.1: its own HTTP/1.1 pool (`providers/_http11.py`) on asyncio connections
+(`providers/_network.py`) over HTTP and HTTPS, and httpx2's transport where the environment
+names a proxy or HTTP/2 applies."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import pytest
 import trustme
 
 from tests.fake_model import FakeModel, LocalServer
+from tests.requirements import require_import
 from trimtab._errors import ProviderError
 from trimtab.events import Message
+from trimtab.providers import Provider, ProviderConfig, _common, _http, make_provider
 from trimtab.providers import _network as network
 from trimtab.providers._base import ModelRequest, ModelResponse, TextDelta
-from trimtab.providers._config import ProviderConfig
 from trimtab.providers._http11 import Transport
 from trimtab.providers.openai import OpenAIProvider
+from trimtab.testing import Conversation, ConversationMessage, ReplayServer
 
 
 @pytest.fixture
@@ -39,6 +45,12 @@ def connects(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
 
 @pytest.fixture
+def http11(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As without the `http2` extra: HTTPS goes through the providers' own HTTP/1.1 pool."""
+    monkeypatch.setattr(_http, "h2_installed", lambda: False)
+
+
+@pytest.fixture
 def authority(tmp_path: Path) -> tuple[trustme.CA, Path]:
     """A certificate authority, and its certificate in a PEM file."""
     ca = trustme.CA()
@@ -53,13 +65,23 @@ def server_tls(ca: trustme.CA) -> ssl.SSLContext:
     return context
 
 
+def _request(stream: bool = False) -> ModelRequest:
+    return ModelRequest(model="m", messages=(Message(role="user", content="hi"),), stream=stream)
+
+
+async def failure(base_url: str, **config: Any) -> ProviderError:
+    with pytest.raises(ProviderError) as caught:
+        async with asyncio.timeout(30):
+            await answer(base_url, stream=False, **config)
+    return caught.value
+
+
 async def answer(base_url: str, *, stream: bool, **config: Any) -> list[Any]:
     provider = OpenAIProvider(
         ProviderConfig(type="openai", base_url=base_url, api_key="k", max_retries=0, **config)
     )
-    request = ModelRequest(model="m", messages=(Message(role="user", content="hi"),), stream=stream)
     try:
-        return [event async for event in provider.stream(request)]
+        return [event async for event in provider.stream(_request(stream))]
     finally:
         await provider.aclose()
 
@@ -70,6 +92,7 @@ async def test_https_answers_come_over_asyncio_connections(
     authority: tuple[trustme.CA, Path],
     connects: list[tuple[str, int]],
     monkeypatch: pytest.MonkeyPatch,
+    http11: None,
 ) -> None:
     ca, pem = authority
     monkeypatch.setenv("SSL_CERT_FILE", str(pem))  # what a private CA's users set
@@ -85,7 +108,7 @@ async def test_https_answers_come_over_asyncio_connections(
 
 
 async def test_an_untrusted_certificate_fails_as_unavailable(
-    authority: tuple[trustme.CA, Path], connects: list[tuple[str, int]]
+    authority: tuple[trustme.CA, Path], connects: list[tuple[str, int]], http11: None
 ) -> None:
     ca, _ = authority  # not trusted: SSL_CERT_FILE is not set
     async with FakeModel(tls=server_tls(ca)) as model:
@@ -372,3 +395,228 @@ async def test_a_body_that_stops_coming_times_out() -> None:
         with pytest.raises(httpx2.ReadTimeout):
             await client.get(server.root_url, timeout=httpx2.Timeout(5, read=0.2))
         server.hold.set()
+
+
+# --- through the providers -------------------------------------------------------------------
+
+
+class _TruncatesAnswer(LocalServer):
+    """Promises 10 bytes and closes after 2."""
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nab")
+        await writer.drain()
+        writer.close()
+
+
+async def test_an_answer_cut_short_is_unavailable() -> None:
+    async with _TruncatesAnswer() as server:
+        error = await failure(f"{server.root_url}/v1")
+
+    assert (error.error_type, error.retryable) == ("provider_unavailable", True)
+
+
+async def test_m1_a_tls_handshake_nobody_answers_ends_at_the_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_common, "CONNECT_TIMEOUT", 0.3)
+    async with _Deaf() as deaf:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        error = await failure(f"https://127.0.0.1:{deaf.port}/v1", timeout=30)
+        elapsed = loop.time() - started
+
+    assert (error.error_type, error.retryable) == ("timeout", True)
+    assert elapsed < 5
+
+
+# --- the environment's proxies --------------------------------------------------------------
+
+
+class ForwardProxy(LocalServer):
+    """An HTTP proxy: `CONNECT host:port` tunnels, and a request for an absolute URL is sent
+    on to its origin. Records each request line it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[str] = []
+
+    async def serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        line, *rest = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, target, _ = line.split(" ")
+        self.requests.append(f"{method} {target}")
+        if method == "CONNECT":
+            host, port = target.rsplit(":", 1)
+            upstream, upstream_writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:
+            url = urlsplit(target)
+            assert url.hostname is not None and url.port is not None
+            upstream, upstream_writer = await asyncio.open_connection(url.hostname, url.port)
+            path = url.path + (f"?{url.query}" if url.query else "")
+            head = "\r\n".join([f"{method} {path} HTTP/1.1", *rest])
+            upstream_writer.write(head.encode("latin-1"))
+        await asyncio.gather(
+            _pipe(reader, upstream_writer), _pipe(upstream, writer), return_exceptions=True
+        )
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+async def proxy(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ForwardProxy]:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        for variable in (name, name.lower()):
+            monkeypatch.delenv(variable, raising=False)
+    async with ForwardProxy() as server:
+        yield server
+
+
+HELLO = Conversation(
+    messages=[
+        ConversationMessage(role="user", content="hi"),
+        ConversationMessage(role="assistant", content="through the proxy"),
+    ]
+)
+
+
+def _provider(family: str, server: ReplayServer) -> Provider:
+    config: dict[str, Any] = {"api_key": "k", "max_retries": 0}
+    if family == "anthropic":
+        config |= {"type": "anthropic", "base_url": server.root_url}
+    else:
+        wire_api = "responses" if family == "responses" else "completions"
+        config |= {"type": "openai", "base_url": server.base_url, "wire_api": wire_api}
+    return make_provider(ProviderConfig.model_validate(config))
+
+
+async def _reply(provider: Provider) -> str:
+    try:
+        events = [event async for event in provider.stream(_request())]
+    finally:
+        await provider.aclose()
+    response = events[-1]
+    assert isinstance(response, ModelResponse)
+    return response.content
+
+
+@pytest.mark.parametrize("family", ["chat", "responses", "anthropic"])
+async def test_s1_http_proxy_of_the_environment_carries_every_providers_requests(
+    proxy: ForwardProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    family: str,
+    connects: list[tuple[str, int]],
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", proxy.root_url)
+    async with ReplayServer([HELLO]) as server:
+        assert await _reply(_provider(family, server)) == "through the proxy"
+        root = server.root_url
+
+    assert len(server.received) == 1
+    assert proxy.requests == [f"POST {root}{server.received[0].path}"]
+    assert connects == []  # httpx2's transport, which goes through proxies
+
+
+async def test_s1_https_proxy_of_the_environment_tunnels_to_the_endpoint(
+    proxy: ForwardProxy,
+    authority: tuple[trustme.CA, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ca, pem = authority
+    monkeypatch.setenv("SSL_CERT_FILE", str(pem))
+    monkeypatch.setenv("HTTPS_PROXY", proxy.root_url)
+    async with FakeModel(reply="tunnelled", tls=server_tls(ca)) as model:
+        events = await answer(model.base_url, stream=True)
+        port = model.port
+
+    assert isinstance(events[-1], ModelResponse) and events[-1].content == "tunnelled"
+    assert proxy.requests == [f"CONNECT 127.0.0.1:{port}"]
+
+
+async def test_s1_no_proxy_of_the_environment_goes_around_the_proxy(
+    proxy: ForwardProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", proxy.root_url)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    async with ReplayServer([HELLO]) as server:
+        assert await _reply(_provider("chat", server)) == "through the proxy"
+
+    assert len(server.received) == 1 and proxy.requests == []
+
+
+# --- HTTP/2 ---------------------------------------------------------------------------------
+
+
+CompletionApp = Callable[
+    [dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+def _completion_app(versions: list[str]) -> CompletionApp:
+    """An ASGI app answering every request with a chat completion; records each request's
+    HTTP version."""
+
+    async def app(
+        scope: dict[str, Any],
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            return
+        versions.append(scope["http_version"])
+        while (await receive()).get("more_body"):
+            pass
+        message = {"role": "assistant", "content": f"HTTP/{scope['http_version']}"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        body = json.dumps({"id": "c", "choices": [choice]}).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+async def test_http2_is_spoken_to_an_https_endpoint_when_h2_is_installed(
+    authority: tuple[trustme.CA, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_import("h2", "needs h2 (the dev extra)")
+    require_import("hypercorn", "needs hypercorn (the dev extra)")
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    ca, pem = authority
+    monkeypatch.setenv("SSL_CERT_FILE", str(pem))
+    certificate = ca.issue_cert("127.0.0.1")
+    certificate.cert_chain_pems[0].write_to_path(str(tmp_path / "cert.pem"))
+    certificate.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    config = Config()
+    config.bind = [f"fd://{listening.detach()}"]  # the server's to close
+    config.certfile, config.keyfile = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    config.accesslog = config.errorlog = None
+    versions: list[str] = []
+    stop = asyncio.Event()
+    app: Any = _completion_app(versions)  # (hypercorn types each ASGI event; dicts here)
+    server = asyncio.create_task(serve(app, config, shutdown_trigger=stop.wait))
+    try:
+        events = await answer(f"https://127.0.0.1:{port}/v1", stream=False)
+    finally:
+        stop.set()
+        await asyncio.wait_for(server, 10)
+
+    assert versions == ["2"]
+    assert isinstance(events[-1], ModelResponse) and events[-1].content == "HTTP/2"

@@ -6,19 +6,25 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from copilot import RuntimeConnection
 
+import trimtab
+from tests.server.accounts import other_account, shared_directory  # noqa: F401 (fixtures)
 from tests.server.drivers import Driver, OfficialDriver, RemoteDriver
+from tests.server.raw import RawClient
+from trimtab.remote import RemoteClient
+from trimtab.server.command import TOKEN_VARIABLE
 from trimtab.testing import Conversation, ConversationMessage, ReplayServer
 
 SYSTEM = "You are a test assistant."
@@ -68,8 +74,19 @@ def request_messages(model: ReplayServer, index: int) -> list[tuple[str, str | N
 # --- server processes ----------------------------------------------------------------------
 
 
+TOKEN_OPTIONS = ("--token", "--tokens-file", "--no-auth", "--stdio")
+
+
 class ServerProcess:
-    """`python -m trimtab.server` listening on 127.0.0.1: a real subprocess."""
+    """`python -m trimtab.server` listening on 127.0.0.1: a real subprocess.
+
+    Over TCP a server always asks for a token (spec S10): one is made for it here and passed
+    as the official SDKs pass one (`COPILOT_CONNECTION_TOKEN`), unless the arguments or the
+    environment choose how it authenticates, or `give_token` is False: then the server makes
+    its own, read from its file under `env`'s `TRIMTAB_HOME` (which must be given). `token`
+    is the token its clients present. `prefix` runs the server through a command that
+    `exec`s it (`setpriv ... --`), so that `process.pid` is still the server's.
+    """
 
     def __init__(
         self,
@@ -77,19 +94,43 @@ class ServerProcess:
         *args: str,
         env: dict[str, str] | None = None,
         log: Path | None = None,
+        give_token: bool = True,
+        prefix: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.log = log or Path(store).with_suffix(f".{time.monotonic_ns()}.log")
+        env = {**os.environ, **(env or {})}
+        self.token: str | None = env.get(TOKEN_VARIABLE) or None
+        chosen = "--token" in args or bool(set(args) & set(TOKEN_OPTIONS)) or bool(self.token)
+        if "--token" in args:
+            self.token = args[args.index("--token") + 1] or None
+        elif not chosen and give_token:
+            self.token = env[TOKEN_VARIABLE] = secrets.token_urlsafe(16)
         started = time.perf_counter()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trimtab.server", "--store", str(store), *args],
+            [*prefix, sys.executable, "-m", "trimtab.server", "--store", str(store), *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self.log.open("wb"),
-            env={**os.environ, **(env or {})},
+            env=env,
         )
         self.port = self._wait_ready(timeout=20.0)
         self.ready_seconds = time.perf_counter() - started
+        if not chosen and not give_token:
+            self.token_file = Path(env["TRIMTAB_HOME"], "serve", f"{self.port}.token")
+            self.token = self.token_file.read_text()
+
+    def connection(self) -> RuntimeConnection:
+        """How the official client reaches this server, with its token."""
+        return RuntimeConnection.for_uri(f"127.0.0.1:{self.port}", connection_token=self.token)
+
+    def remote(self, **options: Any) -> RemoteClient:
+        """trimtab's remote client of this server, with its token."""
+        return trimtab.Client.connect(self.url, token=self.token, **options)
+
+    def raw(self, **options: Any) -> RawClient:
+        """A raw connection to this server that has presented its token."""
+        return RawClient(self.port, token=self.token, **options)
 
     def _wait_ready(self, timeout: float) -> int:
         stdout = self.process.stdout
@@ -140,8 +181,12 @@ def start_server(tmp_path: Path) -> Iterator[StartServer]:
 
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """One server for the TCP scenarios of a module: sessions are independent anyway."""
-    server = ServerProcess(tmp_path_factory.mktemp("shared") / "trimtab.db")
+    """One server for the TCP scenarios of a module: sessions are independent anyway. Its
+    clients' attachments may be any file (a root of `/`): section 12's reading rules are
+    those of a server that reads files (spec S13 bounds which)."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("shared") / "trimtab.db", "--attachments-root", "/"
+    )
     yield server
     assert server.stop() == 0, server.log.read_text()
 
@@ -188,10 +233,9 @@ async def make_driver(
         else:
             server = server or request.getfixturevalue("shared_server")
             if transport == "official-tcp":
-                connection = RuntimeConnection.for_uri(f"127.0.0.1:{server.port}")
-                driver = OfficialDriver(transport, connection)
+                driver = OfficialDriver(transport, server.connection())
             else:
-                driver = RemoteDriver(server.url)
+                driver = RemoteDriver(server.url, token=server.token)
         await driver.start()
         drivers.append(driver)
         return driver

@@ -20,11 +20,13 @@ TIMEOUT = 30.0
 class RawClient:
     """One TCP connection to a server on 127.0.0.1, speaking JSON-RPC frames by hand."""
 
-    def __init__(self, port: int, *, timeout: float = TIMEOUT) -> None:
+    def __init__(self, port: int, *, token: str | None = None, timeout: float = TIMEOUT) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self._buffer = b""
         self._ids = itertools.count(1)
         self.notifications: list[dict[str, Any]] = []
+        if token is not None:
+            self.result("connect", {"token": token})
 
     def close(self) -> None:
         self.sock.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.server.conftest import StartServer, assistant, conversation, user
@@ -34,8 +35,7 @@ async def test_s1_the_servers_key_goes_only_to_its_own_provider(
         server = start_server(None, "--provider", json.dumps(own), env=env)
 
         def first_server() -> list[dict[str, Any]]:
-            client = RawClient(server.port)
-            client.result("connect")
+            client = server.raw()
             return [
                 _turn(client, "default"),  # the server's provider
                 _turn(client, "keyless", provider=own),  # the client's URL, no key
@@ -50,8 +50,7 @@ async def test_s1_the_servers_key_goes_only_to_its_own_provider(
         plain = start_server(None, env=env)
 
         def second_server() -> list[dict[str, Any]]:
-            client = RawClient(plain.port)
-            client.result("connect")
+            client = plain.raw()
             return [_turn(client, name, resume=True) for name in ("default", "keyed")]
 
         resumed = await asyncio.to_thread(second_server)
@@ -60,8 +59,7 @@ async def test_s1_the_servers_key_goes_only_to_its_own_provider(
         model.fail_next(401, message="Incorrect API key provided")
 
         def refused() -> dict[str, Any]:
-            client = RawClient(plain.port)
-            client.result("connect")
+            client = plain.raw()
             return _turn(client, "refused", provider=own)
 
         error = (await asyncio.to_thread(refused))["error"]
@@ -80,3 +78,35 @@ async def test_s1_the_servers_key_goes_only_to_its_own_provider(
         f"Session error: HTTP 401: Incorrect API key provided ({url});"
     )
     assert error["message"].endswith("give the session's provider its own api_key")
+
+
+async def test_s17_the_operators_key_can_come_from_a_file_and_a_clients_config_names_none(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    """`--api-key-file` (or `api_key_file` in the provider's JSON) keeps the key out of the
+    server's environment; a client's provider config cannot name a key file (it would
+    name any file, whose content would go to the client's endpoint)."""
+    key_file = tmp_path / "openai.key"
+    key_file.write_text(f"{SERVER_KEY}\n")  # as `echo` writes it
+    three = conversation(user("Hi"), assistant("Hello"))
+    async with ReplayServer([three, three, three]) as model:
+        given = [
+            ("--provider", json.dumps({"type": "openai", "baseUrl": model.base_url})),
+            ("--api-key-file", str(key_file)),
+        ]
+        flag = start_server(None, *(arg for pair in given for arg in pair))
+        in_json = {"type": "openai", "baseUrl": model.base_url, "api_key_file": str(key_file)}
+        json_ = start_server(tmp_path / "second.db", "--provider", json.dumps(in_json))
+
+        def turns() -> list[dict[str, Any]]:
+            own = {"type": "openai", "baseUrl": model.base_url, "apiKeyFile": str(key_file)}
+            return [
+                _turn(flag.raw(), "from-flag"),
+                _turn(json_.raw(), "from-json"),
+                _turn(flag.raw(), "clients", provider=own),
+            ]
+
+        answers = await asyncio.to_thread(turns)
+    assert all("result" in answer for answer in answers), answers
+    auth = [request.headers.get("authorization") for request in model.received]
+    assert auth == [f"Bearer {SERVER_KEY}", f"Bearer {SERVER_KEY}", "Bearer unused"]

@@ -17,11 +17,13 @@ from copilot import CopilotClient, RuntimeConnection
 from copilot.generated.rpc import (
     ModelSetReasoningEffortRequest,
     ModelSwitchToRequest,
+    PermissionDecisionReject,
+    PermissionDecisionUserNotAvailable,
     SessionsForkRequest,
 )
 from copilot.rpc import HandlePendingToolCallRequest
 from copilot.session import PermissionHandler
-from copilot.tools import define_tool
+from copilot.tools import ToolResult, define_tool
 from pydantic import BaseModel
 
 import trimtab
@@ -45,7 +47,7 @@ HELLO = conversation(user("Say hello"), assistant("Hello!"))
 
 @pytest.fixture
 async def official(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    client = CopilotClient(connection=shared_server.connection())
     await client.start()
     yield client
     await client.force_stop()
@@ -199,7 +201,7 @@ async def test_D1_trimtab_remote_sessions_have_no_default(
     shared_server: ServerProcess, model: ReplayServer
 ) -> None:
     # trimtab's own client behaves as in-process sessions do: no system message unless given.
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model))
         reply = await session.send_and_wait("Say hello", timeout=30)
         assert reply is not None and reply.data.content == "Hello!"
@@ -271,7 +273,7 @@ async def test_D5_every_resume_logs_one_resume_event_with_continue_pending_work(
     cold = await official.resume_session(session.session_id, continue_pending_work=True, **options)
     assert resumes(await cold.get_events()) == [True]
     # Warm: a second client resumes the session while the first still has it open.
-    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    second = CopilotClient(connection=shared_server.connection())
     await second.start()
     try:
         warm = await second.resume_session(session.session_id, **options)
@@ -300,8 +302,8 @@ LOOKUP = conversation(
 class Blocked:
     """A client whose `lookup` tool never answers, stopped once the call reached it."""
 
-    def __init__(self, port: int) -> None:
-        self.client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{port}"))
+    def __init__(self, server: ServerProcess) -> None:
+        self.client = CopilotClient(connection=server.connection())
         self.started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.requests: list[str] = []
 
@@ -352,7 +354,7 @@ async def test_D6_a_resuming_client_answers_a_call_by_request_id(
     official: CopilotClient, shared_server: ServerProcess
 ) -> None:
     async with ReplayServer([LOOKUP]) as model:
-        blocked = Blocked(shared_server.port)
+        blocked = Blocked(shared_server)
         session_id = await blocked.start_call(model)
         resumed = await official.resume_session(
             session_id,
@@ -373,7 +375,7 @@ async def test_D6_a_pending_call_is_redelivered_to_a_resuming_client_with_the_to
     official: CopilotClient, shared_server: ServerProcess
 ) -> None:
     async with ReplayServer([LOOKUP]) as model:
-        session_id = await Blocked(shared_server.port).start_call(model)
+        session_id = await Blocked(shared_server).start_call(model)
         resumed = await official.resume_session(
             session_id,
             provider=provider(model),  # type: ignore[arg-type]
@@ -389,17 +391,63 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
 ) -> None:
     server = start_server(None, "--pending-timeout", "1")
     async with ReplayServer([LOOKUP]) as model:
-        session_id = await Blocked(server.port).start_call(model)
+        session_id = await Blocked(server).start_call(model)
         for _ in range(300):  # nobody resumes: the call fails and the run goes on
             if len(model.requests) > 1:
                 break
             await asyncio.sleep(0.1)
         [*_, last] = model.requests[1]["messages"]
         assert last["role"] == "tool" and "Failed to execute `lookup`" in last["content"]
-    async with trimtab.Client.connect(server.url) as client:
+    async with server.remote() as client:
         events = await (await client.resume_session(session_id)).get_events()
     completed = [e for e in events if e.type == "external_tool.completed"]
     assert len(completed) == 1
+
+
+async def test_D5_D6_a_resume_on_another_server_after_a_crash_runs_the_pending_call_again(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    store = tmp_path / "crash.db"
+    crashed = start_server(store, "--lease-ttl", "1")
+    async with ReplayServer([LOOKUP]) as model:
+        blocked = Blocked(crashed)
+        started = asyncio.ensure_future(blocked.start_call(model))
+        await asyncio.wait_for(asyncio.shield(blocked.started), 30)
+        crashed.process.kill()  # SIGKILL while the client's tool call is pending
+        crashed.process.wait()
+        session_id = await asyncio.wait_for(started, 30)
+        async with trimtab.Client(store=store) as reader:  # the dead server's lease lapses
+            for _ in range(100):
+                if (await reader.get_session_record(session_id)).lease_owner is None:
+                    break
+                await asyncio.sleep(0.05)
+
+        other = start_server(store)
+        client = CopilotClient(connection=other.connection())
+        await client.start()
+        try:
+            ran: list[str] = []
+
+            def answer(params: LookupArgs, invocation: Any) -> str:
+                ran.append(params.value)
+                return f"RESUMED-{params.value.upper()}"
+
+            resumed = await client.resume_session(
+                session_id,
+                provider=provider(model),  # type: ignore[arg-type]
+                tools=[lookup(answer)],
+                on_permission_request=PermissionHandler.approve_all,
+                continue_pending_work=True,
+            )
+            assert await last_reply(resumed) == "It is RESUMED-BETA."
+            events = await resumed.get_events()
+            await resumed.disconnect()
+        finally:
+            await client.force_stop()
+    assert ran == ["beta"]  # the call the crash cut ran again, on the resuming client
+    assert resumes(events) == [True]
+    types = [e.type.value for e in events]
+    assert types.count("tool.execution_start") == types.count("tool.execution_complete") == 1
 
 
 # --- D8: lifecycle notifications -----------------------------------------------------------
@@ -408,7 +456,7 @@ async def test_D6_unanswered_calls_fail_after_the_pending_timeout(
 async def test_D8_clients_hear_of_sessions_created_updated_and_deleted(
     official: CopilotClient, shared_server: ServerProcess
 ) -> None:
-    watcher = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    watcher = CopilotClient(connection=shared_server.connection())
     await watcher.start()
     seen: list[tuple[str, str]] = []
     created: list[str] = []
@@ -514,7 +562,10 @@ async def test_D9_excluded_and_available_tools_filter_what_the_model_is_offered(
 
 async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotClient) -> None:
     long_prompt = "Remember these words: " + " ".join(f"word{i}" for i in range(800))
-    async with ReplayServer([conversation(user(long_prompt), assistant("Noted."))]) as model:
+    # The summary request has no recording (it fails: the older turns are dropped); the long
+    # prompt, kept whatever its size (H1), is answered alone.
+    noted = conversation(user(long_prompt), assistant("Noted."))
+    async with ReplayServer([HELLO, noted]) as model:
         byok: Any = {**provider(model), "max_retries": 0}
         session = await official.create_session(
             provider=byok,
@@ -524,16 +575,19 @@ async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotCl
                 "buffer_exhaustion_threshold": 0.01,
             },
         )
-        # Past 0.5% of the window already: compacted before the first call, for which the
-        # recording has no answer (the compaction is what is checked).
-        with pytest.raises(Exception, match="no recorded conversation"):
-            await session.send_and_wait(long_prompt, timeout=30)
+        hello = await session.send_and_wait("Say hello", timeout=30)
+        assert hello is not None and hello.data.content == "Hello!"  # type: ignore[union-attr]
+        # Past 0.5% of the window now: compacted before the call.
+        reply = await session.send_and_wait(long_prompt, timeout=30)
+        assert reply is not None and reply.data.content == "Noted."  # type: ignore[union-attr]
         events: list[Any] = await session.get_events()
         await session.disconnect()
-    [start] = [e for e in events if e.type.value == "session.compaction_start"]
-    [complete] = [e for e in events if e.type.value == "session.compaction_complete"]
-    assert start.data.trigger.value == complete.data.trigger.value == "threshold"
-    assert complete.data.success is True
+    # (Compacted, then what was kept still too large: the oldest turns dropped, a second.)
+    starts = [e for e in events if e.type.value == "session.compaction_start"]
+    completes = [e for e in events if e.type.value == "session.compaction_complete"]
+    assert starts and len(starts) == len(completes)
+    assert {e.data.trigger.value for e in starts + completes} == {"threshold"}
+    assert all(e.data.success is True for e in completes)
 
 
 # --- D12: reasoning effort -----------------------------------------------------------------
@@ -581,10 +635,37 @@ async def test_D12_reasoning_effort_of_create_switch_and_set_is_sent(
     assert (current.model_id, current.reasoning_effort) == ("other-model", "xhigh")
 
 
+async def test_D12_the_events_that_carry_a_reasoning_effort_carry_the_sessions(
+    official: CopilotClient, model: ReplayServer
+) -> None:
+    session = await official.create_session(
+        provider=provider(model),  # type: ignore[arg-type]
+        model="test-model",
+        reasoning_effort="high",
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    await session.send_and_wait("Say hello", timeout=30)
+    await session.disconnect()
+    resumed = await official.resume_session(
+        session.session_id,
+        provider=provider(model),  # type: ignore[arg-type]
+        reasoning_effort="low",
+        on_permission_request=PermissionHandler.approve_all,
+    )
+    events: list[Any] = await resumed.get_events()  # as the official client parses them
+    await resumed.disconnect()
+    efforts = {
+        e.type.value: e.data.reasoning_effort
+        for e in events
+        if e.type.value in ("session.start", "assistant.usage", "session.resume")
+    }
+    assert efforts == {"session.start": "high", "assistant.usage": "high", "session.resume": "low"}
+
+
 async def test_D12_a_trimtab_remote_session_sends_its_reasoning_effort(
     shared_server: ServerProcess, model: ReplayServer
 ) -> None:
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model), reasoning_effort="low")
         await session.send_and_wait("Say hello", timeout=30)
         await session.disconnect()
@@ -700,6 +781,14 @@ async def sent_with(
     client: CopilotClient, model: ReplayServer, prompt: str, attachments: list[Any]
 ) -> str:
     """The user message the model receives for `prompt` with `attachments`."""
+    return (await sent_and_logged(client, model, prompt, attachments))[0]
+
+
+async def sent_and_logged(
+    client: CopilotClient, model: ReplayServer, prompt: str, attachments: list[Any]
+) -> tuple[str, Any]:
+    """The user message the model receives for `prompt` with `attachments`, and the
+    `user.message` event the official client reads back."""
     session = await client.create_session(
         provider=provider(model),  # type: ignore[arg-type]
         on_permission_request=PermissionHandler.approve_all,
@@ -711,38 +800,116 @@ async def sent_with(
                 break
             await asyncio.sleep(0.1)
         content: str = model.requests[0]["messages"][-1]["content"]
-        return content
+        [event] = [e for e in await session.get_events() if e.type.value == "user.message"]
+        return content, event
     finally:
         await session.disconnect()
 
 
-async def test_D11_files_selections_and_directories_become_text(
+async def test_D11_files_and_directories_are_tagged_as_the_reference_runtime_sends_them(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    # The requests the reference runtime sends for these attachments (the official SDK's
+    # recorded conversations): the model is told the paths, and reads them with its tools.
+    sentinel = tmp_path / "attached-file.txt"
+    sentinel.write_text("FILE_ATTACHMENT_SENTINEL")
+    attached = tmp_path / "attached.txt"
+    attached.write_text("This file is attached")
+    directory = tmp_path / "attached-directory"
+    directory.mkdir()
+    (directory / "readme.txt").write_text("DIRECTORY_ATTACHMENT_SENTINEL")
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        (
+            "Read the attached file and reply with its contents.",
+            {
+                "type": "file",
+                "displayName": "attached-file.txt",
+                "path": str(sentinel),
+                "lineRange": {"start": 1, "end": 1},
+            },
+            f"* {sentinel} (line 1 of 1 lines)",
+        ),
+        (
+            "Summarize the attached file",
+            {"type": "file", "path": str(attached)},
+            f"* {attached} (1 lines)",
+        ),
+        (
+            "List the attached directory.",
+            {"type": "directory", "displayName": "attached-directory", "path": str(directory)},
+            f"* {directory} (1 items)",
+        ),
+    ]
+    for prompt, attachment, line in cases:
+        sent, event = await sent_and_logged(official, model, prompt, [attachment])
+        assert sent == f"{prompt}\n\n\n\n<tagged_files>\n{line}\n</tagged_files>"
+        [logged] = event.data.attachments
+        assert logged.tagged_files_entry == line  # read back by the official client
+        assert (logged.path, logged.display_name) == (attachment["path"], Path(logged.path).name)
+        model.requests.clear()
+
+
+async def test_D11_a_selection_is_quoted_before_the_prompt_as_the_reference_sends_it(
+    official: CopilotClient, model: ReplayServer, tmp_path: Path
+) -> None:
+    source = tmp_path / "selected-file.cs"
+    source.write_text('class C { string Value = "SELECTION_SENTINEL"; }')
+    selection = {
+        "type": "selection",
+        "displayName": "selected-file.cs",
+        "filePath": str(source),
+        "text": 'string Value = "SELECTION_SENTINEL";',
+        "selection": {"start": {"line": 1, "character": 10}, "end": {"line": 1, "character": 45}},
+    }
+    sent, event = await sent_and_logged(
+        official, model, "Summarize the selected code.", [selection]
+    )
+    assert sent == (
+        "<ide_selection>\n"
+        "The user has the following text selected in their IDE. This may or may not be related"
+        " to their request.\n"
+        "File: selected-file.cs (line 2)\n"
+        "```\n"
+        'string Value = "SELECTION_SENTINEL";\n'
+        "```\n"
+        "</ide_selection>\n\n\n\n"
+        "Summarize the selected code."
+    )
+    [logged] = event.data.attachments
+    assert (logged.file_path, logged.text) == (str(source), selection["text"])
+
+
+async def test_D11_ranges_binary_files_and_several_attachments_at_once(
     official: CopilotClient, model: ReplayServer, tmp_path: Path
 ) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("line one\nline two\nline three\n")
+    blob = tmp_path / "data.bin"
+    blob.write_bytes(b"\x00\x01\xff")
     (tmp_path / "sub").mkdir()
     attachments = [
         {"type": "file", "path": str(notes), "lineRange": {"start": 2, "end": 3}},
         {
             "type": "selection",
             "filePath": str(notes),
-            "displayName": "sel",
             "selection": {"start": {"line": 0, "character": 5}, "end": {"line": 1, "character": 4}},
         },
-        {"type": "directory", "path": str(tmp_path), "displayName": "here"},
+        {"type": "file", "path": str(blob)},
+        {"type": "directory", "path": str(tmp_path)},
+        {"type": "selection", "filePath": str(notes), "displayName": "whole", "text": "all"},
     ]
-    sent = await sent_with(official, model, "Look", attachments)
-    assert sent == "\n\n".join(
-        [
-            "Look",
-            f'<attachment type="file" name="notes.txt" path="{notes}">\nline two\nline three\n'
-            "</attachment>",
-            f'<attachment type="selection" name="sel" path="{notes}:1-2">\none\nline\n'
-            "</attachment>",
-            f'<attachment type="directory" name="here" path="{tmp_path}">\nnotes.txt\nsub/\n'
-            "</attachment>",
-        ]
+    sent, _ = await sent_and_logged(official, model, "Look", attachments)
+    note = "The user has the following text selected in their IDE. This may or may not be"
+    note += " related to their request."
+    assert sent == (
+        f"<ide_selection>\n{note}\nFile: notes.txt (lines 1-2)\n```\none\nline\n```\n"
+        "</ide_selection>\n\n\n\n"
+        f"<ide_selection>\n{note}\nFile: whole\n```\nall\n```\n</ide_selection>\n\n\n\n"
+        "Look\n\n\n\n<tagged_files>\n"
+        f"* {notes} (lines 2-3 of 3 lines)\n"
+        f"* {blob} (binary file, 3 bytes)\n"
+        f"* {tmp_path} (3 items)\n"
+        "</tagged_files>"
     )
 
 
@@ -790,18 +957,8 @@ async def test_D14_image_blobs_and_files_are_image_parts_and_the_event_has_attac
     [event] = [e for e in await session.get_events() if e.type.value == "user.message"]
     await session.disconnect()
     content = model.requests[0]["messages"][-1]["content"]
-    assert content[0] == {
-        "type": "text",
-        "text": "\n\n".join(
-            [
-                "Say hello",
-                '<attachment type="blob" name="pixel.png">\n[image: image/png, 68 bytes]\n'
-                "</attachment>",
-                f'<attachment type="file" name="photo.png" path="{photo}">\n'
-                "[image: image/png, 68 bytes]\n</attachment>",
-            ]
-        ),
-    }
+    # Named after the prompt, shown after the text, as the reference runtime sends images.
+    assert content[0] == {"type": "text", "text": "Say hello\npixel.png\nphoto.png"}
     url = {"url": f"data:image/png;base64,{data}"}
     assert content[1:] == [{"type": "image_url", "image_url": url}] * 2
     # The official client reads the attachments of the message (their data left out).
@@ -820,7 +977,7 @@ async def test_D14_a_trimtab_remote_session_sends_images_and_request_headers(
     shared_server: ServerProcess, model: ReplayServer
 ) -> None:
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(24)).decode()
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model))
         with pytest.raises(ValueError, match="mime_type"):
             await session.send("Look", images=[{"mime_type": "image/bmp", "data": png}])
@@ -833,7 +990,7 @@ async def test_D14_a_trimtab_remote_session_sends_images_and_request_headers(
         await session.disconnect()
     [request] = model.requests  # the refused send stored nothing and ran nothing
     content = request["messages"][-1]["content"]
-    assert content[0]["text"].startswith('Say hello\n\n<attachment type="blob"')
+    assert content[0]["text"] == "Say hello"  # an image without a name: shown, not named
     assert content[1:] == [
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}}
     ]
@@ -845,7 +1002,7 @@ async def test_D11_a_trimtab_remote_session_sends_attachments(
 ) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_text("line one\nline two\n")
-    async with trimtab.Client.connect(shared_server.url) as client:
+    async with shared_server.remote() as client:
         session = await client.create_session(provider=provider(model))
         for bad in ({"type": "github_reference", "number": 1}, {"type": "file"}):
             with pytest.raises(ValueError, match="invalid send"):
@@ -859,12 +1016,12 @@ async def test_D11_a_trimtab_remote_session_sends_attachments(
         events = await session.get_events()
         await session.disconnect()
     [request] = model.requests  # the refused sends stored nothing and ran nothing
+    line = f"* {notes} (2 lines)"
     assert request["messages"][-1]["content"] == (
-        f'Read this\n\n<attachment type="file" name="notes" path="{notes}">\n'
-        "line one\nline two\n\n</attachment>"
+        f"Read this\n\n\n\n<tagged_files>\n{line}\n</tagged_files>"
     )
     [message] = [e for e in events if e.type == "user.message"]
-    assert message.data.attachments == [attached]
+    assert message.data.attachments == [attached | {"taggedFilesEntry": line}]
 
 
 @pytest.mark.parametrize(
@@ -913,14 +1070,18 @@ async def test_D11_a_fifo_or_a_device_is_refused_without_waiting(
     await session.disconnect()
 
 
-async def test_D11_a_large_file_is_cut_with_a_note(
+async def test_D11_a_large_files_lines_are_counted_and_a_selection_of_it_is_cut(
     official: CopilotClient, model: ReplayServer, tmp_path: Path
 ) -> None:
     big = tmp_path / "big.log"
-    big.write_text("x" * (MAX_TEXT_BYTES + 1000))
+    big.write_text("x" * 99 + "\n" + "y" * (MAX_TEXT_BYTES + 1000))  # 2 lines
     sent = await sent_with(official, model, "Read", [{"type": "file", "path": str(big)}])
-    assert sent.count("x") == MAX_TEXT_BYTES
-    assert f"[cut: the first {MAX_TEXT_BYTES} of {MAX_TEXT_BYTES + 1000} bytes]" in sent
+    assert sent.endswith(f"<tagged_files>\n* {big} (2 lines)\n</tagged_files>")
+    model.requests.clear()
+    sent = await sent_with(official, model, "Read", [{"type": "selection", "filePath": str(big)}])
+    kept = "y" * (MAX_TEXT_BYTES - 100)
+    assert kept in sent and kept + "y" not in sent
+    assert f"[cut: the first {MAX_TEXT_BYTES} of {MAX_TEXT_BYTES + 1100} bytes]" in sent
 
 
 async def test_D9_request_headers_go_with_that_sends_model_requests_only(
@@ -978,7 +1139,7 @@ async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_opti
         user("Again"),
         assistant("Done."),
     )
-    second = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    second = CopilotClient(connection=shared_server.connection())
     await second.start()
     try:
         async with ReplayServer([recorded]) as model:
@@ -1016,3 +1177,93 @@ async def test_D5_a_client_joining_an_open_session_brings_its_tools_not_its_opti
             await first.disconnect()
     finally:
         await second.force_stop()
+
+
+# --- spec section 1: each outcome as an official client reads it --------------------------
+
+
+class NoArgs(BaseModel):
+    pass
+
+
+async def test_every_outcome_reaches_an_official_client_as_success_and_error_code(
+    official: CopilotClient,
+) -> None:
+    """A Copilot client tells outcomes apart by `success` and `error.code` alone: a call that
+    did not run (denied, rejected, invalid, unknown) must never read as a success."""
+
+    def answer(kind: Any) -> Any:
+        return lambda params, invocation: ToolResult(text_result_for_llm=kind, result_type=kind)
+
+    def boom(params: NoArgs, invocation: Any) -> str:
+        raise RuntimeError("client-side secret")
+
+    def tool_(name: str, handler: Any, **options: Any) -> Any:
+        return define_tool(name, description=name, params_type=NoArgs, handler=handler, **options)
+
+    tools = [
+        tool_("ok", lambda p, i: "fine", skip_permission=True),
+        tool_("boom", boom, skip_permission=True),
+        *(
+            tool_(f"typed_{kind}", answer(kind))
+            for kind in ("failure", "denied", "rejected", "timeout")
+        ),
+        tool_("guarded", lambda p, i: "ran"),
+        tool_("asked", lambda p, i: "ran"),
+    ]
+
+    def permission(request: Any, invocation: Any) -> Any:
+        if request.tool_name == "guarded":
+            return PermissionDecisionUserNotAvailable()
+        if request.tool_name == "asked":
+            return PermissionDecisionReject()
+        return PermissionHandler.approve_all(request, invocation)
+
+    expected = {  # call id: (tool, arguments, success, error code)
+        "c1": ("ok", "{}", True, None),
+        "c2": ("boom", "{}", False, "failure"),
+        "c3": ("typed_failure", "{}", False, "failure"),
+        "c4": ("typed_timeout", "{}", False, "failure"),
+        "c5": ("missing", "{}", False, "failure"),
+        "c6": ("ok", "{not json", False, "invalid_arguments"),
+        "c7": ("guarded", "{}", False, "denied"),
+        "c8": ("typed_denied", "{}", False, "denied"),
+        "c9": ("asked", "{}", False, "rejected"),
+        "c10": ("typed_rejected", "{}", False, "rejected"),
+    }
+    calls = [
+        {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+        for id_, (name, arguments, _, _) in expected.items()
+    ]
+    # A rejection ends the run after its batch (O2): the model is asked once.
+    recorded = conversation(user("Try everything"), assistant(None, *calls))
+    async with ReplayServer([recorded]) as model:
+        session = await official.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            on_permission_request=permission,
+            tools=tools,
+        )
+        seen: list[Any] = []
+        session.on(seen.append)
+        await session.send_and_wait("Try everything", timeout=30)
+        stored: list[Any] = await session.get_events()
+        await session.disconnect()
+    assert len(model.requests) == 1
+    for events in (seen, stored):  # live, and as `session.getMessages` reads the log back
+        completes = {
+            e.data.tool_call_id: e.data for e in events if e.type.value == "tool.execution_complete"
+        }
+        got = {
+            call_id: (
+                data.success,
+                data.error.code if data.error else None,
+                bool(data.error and data.error.message),
+                data.result is not None,
+            )
+            for call_id, data in completes.items()
+        }
+        assert got == {
+            call_id: (success, code, not success, success)
+            for call_id, (_, _, success, code) in expected.items()
+        }
+    assert "client-side secret" not in str(stored)

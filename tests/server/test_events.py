@@ -63,7 +63,17 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "session.warning": {"warningType": "context_overflow", "message": "dropped a turn"},
     "session.info": {"infoType": "notification", "message": "noted"},
     "session.model_change": {"newModel": "other-model"},
-    "session.title_changed": {"title": "Release notes"},
+    "session.title_changed": {"title": "Release notes", "auto": True},
+    "session.plan_changed": {"operation": "update", "content": "# Plan"},
+    "session.workspace_file_changed": {
+        "operation": "create",
+        "path": "notes/a.md",
+        "content": "text",
+    },
+    "session.workspace_path_changed": {"operation": "rename", "path": "a", "destination": "b"},
+    "session.permissions_changed": {"mode": "allow-all", "previousMode": "manual"},
+    "command.queued": {"requestId": "r1", "command": "/deploy prod"},
+    "command.completed": {"requestId": "r1"},
     "session.mode_changed": {"newMode": "plan", "previousMode": "interactive"},
     "pending_messages.modified": {},
     "session.shutdown": {

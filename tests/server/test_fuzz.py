@@ -15,7 +15,7 @@ import math
 import socket
 from typing import Any
 
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot.generated.session_events import AssistantMessageData
 from copilot.session import PermissionHandler
 from hypothesis import HealthCheck, event, given, settings
@@ -288,7 +288,7 @@ async def test_fuzz_frames_shapes_and_params(start_server: StartServer) -> None:
     turns = 40
     messages = [m for n in range(turns) for m in (user(f"Message {n}"), assistant(f"Reply {n}"))]
     async with ReplayServer([conversation(*messages)]) as model:
-        client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+        client = CopilotClient(connection=server.connection())
         await client.start()
         session = await client.create_session(
             provider=provider(model),  # type: ignore[arg-type]

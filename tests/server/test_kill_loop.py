@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot.generated.session_events import AssistantMessageData
 from copilot.session import PermissionHandler
 from copilot.tools import define_tool as copilot_tool
@@ -106,7 +106,7 @@ async def drive(
     opened: asyncio.Event,
 ) -> None:
     """Resume (or create) the sessions and keep them busy, until cancelled."""
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    client = CopilotClient(connection=server.connection())
     try:
         await client.start()
         sessions = []
@@ -153,7 +153,7 @@ async def drain(
 ) -> None:
     """Resume every session once more and wait until each has run all its inputs: a last
     `send_and_wait` returns only after the runs queued before it."""
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
+    client = CopilotClient(connection=server.connection())
     try:
         await client.start()
         for session_id in session_ids:

@@ -25,8 +25,8 @@ from tests.server.conftest import ServerProcess, StartServer
 from tests.server.raw import RawClient, rss_kb, unestablished
 from trimtab.protocol.errors import AUTHENTICATION_FAILED, SERVER_BUSY
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, PARSE_ERROR
-from trimtab.server import serve
-from trimtab.server.copilot import CopilotConnection
+from trimtab.server import ServerOptions, serve
+from trimtab.server.auth import Credentials
 
 TOKEN = "s3cret-token"
 
@@ -71,9 +71,9 @@ def test_issue15_2_an_empty_token_does_not_open_a_public_address(
 
 async def test_issue15_2_an_empty_token_is_refused_in_process() -> None:
     with pytest.raises(ValueError, match="without a connection token"):
-        await serve(host="0.0.0.0", token="", store="memory")
+        await serve(ServerOptions(host="0.0.0.0", token="", store="memory"))
     with pytest.raises(ValueError, match="empty connection token"):
-        CopilotConnection(None, None, token="")  # type: ignore[arg-type]
+        Credentials.single("")
 
 
 def test_issue15_2_an_empty_token_never_authenticates(start_server: StartServer) -> None:
@@ -95,6 +95,8 @@ def test_issue15_3_a_client_that_never_reads_is_cut_off_and_memory_stays_bounded
     server = start_server(None)
     before = rss_kb(server.process.pid)
     flood = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    connect = {"jsonrpc": "2.0", "id": 0, "method": "connect", "params": {"token": server.token}}
+    flood.sendall(_frame(connect))
     # Each ping is answered with its message: 64 KiB out for every 64 KiB in, never read.
     ping = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"message": "x" * 65536}}
     frame = _frame(ping)
@@ -103,7 +105,7 @@ def test_issue15_3_a_client_that_never_reads_is_cut_off_and_memory_stays_bounded
 
     def other_client() -> None:
         # Meanwhile another client is served as usual.
-        client = RawClient(server.port)
+        client = server.raw()
         for n in range(20):
             other_answers.append(client.result("ping", {"message": n})["message"])
         client.close()
@@ -127,7 +129,7 @@ def test_issue15_3_a_client_that_never_reads_is_cut_off_and_memory_stays_bounded
     # The default limit is 8 MiB of unsent output; add what the kernel and Python hold.
     assert peak - before < 80 * 1024, (before, peak, after)
     assert "left more than 8388608 bytes of output unread" in _log_when(server, "unread")
-    assert RawClient(server.port).result("ping", {"message": "still up"})["message"]
+    assert server.raw().result("ping", {"message": "still up"})["message"]
 
 
 async def test_s3_a_client_that_reads_gets_its_own_large_message_back(
@@ -140,8 +142,7 @@ async def test_s3_a_client_that_reads_gets_its_own_large_message_back(
         server = start_server(None, "--provider", json.dumps(provider))
 
         def converse() -> Any:
-            client = RawClient(server.port)
-            client.result("connect", {})
+            client = server.raw()
             client.result("session.create", {"sessionId": "big"})
             prompt = "x" * (9 * 2**20)
             return client.result("session.sendAndWait", {"sessionId": "big", "prompt": prompt})
@@ -263,9 +264,7 @@ def test_issue15_4_idle_connections_are_closed_unless_a_session_is_attached(
     start_server: StartServer,
 ) -> None:
     server = start_server(None, "--idle-timeout", "1")
-    idle, busy = RawClient(server.port), RawClient(server.port)
-    idle.result("connect")
-    busy.result("connect")
+    idle, busy = server.raw(), server.raw()
     busy.result("session.create", {"sessionId": "kept", "provider": {"type": "openai"}})
     assert idle.closed_by_server(within=10)
     time.sleep(1.5)
@@ -277,7 +276,7 @@ def test_issue15_4_connections_beyond_the_limit_are_refused_clearly(
     start_server: StartServer,
 ) -> None:
     server = start_server(None, "--max-connections", "3")
-    open_ = [RawClient(server.port) for _ in range(3)]
+    open_ = [server.raw() for _ in range(3)]
     for client in open_:
         client.result("ping")
     refused = RawClient(server.port)
@@ -289,7 +288,10 @@ def test_issue15_4_connections_beyond_the_limit_are_refused_clearly(
     # Once the server has seen that one go, a new client is served.
     deadline = time.monotonic() + 20
     while True:
-        answer = RawClient(server.port).request("ping", {"message": "in"})
+        client = RawClient(server.port)
+        answer = client.request("connect", {"token": server.token})
+        if "result" in answer:
+            answer = client.request("ping", {"message": "in"})
         if "result" in answer or time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -303,8 +305,7 @@ def test_issue15_5_deep_json_is_a_parse_error_on_a_connection_that_stays_open(
     start_server: StartServer,
 ) -> None:
     server = start_server(None)
-    client = RawClient(server.port)
-    client.result("connect")
+    client = server.raw()
     client.send(b"[" * 100_000 + b"]" * 100_000)
     answer = client.receive()
     assert answer == {

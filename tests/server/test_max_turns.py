@@ -13,17 +13,18 @@ import pytest
 
 import trimtab
 from tests.fake_model import FakeModel
-from tests.server.conftest import StartServer
-from tests.server.raw import RawClient
+from tests.server.conftest import ServerProcess, StartServer
 from trimtab.protocol.errors import RUN_FAILED
 from trimtab.protocol.jsonrpc import INVALID_PARAMS
 
 
-def capped_run(port: int, method: str, params: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def capped_run(
+    server: ServerProcess, method: str, params: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
     """Open a session on a new connection (`session.create` or `session.resume`), run one
     prompt, and let go of it (the server closes it: a later resume opens it anew); return
     `sendAndWait`'s error and the types of the events sent meanwhile."""
-    client = RawClient(port)
+    client = server.raw()
     session = {"sessionId": params["sessionId"]}
     try:
         client.result(method, params)
@@ -47,7 +48,7 @@ async def test_e5_max_turns_caps_a_run_over_serve_and_comes_from_create_and_resu
         server = start_server(tmp_path / "trimtab.db")
         create = {"sessionId": "capped", "provider": model.provider(), "maxTurns": 3}
 
-        error, types = await asyncio.to_thread(capped_run, server.port, "session.create", create)
+        error, types = await asyncio.to_thread(capped_run, server, "session.create", create)
         assert len(model.requests) == 3
         assert (error["code"], error["data"]["errorType"]) == (RUN_FAILED, "max_turns")
         assert types.count("session.idle") == 1
@@ -57,12 +58,12 @@ async def test_e5_max_turns_caps_a_run_over_serve_and_comes_from_create_and_resu
         assert types.count("tool.execution_complete") == 3
 
         resume = {"sessionId": "capped", "maxTurns": 5}
-        error, types = await asyncio.to_thread(capped_run, server.port, "session.resume", resume)
+        error, types = await asyncio.to_thread(capped_run, server, "session.resume", resume)
         assert len(model.requests) == 3 + 5
         assert error["data"]["errorType"] == "max_turns"
         assert types.count("session.idle") == 1
 
-        refused = RawClient(server.port)
+        refused = server.raw()
         try:
             for turns in (0, True, 2.0, "3"):  # a whole number of turns, not coerced to one
                 bad = {**create, "sessionId": "none", "maxTurns": turns}
@@ -79,7 +80,7 @@ async def test_e5_the_native_remote_client_sends_max_turns(
     with a `TypeError` (not available on a remote session)."""
     async with FakeModel(tool="work", always_call=True) as model:
         server = start_server(tmp_path / "trimtab.db")
-        async with trimtab.Client.connect(server.url) as remote:
+        async with server.remote() as remote:
             session = await remote.create_session(provider=model.provider(), max_turns=2)
             with pytest.raises(trimtab.SessionError) as raised:
                 await session.send_and_wait("go", timeout=60)

@@ -36,7 +36,7 @@ from trimtab.testing import ReplayServer
 
 @pytest.fixture
 async def official(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
-    client = CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}"))
+    client = CopilotClient(connection=shared_server.connection())
     await client.start()
     yield client
     await client.force_stop()
@@ -209,7 +209,7 @@ async def test_sessions_are_listed_and_deleted(
     listed = {s.session_id: s for s in await official.list_sessions()}
     assert listed[session.session_id].summary == "Say hello"
     assert listed[session.session_id].is_remote is False
-    async with trimtab.Client.connect(shared_server.url) as remote:
+    async with shared_server.remote() as remote:
         records = {r.session_id: r for r in await remote.list_sessions()}
         assert records[session.session_id].event_count > 3
         await remote.delete_session(session.session_id)
@@ -221,11 +221,16 @@ async def test_sessions_are_listed_and_deleted(
 async def test_calls_the_server_cannot_serve_get_clear_errors(
     shared_server: ServerProcess,
 ) -> None:
-    hello = {"jsonrpc": "2.0", "id": 0, "method": "connect", "params": {}}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "connect",
+        "params": {"token": shared_server.token},
+    }
     answers = rpc(
         shared_server.port,
         hello,
-        {"jsonrpc": "2.0", "id": 1, "method": "session.plan.read", "params": {}},
+        {"jsonrpc": "2.0", "id": 1, "method": "session.workspaces.diff", "params": {}},
         {"jsonrpc": "2.0", "id": 2, "method": "session.send", "params": {}},
         {
             "jsonrpc": "2.0",
@@ -247,7 +252,12 @@ async def test_calls_the_server_cannot_serve_get_clear_errors(
 async def test_tool_names_given_twice_are_invalid_params(shared_server: ServerProcess) -> None:
     tool = {"name": "echo", "description": "echo", "parameters": {"type": "object"}}
     create = {"sessionId": "dup-tools", "provider": {"type": "openai"}, "tools": [tool, tool]}
-    hello = {"jsonrpc": "2.0", "id": 0, "method": "connect", "params": {}}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "connect",
+        "params": {"token": shared_server.token},
+    }
     answers = rpc(
         shared_server.port,
         hello,
@@ -264,7 +274,12 @@ async def test_t6_a_tool_name_no_provider_accepts_is_invalid_params(
 ) -> None:
     tool = {"name": "get weather", "description": "d", "parameters": {"type": "object"}}
     create = {"sessionId": "bad-name", "provider": {"type": "openai"}, "tools": [tool]}
-    hello = {"jsonrpc": "2.0", "id": 0, "method": "connect", "params": {}}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "connect",
+        "params": {"token": shared_server.token},
+    }
     answers = rpc(
         shared_server.port,
         hello,
@@ -297,8 +312,7 @@ async def test_a_tool_whose_client_left_fails_instead_of_hanging(
         tool("c1", "No connected client provides the tool 'echo'."),
         assistant("The tool is gone."),
     )
-    url = f"127.0.0.1:{shared_server.port}"
-    owner, guest = (CopilotClient(connection=RuntimeConnection.for_uri(url)) for _ in range(2))
+    owner, guest = (CopilotClient(connection=shared_server.connection()) for _ in range(2))
     async with ReplayServer([recorded]) as model:
         await owner.start()
         await guest.start()
@@ -322,7 +336,7 @@ async def test_a_tool_whose_client_left_fails_instead_of_hanging(
 async def test_w3_a_remote_send_and_wait_refuses_a_bad_timeout_before_sending(
     shared_server: ServerProcess,
 ) -> None:
-    async with ReplayServer() as model, trimtab.Client.connect(shared_server.url) as remote:
+    async with ReplayServer() as model, shared_server.remote() as remote:
         session = await remote.create_session(provider=provider(model), model="m")
         before = len(await session.get_events())
         for value in (-1.0, 0, float("nan")):
@@ -338,7 +352,7 @@ async def test_w4_a_call_waiting_on_a_frozen_server_ends_within_two_heartbeats(
     hello = conversation(user("Say hello"), assistant("Hello!"))
     async with (
         ReplayServer([hello]) as model,
-        trimtab.Client.connect(server.url, heartbeat=0.5) as remote,
+        server.remote(heartbeat=0.5) as remote,
     ):
         session = await remote.create_session(provider=provider(model), model="m")
         server.process.send_signal(signal.SIGSTOP)  # frozen: the socket stays open, silent
@@ -359,7 +373,7 @@ async def test_w4_a_long_call_on_a_live_server_outlasts_many_heartbeats(
     hello = conversation(user("Say hello"), assistant("Hello!"))
     async with (
         ReplayServer([hello]) as model,
-        trimtab.Client.connect(shared_server.url, heartbeat=0.3) as remote,
+        shared_server.remote(heartbeat=0.3) as remote,
     ):
         session = await remote.create_session(provider=provider(model), model="m")
         model.stall_next(2.0)  # the model answers after ~7 heartbeats

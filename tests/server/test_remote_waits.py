@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot.generated.session_events import AssistantMessageData
 from copilot.session import PermissionHandler
 
@@ -35,10 +35,7 @@ async def test_e5_r1_send_and_wait_on_a_server_that_does_not_own_the_session_ret
     """Before the follower told a run's end from the log, the non-owner's `sendAndWait`
     never answered: the owner's idle did not cross processes on SQLite."""
     owner_server = two_servers[0]
-    clients = [
-        CopilotClient(connection=RuntimeConnection.for_uri(f"127.0.0.1:{server.port}"))
-        for server in two_servers
-    ]
+    clients = [CopilotClient(connection=server.connection()) for server in two_servers]
     async with ReplayServer([TWO_RUNS]) as model:
         options: dict[str, Any] = {
             "provider": provider(model),

@@ -34,7 +34,7 @@ from tests.server.conftest import (
     tool,
     user,
 )
-from trimtab import Client, Event, PermissionHandler, SessionError, define_tool
+from trimtab import Event, PermissionHandler, SessionError, define_tool
 from trimtab.events import AssistantMessageEvent, UserMessageEvent
 from trimtab.remote import RemoteClient
 from trimtab.testing import ReplayServer
@@ -122,13 +122,13 @@ async def test_r1_kill_9_mid_model_call_the_run_is_taken_over_and_finishes(
     async with ReplayServer([HI]) as model:
         owner, other = servers(), servers()
         model.stall_next(60)
-        async with Client.connect(owner.url) as first:
+        async with owner.remote() as first:
             session = await first.create_session(provider=provider(model))
             await session.send("Say hi")
             await until(lambda: len(model.requests) == 1)
             killed = kill_9(owner)
 
-        async with Client.connect(other.url) as second:
+        async with other.remote() as second:
             resumed = await second.resume_session(session.session_id, provider=provider(model))
             seen = Recorder(resumed)  # type: ignore[arg-type]
             await seen.wait_for("session.idle", timeout=TTL + 10)
@@ -166,7 +166,7 @@ async def test_p3_kill_9_mid_tool_call_the_call_is_cancelled_and_the_run_finishe
             "provider": provider(model),
             "on_permission_request": PermissionHandler.approve_all,
         }
-        async with Client.connect(owner.url) as first:
+        async with owner.remote() as first:
             session = await first.create_session(
                 tools=[define_tool("echo", handler=stuck)], **options
             )
@@ -174,7 +174,7 @@ async def test_p3_kill_9_mid_tool_call_the_call_is_cancelled_and_the_run_finishe
             await asyncio.wait_for(started.wait(), 15)
             killed = kill_9(owner)
 
-        async with Client.connect(other.url) as second:
+        async with other.remote() as second:
             ran: list[str] = []
 
             def echo_text(params: TextArgs) -> str:
@@ -207,7 +207,7 @@ async def test_r1_two_servers_racing_for_one_session_run_it_once_at_a_time(
     ]
     async with ReplayServer(either_order) as model:
         a, b = servers(), servers()
-        async with Client.connect(a.url) as on_a, Client.connect(b.url) as on_b:
+        async with a.remote() as on_a, b.remote() as on_b:
             first = await on_a.create_session(provider=provider(model))
             second = await on_b.resume_session(first.session_id, provider=provider(model))
             seen_a, seen_b = Recorder(first), Recorder(second)  # type: ignore[arg-type]
@@ -240,13 +240,40 @@ async def test_r1_two_servers_racing_for_one_session_run_it_once_at_a_time(
         ]
 
 
+async def test_r2_a_client_of_another_server_sees_the_owners_run_from_its_resume_on(
+    servers: Callable[[], ServerProcess], backend: str
+) -> None:
+    twice = conversation(user("Say hi"), assistant("Hi!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([twice]) as model:
+        a, b = servers(), servers()
+        model.stall_next(2)
+        async with a.remote() as on_a, b.remote() as on_b:
+            session = await on_a.create_session(provider=provider(model))
+            await session.send("Say hi")
+            await until(lambda: len(model.requests) == 1)
+            # B's first follower: its listener connects (PostgreSQL) before the resume returns.
+            followed = await on_b.resume_session(session.session_id, provider=provider(model))
+            mine, seen = Recorder(session), Recorder(followed)  # type: ignore[arg-type]
+            await session.send("Again")  # at once, A busy: the queue's change is live only
+            await mine.wait_for("session.idle", 2, timeout=20)
+            await seen.wait_for("session.idle", 2, timeout=10)
+
+    live = [e.type for e in mine.events if e.ephemeral]
+    assert "pending_messages.modified" in live and "session.usage_info" in live
+    if backend == "postgres":
+        assert seen.types == mine.types
+    else:  # live events reach only the owner's own process: the log's, and each run's idle
+        stored = [e.type for e in mine.events if not e.ephemeral or e.type == "session.idle"]
+        assert seen.types == stored
+
+
 async def test_e1_a_client_reconnecting_mid_run_finds_the_run_finished_once(
     servers: Callable[[], ServerProcess], backend: str
 ) -> None:
     async with ReplayServer([HI]) as model:
         a, b = servers(), servers()
         model.stall_next(1.5)
-        async with Client.connect(a.url) as first:
+        async with a.remote() as first:
             session = await first.create_session(provider=provider(model))
             await session.send("Say hi")
             await until(lambda: len(model.requests) == 1)
@@ -255,7 +282,7 @@ async def test_e1_a_client_reconnecting_mid_run_finds_the_run_finished_once(
         # The client comes back on the other server where live events cross (PostgreSQL),
         # else on the same one.
         again = b if backend == "postgres" else a
-        async with Client.connect(again.url) as second:
+        async with again.remote() as second:
             resumed = await second.resume_session(session.session_id, provider=provider(model))
             seen = Recorder(resumed)  # type: ignore[arg-type]
             await seen.wait_for("session.idle", timeout=10)
@@ -275,7 +302,7 @@ async def test_p2_postgres_restarted_mid_run_the_run_ends_cleanly_and_loses_noth
     after = conversation(user("Say hi"), assistant("Hi!"), user("Say hi"), assistant("Hi!"))
     async with ReplayServer([after]) as model:
         server = ServerProcess(pg_dsn, log=tmp_path / "server.log")
-        async with Client.connect(server.url) as client:
+        async with server.remote() as client:
             session = await client.create_session(provider=provider(model))
             seen = Recorder(session)  # type: ignore[arg-type]
             model.stall_next(3)

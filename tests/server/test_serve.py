@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from tests.server.conftest import StartServer
-from tests.server.raw import RawClient
 from trimtab.protocol.framing import encode_frame
-from trimtab.server import serve
+from trimtab.server import ServerOptions, serve
 
 COPILOT_FLAGS = [
+    "--server",
     "--headless",
     "--no-auto-update",
     "--log-level",
@@ -35,7 +35,8 @@ COPILOT_FLAGS = [
     "--embedded-host",
     "--cli-login-sync-integration-id=vscode",
 ]
-"""Every flag the official clients (`github-copilot-sdk`) pass to a runtime they spawn."""
+"""Every flag the official clients pass to a runtime they spawn (each SDK's own argv:
+test_sdk_spawn.py)."""
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -136,9 +137,9 @@ def test_a_non_loopback_address_needs_a_token(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "example.com", ""])
-async def test_serve_refuses_before_binding(host: str) -> None:
+def test_serve_refuses_before_binding(host: str) -> None:
     with pytest.raises(ValueError, match="without a connection token"):
-        await serve(host=host, store="memory")
+        ServerOptions(host=host, store="memory")
 
 
 @pytest.mark.parametrize(
@@ -146,19 +147,25 @@ async def test_serve_refuses_before_binding(host: str) -> None:
     ["lease_ttl", "store_timeout", "pending_timeout", "frame_timeout", "connect_timeout"],
 )
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 0, -5.0])
-async def test_w3_serve_refuses_a_duration_that_bounds_nothing(duration: str, value: float) -> None:
-    with pytest.raises(ValueError, match=f"{duration} must be a positive, finite number"):
-        options: dict[str, Any] = {duration: value}
-        await serve(store="memory", **options)
+def test_w3_serve_refuses_a_duration_that_bounds_nothing(duration: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"{duration}\n.*(greater than 0|finite number)"):
+        ServerOptions.model_validate({"store": "memory", duration: value})
 
 
-async def test_loopback_addresses_need_no_token() -> None:
+async def test_s10_a_loopback_server_in_process_makes_its_token_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRIMTAB_HOME", str(tmp_path))
     for host in ("127.0.0.1", "127.0.0.2"):
         ready: asyncio.Queue[int] = asyncio.Queue()
-        task = asyncio.create_task(serve(host=host, store="memory", on_ready=ready.put_nowait))
-        assert await asyncio.wait_for(ready.get(), 10) > 0
+        options = ServerOptions(host=host, store="memory")
+        task = asyncio.create_task(serve(options, on_ready=ready.put_nowait))
+        port = await asyncio.wait_for(ready.get(), 10)
+        made = tmp_path / "serve" / f"{port}.token"
+        assert len(made.read_text()) >= 40  # written before the server says it is ready
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        assert not made.exists()
 
 
 # --- item 7: checked before "listening" -------------------------------------------------------
@@ -206,17 +213,27 @@ def test_issue15_7_a_missing_database_driver_is_one_line_and_exit_1(tmp_path: Pa
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--provider", '{"type": "nope"}'], "error: invalid provider config: type: Input should"),
+        (["--provider", '{"type": "nope"}'], "error: Invalid value for '--provider': type: Input"),
         (["--provider", '{"type": "openai"'], "error: Invalid value for '--provider': not JSON"),
-        (["--provider", '["openai"]'], "error: Invalid value for '--provider': expected a JSON"),
-        (["--provider", '{"type": "openai", "baseUrl": "localhost:11434"}'], "error: invalid"),
+        (["--provider", '["openai"]'], "error: Invalid value for '--provider': expected openai,"),
+        (["--provider", "gpt"], "error: Invalid value for '--provider': expected openai, anth"),
+        (
+            ["--provider", '{"type": "openai", "baseUrl": "localhost:11434"}'],
+            "error: Invalid value for '--provider': baseUrl: 'localhost:11434' is not an http",
+        ),
         (["--provider", '{"type": "azure"}'], "error: provider type 'azure' needs api_version"),
         (["--some-future-flag"], "error: No such option '--some-future-flag'"),
         (["serve"], "error: Got unexpected extra argument (serve)"),
-        (["--lease-ttl", "0"], "error: Invalid value for '--lease-ttl'"),
-        (["--lease-ttl", "inf"], "error: lease_ttl must be a positive, finite number"),
+        (["--port", "65536"], "error: Invalid value for '--port': Input should be less than or"),
+        (["--lease-ttl", "0"], "error: Invalid value for '--lease-ttl': Input should be greater"),
+        (
+            ["--lease-ttl", "inf"],
+            "error: Invalid value for '--lease-ttl': Input should be a finite",
+        ),
         (["--idle-timeout", "nan"], "error: Invalid value for '--idle-timeout'"),
         (["--max-requests", "0"], "error: Invalid value for '--max-requests'"),
+        (["--max-output", "1e3"], "error: Invalid value for '--max-output': Input should be a val"),
+        (["--log-level", "loud"], "error: Invalid value for '--log-level': 'loud' is not one of"),
         (["--store", "mysql://x"], "error: cannot open a store from 'mysql://x'"),
     ],
 )
@@ -251,10 +268,10 @@ def test_issue15_7_both_entry_points_share_flags_defaults_and_help(tmp_path: Pat
 
 def test_issue15_7_log_level_debug_logs(start_server: StartServer) -> None:
     server = start_server(None, "--log-level", "debug")
-    client = RawClient(server.port)
+    client = server.raw()
     client.result("ping", {"message": "traced"})
     client.close()
     server.stop()
     log = server.log.read_text()
     assert " DEBUG trimtab.server: listening on 127.0.0.1 port " in log
-    assert "connected (1 open)" in log and ": ping (id 1)" in log
+    assert "connected (1 open)" in log and ": ping (id 2)" in log  # after `connect`

@@ -9,15 +9,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from copilot import CopilotClient, RuntimeConnection
+from copilot import CopilotClient
 from copilot._jsonrpc import JsonRpcError
 from copilot.generated.rpc import (
+    AcceptedEnqueueCommandResult,
+    CommandsRespondToQueuedCommandRequest,
+    EnqueueCommandParams,
     EventLogReadRequest,
+    MetadataContextHeaviestMessagesRequest,
+    MetadataContextInfoRequest,
     ModelSetReasoningEffortRequest,
     ModelSwitchToRequest,
     ModeSetRequest,
+    NameSetAutoRequest,
     NameSetRequest,
     PermissionsSetApproveAllRequest,
+    PermissionsSetModeRequest,
+    QueuedCommandHandled,
+    QueuedCommandNotHandled,
+    QueuePendingItemsKind,
+    QueueRemoveAtRequest,
+    QueueWithdrawMessageRequest,
     RegisterEventInterestParams,
     ReleaseEventInterestParams,
     SessionsForkRequest,
@@ -45,12 +57,13 @@ from tests.server.conftest import (
     tool,
     user,
 )
+from trimtab._compaction import HANDOFF_PROMPT
 from trimtab.testing import ReplayServer
 
 
 @pytest.fixture
 async def client(shared_server: ServerProcess) -> AsyncIterator[CopilotClient]:
-    connection = RuntimeConnection.for_uri(f"127.0.0.1:{shared_server.port}")
+    connection = shared_server.connection()
     official = CopilotClient(connection=connection, log_level="warning")
     await official.start()
     yield official
@@ -479,4 +492,346 @@ async def test_k11_interest_registration_is_idempotent_to_release(client: Copilo
         release = ReleaseEventInterestParams(handle=interest.handle)
         assert (await session.rpc.event_log.release_interest(release)).success
         assert (await session.rpc.event_log.release_interest(release)).success
+        await session.disconnect()
+
+
+# --- issue 36: the rest of the session RPCs real programs call --------------------------------
+
+
+async def test_k12_set_auto_name_names_the_session_unless_the_user_did(
+    client: CopilotClient,
+) -> None:
+    async with ReplayServer([]) as model:
+        session = await open_session(client, model)
+        titles = Seen(session, "session.title_changed")
+        auto = await session.rpc.name.set_auto(NameSetAutoRequest(summary="  Fix the login bug  "))
+        assert auto.applied is True
+        assert (await session.rpc.name.get()).name == "Fix the login bug"
+        blank = await session.rpc.name.set_auto(NameSetAutoRequest(summary=" \n "))
+        assert blank.applied is False
+        again = await session.rpc.name.set_auto(NameSetAutoRequest(summary="Fix login\nand more"))
+        assert again.applied is True  # a summary replaces a summary, first line only
+        await titles.wait_for(2)
+        assert [t.data.title for t in titles] == ["Fix the login bug", "Fix login"]
+        session_id = session.session_id
+        await session.disconnect()
+
+        resumed = await open_session(client, model, session_id)  # the log says: automatic
+        assert (await resumed.rpc.name.set_auto(NameSetAutoRequest(summary="Later"))).applied
+        await resumed.rpc.name.set(NameSetRequest(name="Mine"))
+        ignored = await resumed.rpc.name.set_auto(NameSetAutoRequest(summary="Ignored"))
+        assert ignored.applied is False
+        await resumed.disconnect()
+
+        reopened = await open_session(client, model, session_id)
+        ignored = await reopened.rpc.name.set_auto(NameSetAutoRequest(summary="Ignored"))
+        assert ignored.applied is False
+        assert (await reopened.rpc.name.get()).name == "Mine"
+        await reopened.disconnect()
+
+
+async def test_k6_set_mode_allow_all_approves_every_call_and_manual_asks_again(
+    client: CopilotClient,
+) -> None:
+    asked: list[Any] = []
+
+    def ask(request: Any, invocation: Any) -> Any:
+        asked.append(request)
+        return PermissionHandler.approve_all(request, invocation)
+
+    echo = define_tool(
+        "echo",
+        description="Upper-case the text",
+        handler=lambda params, invocation: params.text.upper(),
+        params_type=TextArgs,
+        skip_permission=False,
+    )
+    once = [
+        user("Use echo on hi"),
+        assistant(None, call("c1", "echo", text="hi")),
+        tool("c1", "HI"),
+    ]
+    recorded = conversation(
+        *once,
+        assistant("It said HI."),
+        user("Again"),
+        assistant(None, call("c2", "echo", text="ho")),
+        tool("c2", "HO"),
+        assistant("It said HO."),
+    )
+    async with ReplayServer([recorded]) as model:
+        session = await client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            tools=[echo],
+            on_permission_request=ask,
+        )
+        changes = Seen(session, "session.permissions_changed")
+        result = await session.rpc.permissions.set_mode(
+            PermissionsSetModeRequest(mode=PermissionMode.ALLOW_ALL)
+        )
+        assert (result.success, result.mode) == (True, PermissionMode.ALLOW_ALL)
+        assert (await session.rpc.permissions.get_mode()).mode is PermissionMode.ALLOW_ALL
+        await session.send_and_wait("Use echo on hi", timeout=30)
+        assert asked == []
+        await changes.wait_for(1)
+        assert (changes[0].data.previous_mode, changes[0].data.mode) == (
+            PermissionMode.MANUAL,
+            PermissionMode.ALLOW_ALL,
+        )
+
+        assisted = await session.rpc.permissions.set_mode(
+            PermissionsSetModeRequest(mode=PermissionMode.ASSISTED)
+        )  # no judge model: not applied, and the mode stays
+        assert (assisted.success, assisted.mode) == (False, PermissionMode.ALLOW_ALL)
+        manual = await session.rpc.permissions.set_mode(
+            PermissionsSetModeRequest(mode=PermissionMode.MANUAL)
+        )
+        assert (manual.success, manual.mode) == (True, PermissionMode.MANUAL)
+        await session.send_and_wait("Again", timeout=30)
+        assert len(asked) == 1
+        await changes.wait_for(2)
+        await session.disconnect()
+
+
+async def test_k15_context_info_and_heaviest_messages_come_from_the_window(
+    client: CopilotClient,
+) -> None:
+    echo = define_tool(
+        "echo",
+        description="Repeat the text",
+        handler=lambda params, invocation: params.text * 40,
+        params_type=TextArgs,
+    )
+    recorded = conversation(
+        user("Use echo"),
+        assistant(None, call("c1", "echo", text="abc ")),
+        tool("c1", "abc " * 40),
+        assistant("Done."),
+    )
+    async with ReplayServer([recorded]) as model:
+        session = await client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            system_message={"content": "You are a test assistant.", "mode": "replace"},
+            tools=[echo],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        await session.send_and_wait("Use echo", timeout=30)
+        info = await session.rpc.metadata.context_info(
+            MetadataContextInfoRequest(prompt_token_limit=0, output_token_limit=0)
+        )
+        context = info.context_info
+        assert context is not None
+        assert context.model_name == "test-model"
+        assert context.system_tokens > 0 and context.conversation_tokens > 0
+        assert context.tool_definitions_tokens > 0 and context.mcp_tools_tokens == 0
+        assert context.total_tokens == (
+            context.system_tokens + context.conversation_tokens + context.tool_definitions_tokens
+        )
+        attributed = (await session.rpc.metadata.get_context_attribution()).context_attribution
+        assert attributed is not None and context.total_tokens == attributed.total_tokens
+        assert context.limit == context.prompt_token_limit == attributed.limit
+        given = await session.rpc.metadata.context_info(
+            MetadataContextInfoRequest(
+                prompt_token_limit=128_000, output_token_limit=4_096, selected_model="other"
+            )
+        )
+        assert given.context_info is not None
+        assert (given.context_info.limit, given.context_info.model_name) == (128_000, "other")
+        assert given.context_info.compaction_threshold == int(128_000 * 0.8)
+
+        heaviest = await session.rpc.metadata.get_context_heaviest_messages(
+            MetadataContextHeaviestMessagesRequest(limit=2)
+        )
+        assert heaviest.total_tokens == context.total_tokens
+        assert [(m.label, m.role) for m in heaviest.messages][:1] == [("tool: echo", "tool")]
+        assert len(heaviest.messages) == 2
+        assert heaviest.messages[0].tokens >= heaviest.messages[1].tokens
+        every = await session.rpc.metadata.get_context_heaviest_messages(
+            MetadataContextHeaviestMessagesRequest()
+        )
+        assert sorted(m.role for m in every.messages) == ["assistant", "assistant", "tool", "user"]
+        await session.disconnect()
+
+
+async def test_k14_instruction_sources_are_none_and_tool_metadata_lists_the_tools(
+    client: CopilotClient,
+) -> None:
+    tools = [
+        define_tool(
+            f"tool_{i}", description=f"Tool {i}", handler=lambda p, i: "x", params_type=TextArgs
+        )
+        for i in range(3)
+    ]
+    async with ReplayServer([]) as model:
+        session = await client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            tools=tools,
+            tool_search={"enabled": True, "defer_threshold": 2},
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        assert (await session.rpc.instructions.get_sources()).sources == []
+        metadata = await session.rpc.tools.get_current_metadata()
+        assert metadata.tools is not None
+        by_name = {t.name: t for t in metadata.tools}
+        assert set(by_name) == {"tool_0", "tool_1", "tool_2", "tool_search"}
+        assert by_name["tool_1"].description == "Tool 1"
+        assert by_name["tool_1"].defer_loading is True
+        assert by_name["tool_search"].defer_loading is False
+        schema = by_name["tool_0"].input_schema
+        assert schema is not None and "text" in schema["properties"]
+        await session.disconnect()
+
+
+async def test_k17_summarize_for_handoff_is_the_models_note_and_leaves_the_window(
+    client: CopilotClient,
+) -> None:
+    note = "## Handoff\n\nThe user greeted the agent."
+    recorded = [
+        conversation(user("Hi"), assistant("Hello.")),
+        conversation(
+            {"role": "system", "content": HANDOFF_PROMPT},
+            user("Conversation to summarise:\n\n[user] Hi\n[assistant] Hello."),
+            assistant(note),
+        ),
+    ]
+    async with ReplayServer(recorded) as model:
+        session = await open_session(client, model)
+        assert (await session.rpc.history.summarize_for_handoff()).summary == ""
+        await session.send_and_wait("Hi", timeout=30)
+        before = await session.rpc.metadata.get_context_attribution()
+        assert (await session.rpc.history.summarize_for_handoff()).summary == note
+        after = await session.rpc.metadata.get_context_attribution()
+        assert before.context_attribution is not None and after.context_attribution is not None
+        assert after.context_attribution.total_tokens == before.context_attribution.total_tokens
+        await session.disconnect()
+
+
+class Held:
+    """A session whose first run waits in its `hold` tool until released."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+        async def wait_for_release(params: NoArgs, invocation: Any) -> str:
+            await self.release.wait()
+            return "released"
+
+        self.tool = define_tool(
+            "hold", description="Wait", handler=wait_for_release, params_type=NoArgs
+        )
+
+    async def open(self, client: CopilotClient, model: ReplayServer) -> CopilotSession:
+        session = await client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            tools=[self.tool],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        started = Seen(session, "tool.execution_start")
+        await session.send("first")
+        await started.wait_for(1)
+        return session
+
+
+HELD = [
+    user("first"),
+    assistant(None, call("call_1", "hold")),
+    tool("call_1", "released"),
+    assistant("First done."),
+]
+
+
+async def test_k9_queue_items_are_removed_by_id_newest_first_or_withdrawn(
+    client: CopilotClient,
+) -> None:
+    held = Held()
+    async with ReplayServer([conversation(*HELD, user("keep"), assistant("Kept."))]) as model:
+        session = await held.open(client, model)
+        changes = Seen(session, "pending_messages.modified")
+        idle = Seen(session, "session.idle")
+        ids = [await session.send(p) for p in ("keep", "by-id", "withdrawn", "newest")]
+        await changes.wait_for(4)
+
+        removed = await session.rpc.queue.remove_at(QueueRemoveAtRequest(id=ids[1]))
+        assert removed.removed is True
+        assert (await session.rpc.queue.remove_at(QueueRemoveAtRequest(id=ids[1]))).removed is False
+        changed = QueueWithdrawMessageRequest(message_id=ids[2], expected_prompt="edited")
+        assert (await session.rpc.queue.withdraw_message(changed)).removed is False
+        withdrawn = await session.rpc.queue.withdraw_message(
+            QueueWithdrawMessageRequest(message_id=ids[2], expected_prompt="withdrawn")
+        )
+        assert (withdrawn.removed, withdrawn.interrupted) == (True, False)
+        assert (await session.rpc.queue.remove_most_recent()).removed is True
+        pending = await session.rpc.queue.pending_items()
+        assert [(i.display_text, i.message_id) for i in pending.items] == [("keep", ids[0])]
+
+        held.release.set()
+        await idle.wait_for(2)
+        logged = await session.get_events()
+        prompts = [e.data.content for e in logged if isinstance(e.data, UserMessageData)]
+        assert prompts == ["first", "keep"]
+        assert (await session.rpc.queue.remove_most_recent()).removed is False
+        await session.disconnect()
+
+
+async def test_k13_queued_commands_go_to_the_host_in_turn_with_the_messages(
+    client: CopilotClient,
+) -> None:
+    held = Held()
+    async with ReplayServer([conversation(*HELD, user("after"), assistant("After."))]) as model:
+        session = await held.open(client, model)
+        queued = Seen(session, "command.queued")
+        completed = Seen(session, "command.completed")
+        idle = Seen(session, "session.idle")
+        first = await session.rpc.commands.enqueue(EnqueueCommandParams(command="/deploy prod"))
+        assert isinstance(first, AcceptedEnqueueCommandResult) and first.queue_id
+        after = await session.send("after")
+        second = await session.rpc.commands.enqueue(
+            EnqueueCommandParams(command="/second", display_text="Second command")
+        )
+        assert isinstance(second, AcceptedEnqueueCommandResult)
+        dropped = await session.rpc.commands.enqueue(EnqueueCommandParams(command="/dropped"))
+        pending = await session.rpc.queue.pending_items()
+        assert [(i.kind, i.id, i.display_text) for i in pending.items] == [
+            (QueuePendingItemsKind.COMMAND, first.queue_id, "/deploy prod"),
+            (QueuePendingItemsKind.MESSAGE, after, "after"),
+            (QueuePendingItemsKind.COMMAND, second.queue_id, "Second command"),
+            (QueuePendingItemsKind.COMMAND, dropped.queue_id, "/dropped"),
+        ]
+        assert (await session.rpc.queue.remove_most_recent()).removed is True
+        with pytest.raises(JsonRpcError, match="starts with '/'"):
+            await session.rpc.commands.enqueue(EnqueueCommandParams(command="deploy"))
+
+        held.release.set()  # the run ends: the first command's turn comes
+        await queued.wait_for(1)
+        assert (queued[0].data.request_id, queued[0].data.command) == (
+            first.queue_id,
+            "/deploy prod",
+        )
+        await asyncio.sleep(0.2)  # (the message behind it waits for the host's answer)
+        assert [i.kind for i in (await session.rpc.queue.pending_items()).items] == [
+            QueuePendingItemsKind.MESSAGE,
+            QueuePendingItemsKind.COMMAND,
+        ]
+        answer = CommandsRespondToQueuedCommandRequest(
+            request_id=first.queue_id, result=QueuedCommandHandled(stop_processing_queue=False)
+        )
+        assert (await session.rpc.commands.respond_to_queued_command(answer)).success is True
+        assert (await session.rpc.commands.respond_to_queued_command(answer)).success is False
+        await idle.wait_for(2)  # "after" ran
+        await queued.wait_for(2)
+        assert queued[1].data.request_id == second.queue_id
+        not_run = CommandsRespondToQueuedCommandRequest(
+            request_id=second.queue_id, result=QueuedCommandNotHandled()
+        )
+        assert (await session.rpc.commands.respond_to_queued_command(not_run)).success is True
+        await completed.wait_for(2)
+        assert [c.data.request_id for c in completed] == [first.queue_id, second.queue_id]
+        assert (await session.rpc.queue.pending_items()).items == []
+        logged = await session.get_events()
+        prompts = [e.data.content for e in logged if isinstance(e.data, UserMessageData)]
+        assert prompts == ["first", "after"]
         await session.disconnect()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from tests.requirements import require_import
 from tests.server.conftest import (
     MakeDriver,
     StartServer,
@@ -31,7 +32,7 @@ from tests.server.conftest import (
 from tests.server.drivers import Ctx, ToolSpec
 from trimtab.testing import ReplayServer
 
-pytest.importorskip("opentelemetry.sdk", reason="needs the SDK (in the dev extra)")
+require_import("opentelemetry.sdk", "needs the OpenTelemetry SDK (in the dev extra)")
 
 from opentelemetry import trace  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402

@@ -248,6 +248,7 @@ UNKNOWN_SESSION_CALLS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "read": lambda s: s.read("nope"),
     "get": lambda s: s.get("nope"),
     "acquire_lease": lambda s: s.acquire_lease("nope", "w", LONG_TTL),
+    "claim_lease": lambda s: s.claim_lease("nope", "w", 1, LONG_TTL),
     "enqueue_input": lambda s: s.enqueue_input("nope", "hi", "m1"),
     "pending_inputs": lambda s: s.pending_inputs("nope"),
     "discard_inputs": lambda s: s.discard_inputs("nope", ["m1"]),
@@ -338,6 +339,19 @@ async def test_summary_is_one_line_and_shortened(store: Store) -> None:
     assert len(summary) <= 80
     assert summary.startswith("line one line two xxx")
     assert summary.endswith("…")
+
+
+async def test_s16_the_owner_is_the_start_events_and_listed(store: Store) -> None:
+    owned = SessionStartEvent(data=SessionStartData(session_id="a", owner="alice"))
+    await store.create("a", [owned])
+    await store.create("none", [SessionStartEvent(data=SessionStartData(session_id="none"))])
+    await store.create("empty")
+    # Appended later, a start event (a log's copy, say) names nobody's session.
+    await store.append("empty", [owned], lease=None)
+
+    owners = {record.session_id: record.owner for record in await store.list_sessions()}
+    assert owners == {"a": "alice", "none": None, "empty": None}
+    assert (await store.get("a")).owner == "alice"
 
 
 async def test_closed_store_refuses_calls(store: Store) -> None:
@@ -432,6 +446,37 @@ async def test_reacquiring_own_expired_lease_gets_a_new_token(store: Store) -> N
     assert again.token == first.token + 1
     with pytest.raises(LeaseLostError):
         await store.append("s", [user("old")], lease=first)
+
+
+async def test_en3_a_claim_with_a_greater_fence_takes_a_live_lease_and_fences_its_holder(
+    store: Store,
+) -> None:
+    await store.create("s")
+    held = await store.acquire_lease("s", "w1", LONG_TTL)
+    assert held is not None and held.token == 1
+
+    claimed = await store.claim_lease("s", "engine:a", 5, LONG_TTL)
+
+    assert claimed == Lease(session_id="s", owner="engine:a", token=5)
+    assert (await store.get("s")).lease_owner == "engine:a"
+    with pytest.raises(LeaseLostError):
+        await store.append("s", [user("stale")], lease=held)
+    assert await store.append("s", [user("by a")], lease=claimed) == 1
+
+
+async def test_en3_a_claim_behind_the_session_token_is_refused_with_that_token(
+    store: Store,
+) -> None:
+    await store.create("s")
+    later = await store.claim_lease("s", "engine:b", 7, LONG_TTL)
+    assert isinstance(later, Lease)
+
+    # An earlier attempt whose claim arrives late, and one of the same fence by another.
+    assert await store.claim_lease("s", "engine:a", 6, LONG_TTL) == 7
+    assert await store.claim_lease("s", "engine:c", 7, LONG_TTL) == 7
+    # The same claim repeated (its first answer was lost) is the same lease.
+    assert await store.claim_lease("s", "engine:b", 7, LONG_TTL) == later
+    assert await store.append("s", [user("by b")], lease=later) == 1
 
 
 async def test_renew_extends_every_live_lease_of_the_owner(store: Store) -> None:
@@ -715,6 +760,24 @@ async def test_published_ephemeral_events_come_in_their_place_and_are_not_stored
         # before it was published, nor lets one stored after it go first.
         assert labels(await reader) == ["b", "~1", "~2", "c", "~3"]
     assert contents(await store.read("s")) == ["a", "b", "c"]
+
+
+async def test_e6_a_subscription_hears_every_event_published_once_it_is_ready(
+    store: Store,
+) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+    ready = asyncio.Event()
+
+    async with aclosing(store.subscribe("s", after=1, ready=ready)) as events:
+        reader = asyncio.create_task(take(events, 2))
+        async with asyncio.timeout(5):
+            await ready.wait()
+        # At once: no turn of the event loop for a subscription still getting ready.
+        await store.publish("s", delta("1"), after=1)
+        await store.append("s", [user("b")], lease=None)
+
+        assert labels(await reader) == ["~1", "b"]
 
 
 async def test_publishing_without_subscribers_is_harmless(store: Store) -> None:

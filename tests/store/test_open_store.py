@@ -54,7 +54,8 @@ def test_postgresql_urls_open_a_postgres_store_without_connecting(spec: str) -> 
 
 
 def test_postgresql_url_without_psycopg_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "trimtab.store.postgres", raising=False)
+    for name in [m for m in sys.modules if m.startswith("trimtab.store.postgres")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "psycopg", None)  # what an absent package looks like
 
     with pytest.raises(ImportError, match=re.escape("pip install 'trimtab[postgres]'")):
@@ -98,11 +99,12 @@ async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
     await store.create("s")
     await store.close()
     db = sqlite3.connect(path)
-    # Back to version 1: no snapshots (2), no idempotent appends nor claimed inputs (3).
+    # Back to version 1: no snapshots (2), no idempotent appends nor claimed inputs (3), no
+    # owners (5).
     db.executescript(
         "DROP TABLE snapshots; DROP INDEX events_by_id; DROP INDEX inputs_by_message;"
         " DROP INDEX inputs_pending; ALTER TABLE inputs DROP COLUMN claimed_seq;"
-        " PRAGMA user_version = 1;"
+        " ALTER TABLE sessions DROP COLUMN owner; PRAGMA user_version = 1;"
     )
     db.close()
     store = SqliteStore(path)
@@ -112,4 +114,5 @@ async def test_a_version_1_sqlite_file_is_migrated(tmp_path: Path) -> None:
     await store.enqueue_input("s", "hi", "m1")
     assert await store.pending_inputs("s") == [("hi", "m1")]
     assert await store.sessions_with_inputs() == {"s"}
+    assert (await store.get("s")).owner is None  # a session from before owners: nobody's
     await store.close()

@@ -34,7 +34,7 @@ from trimtab.events import (  # noqa: E402
     UserMessageEvent,
 )
 from trimtab.store import Lease, open_store, postgres  # noqa: E402
-from trimtab.store.postgres import CHANNEL, SUBSCRIBE_POLL, PostgresStore  # noqa: E402
+from trimtab.store.postgres import CHANNEL, SUBSCRIBE_POLL, PostgresStore, _listener  # noqa: E402
 
 # A worker process on session "s": connects, prints "ready", waits for "go" on stdin (so that
 # workers started together really overlap), then either appends `count` events `batch` per
@@ -316,13 +316,13 @@ async def test_e6_a_notification_it_cannot_read_does_not_end_the_listener(
 
 def deafen_to_markers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The listener never hears a subscription's marker (a slow or lossy peer)."""
-    dispatch = postgres._Doorbell._dispatch
+    dispatch = _listener.Doorbell._dispatch
 
     def deaf(doorbell: Any, channel: str, payload: str) -> None:
         if "sync:" not in payload:
             dispatch(doorbell, channel, payload)
 
-    monkeypatch.setattr(postgres._Doorbell, "_dispatch", deaf)
+    monkeypatch.setattr(_listener.Doorbell, "_dispatch", deaf)
 
 
 async def test_e6_an_ephemeral_event_published_before_a_subscription_never_reaches_it(
@@ -358,14 +358,14 @@ async def test_e6_a_listener_already_up_hears_an_earlier_event_before_a_new_subs
         async with aclosing(store.subscribe("s")) as first:
             first_events = asyncio.create_task(take(first, 2, within=5))
             await asyncio.sleep(0.2)  # the listener is up
-            dispatch = postgres._Doorbell._dispatch
+            dispatch = _listener.Doorbell._dispatch
             loop = asyncio.get_running_loop()
 
             def late(doorbell: Any, channel: str, payload: str) -> None:
                 # The listener handles what it hears 0.2 s late, in order.
                 loop.call_later(0.2, dispatch, doorbell, channel, payload)
 
-            monkeypatch.setattr(postgres._Doorbell, "_dispatch", late)
+            monkeypatch.setattr(_listener.Doorbell, "_dispatch", late)
             await store.publish("s", SessionIdleEvent(), after=0)
             async with aclosing(store.subscribe("s")) as second:
                 second_events = asyncio.create_task(take(second, 1, within=5))
@@ -373,6 +373,50 @@ async def test_e6_a_listener_already_up_hears_an_earlier_event_before_a_new_subs
                 await store.append("s", [user("a")], lease=None)
                 assert [e.type for e in await second_events] == ["user.message"]
             assert [e.type for e in await first_events] == ["session.idle", "user.message"]
+
+
+async def test_e6_a_first_subscription_is_ready_only_once_its_listener_listens(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store's first subscription starts its listener, whose connection takes a while (a
+    loaded server): `ready` waits for it, so that what is published at once is heard."""
+    listen = _listener.Doorbell._listen
+
+    async def slow(doorbell: Any) -> None:
+        await asyncio.sleep(0.3)
+        await listen(doorbell)
+
+    monkeypatch.setattr(_listener.Doorbell, "_listen", slow)
+    async with stores(pg_dsn, 2) as (writer, reader):
+        await writer.create("s")
+        ready = asyncio.Event()
+        async with aclosing(reader.subscribe("s", ready=ready)) as events:
+            heard = asyncio.create_task(take(events, 1, within=5))
+            async with asyncio.timeout(5):
+                await ready.wait()
+            await writer.publish("s", SessionIdleEvent(), after=0)
+            assert [e.type for e in await heard] == ["session.idle"]
+
+
+async def test_e6_a_subscription_whose_listener_cannot_connect_is_never_ready(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not listening, it reads the stored events by polling, and says it is not ready."""
+
+    async def deaf(doorbell: Any) -> None:
+        await asyncio.Event().wait()  # never connects
+
+    monkeypatch.setattr(_listener.Doorbell, "_listen", deaf)
+    store = PostgresStore(pg_dsn, timeout=0.5)
+    try:
+        await store.create("s")
+        await store.append("s", [user("a")], lease=None)
+        ready = asyncio.Event()
+        async with aclosing(store.subscribe("s", ready=ready)) as events:
+            assert contents(await take(events, 1, within=5)) == ["a"]
+            assert not ready.is_set()
+    finally:
+        await store.close()
 
 
 async def test_e6_closing_the_store_ends_a_subscription_waiting_for_its_marker(
@@ -625,7 +669,7 @@ async def test_doorbell_payload_is_the_session_and_its_last_seq_never_the_event(
 async def test_without_the_doorbell_a_subscriber_still_catches_up_by_polling(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(postgres, "SUBSCRIBE_POLL", 0.2)
+    monkeypatch.setattr(_listener, "SUBSCRIBE_POLL", 0.2)
     async with stores(pg_dsn, 1) as (store,):
         await store.create("s")
         # The subscriber's first read fails, as during a failover: it must not end.
@@ -746,7 +790,12 @@ async def test_schema_is_created_once_by_concurrent_first_calls(pg_dsn: str) -> 
     async with stores(pg_dsn, 4) as opened:
         await asyncio.gather(*(store.list_sessions() for store in opened))
 
-    assert await column(pg_dsn, "SELECT version FROM trimtab_schema ORDER BY version") == [1, 2, 3]
+    assert await column(pg_dsn, "SELECT version FROM trimtab_schema ORDER BY version") == [
+        1,
+        2,
+        3,
+        4,
+    ]
 
 
 async def test_a_newer_schema_is_refused(pg_dsn: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from tests.store.processes import child, go, next_line
 from trimtab.events import Event, UserMessageData, UserMessageEvent
 from trimtab.store import SqliteStore
+from trimtab.store.sqlite import BUSY_SLICE, PAGE_CACHE_KIB, SCHEMA_VERSION
 
 BATCH = 3
 """Events per append in the crash tests: a torn batch would show as a count not divisible by it."""
@@ -141,3 +142,32 @@ async def test_p2_torn_wal_tail_is_dropped_on_open(tmp_path: Path) -> None:
     after = UserMessageEvent(data=UserMessageData(content="after"))
     assert await store.append("s", [after], lease=None) == count + 1
     await store.close()
+
+
+async def test_p5_sqlite_settings_the_store_relies_on_are_in_force(tmp_path: Path) -> None:
+    """P2, P5: WAL with `synchronous = NORMAL` (durable against a process crash, one commit
+    each), read back from the connection the store writes with, on a new file and reopened;
+    the journal mode is the file's, so a second connection reads it too."""
+    db = tmp_path / "trimtab.db"
+    settings = {
+        "journal_mode": "wal",
+        "synchronous": 1,  # NORMAL: OFF (0) loses commits to an OS crash; FULL (2) costs 18x
+        "foreign_keys": 1,  # ON DELETE CASCADE of a session's events and inputs
+        "busy_timeout": round(BUSY_SLICE * 1000),
+        "cache_size": -PAGE_CACHE_KIB,
+        "user_version": SCHEMA_VERSION,
+    }
+
+    def read(connection: sqlite3.Connection) -> dict[str, object]:
+        return {name: connection.execute(f"PRAGMA {name}").fetchone()[0] for name in settings}
+
+    for session_id in ("on a new file", "reopened"):
+        store = SqliteStore(db)
+        assert store._db is not None  # the one connection every call of the store uses
+        assert read(store._db) == settings
+        await store.create(session_id)
+        assert read(store._db) == settings  # (a write changes none of them)
+        await store.close()
+        with closing(sqlite3.connect(db)) as other:
+            assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert other.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

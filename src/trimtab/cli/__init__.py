@@ -32,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = exc.ctx.command_path if exc.ctx is not None else "trimtab"
         Terminal.detect().error(_first_line(exc.format_message()), f"see '{command} --help'")
         return EXIT_USAGE
+    except click.ClickException as exc:  # a command's own failure: `serve`'s port in use
+        Terminal.detect().error(_first_line(exc.format_message()), getattr(exc, "hint", None))
+        return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except (click.Abort, KeyboardInterrupt):

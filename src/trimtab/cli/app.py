@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from trimtab import __version__
+from trimtab.server.command import serve_command
 
 if TYPE_CHECKING:
     from trimtab.cli.config import Resolved
@@ -51,7 +52,8 @@ def _provider_options(command: F) -> F:
         click.option(
             "--tools",
             metavar="SET",
-            help="'demo': calculator, current_time and clear_context; 'none' (default).",
+            help="'builtin': view, create, edit, bash, grep and glob in the current directory;"
+            " 'demo': calculator, current_time and clear_context; 'none' (default).",
         ),
         click.option(
             "--system", "system_message", metavar="TEXT", help="System message of new sessions."
@@ -162,20 +164,99 @@ def config(as_json: bool, **settings: Any) -> int:
     return show_config(_resolve(settings), as_json=as_json)
 
 
-@cli.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    add_help_option=False,
+# The server owns its command: its flags are `trimtab.server.ServerOptions`'s.
+cli.add_command(serve_command)
+
+
+@cli.command("worker")
+@click.option(
+    "--engine",
+    metavar="URL",
+    required=True,
+    envvar="TRIMTAB_ENGINE",
+    help="The engine whose runs to execute: temporal://HOST:PORT[/NAMESPACE] [env TRIMTAB_ENGINE].",
 )
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def serve(args: tuple[str, ...]) -> int:
-    """Serve sessions to Copilot SDK clients over JSON-RPC.
+@click.option(
+    "--store",
+    metavar="PATH|URL",
+    envvar="TRIMTAB_STORE",
+    help="The sessions' store, the one their clients use (postgresql://..., or a SQLite file"
+    " shared on this host) [env TRIMTAB_STORE].",
+)
+@click.option(
+    "--tools",
+    "tools",
+    metavar="MODULE:ATTRIBUTE",
+    multiple=True,
+    help="A Tool, or a list of them, this worker runs (repeatable); a session's other tools"
+    " are answered by a process that has it open.",
+)
+@click.option(
+    "--provider",
+    metavar="NAME|JSON",
+    help="Provider of sessions whose log names none: openai, anthropic, ollama, local, or a"
+    " JSON config. Only it gets API keys from the environment.",
+)
+@click.option("--task-queue", default="trimtab", show_default=True, metavar="NAME")
+@click.option(
+    "--lease-ttl",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the lease of a session this worker runs lasts without renewal.",
+)
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    metavar="N",
+    help="Runs this worker executes at once.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["error", "warning", "info", "debug"], case_sensitive=False),
+    default="warning",
+    show_default=True,
+)
+def worker(
+    engine: str,
+    store: str | None,
+    tools: tuple[str, ...],
+    provider: str | None,
+    task_queue: str,
+    lease_ttl: float,
+    max_runs: int,
+    log_level: str,
+) -> int:
+    """Run sessions' runs for a durable execution engine (needs the temporal extra).
 
-    The server's own options: trimtab serve --help.
+    Clients started with the same engine (trimtab serve --engine, Client(engine=...)) store
+    inputs and follow the logs; workers run the loop. A run whose worker dies or stalls goes
+    on in another one.
     """
-    # The server owns its flags (and the Copilot clients' extra ones it tolerates).
-    from trimtab.server.__main__ import main as serve_main
+    import logging
 
-    return serve_main(list(args), prog="trimtab serve")
+    from trimtab.cli.errors import EXIT_USAGE, CliError
+    from trimtab.cli.worker import run_worker
+    from trimtab.server.options import provider_argument
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("trimtab").setLevel(log_level.upper())
+    try:
+        config = provider_argument(provider) if provider else None
+    except ValueError as exc:
+        raise CliError(f"--provider: {exc}", exit_code=EXIT_USAGE) from None
+    return run_worker(
+        engine=engine,
+        store=store,
+        tools=tools,
+        provider=config,
+        task_queue=task_queue,
+        lease_ttl=lease_ttl,
+        max_runs=max_runs,
+    )
 
 
 @cli.command("inspect")
@@ -184,7 +265,7 @@ def serve(args: tuple[str, ...]) -> int:
     metavar="ADDRESS",
     default="127.0.0.1",
     show_default=True,
-    help="Address to listen on. Any but loopback needs a token.",
+    help="Address to listen on. Any but loopback needs --token.",
 )
 @click.option(
     "--port",
@@ -198,19 +279,28 @@ def serve(args: tuple[str, ...]) -> int:
     metavar="TOKEN",
     envvar="TRIMTAB_INSPECT_TOKEN",
     help="Token a browser must present; the printed URL carries it [env"
-    " TRIMTAB_INSPECT_TOKEN]. Empty means none.",
+    " TRIMTAB_INSPECT_TOKEN]. Without one, the inspector makes one and also keeps it in"
+    " $TRIMTAB_HOME/inspect/PORT.token (readable only by you). On the command line it shows"
+    " in the process list: prefer the variable.",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Ask no token (loopback only): every account of this machine can then read every session.",
 )
 @_common_options
-def inspect_sessions(host: str, port: int, token: str | None, **settings: Any) -> int:
+def inspect_sessions(
+    host: str, port: int, token: str | None, no_auth: bool, **settings: Any
+) -> int:
     """Serve a read-only web page to inspect the stored sessions.
 
     Runs, tool calls, context operations, the window the model saw at each call, token usage,
-    and a live view of a running session. Prints the URL to open; Ctrl-C stops it. Needs the
-    inspect extra.
+    and a live view of a running session. Prints the URL to open, which carries the token
+    every request needs; Ctrl-C stops it. Needs the inspect extra.
     """
     from trimtab.cli.inspector import run_inspector
 
-    return run_inspector(_resolve(settings), host=host, port=port, token=token)
+    return run_inspector(_resolve(settings), host=host, port=port, token=token, no_auth=no_auth)
 
 
 @cli.group()

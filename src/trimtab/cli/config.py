@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from trimtab.cli.errors import EXIT_USAGE, CliError, read_input
 from trimtab.events import DEFAULT_MAX_TURNS
+from trimtab.providers import PROVIDER_NAMES
+from trimtab.providers._choice import DEFAULT_OLLAMA_URL
 
 __all__ = [
     "CONFIG_FILE",
@@ -37,7 +39,7 @@ __all__ = [
 ProviderName: TypeAlias = Literal["openai", "anthropic", "ollama", "local", "scripted"]
 """`scripted` is a testing aid (replies from `--script FILE`), left out of the help."""
 
-PUBLIC_PROVIDERS = ("openai", "anthropic", "ollama", "local")
+PUBLIC_PROVIDERS = PROVIDER_NAMES
 
 CONFIG_FILE = "trimtab.toml"
 
@@ -57,8 +59,9 @@ class CliConfig(BaseModel):
     """Sent to the provider; never printed."""
     store: str | None = None
     """Where sessions live: `memory`, a SQLite path or URL; None is `<home>/trimtab.db`."""
-    tools: Literal["none", "demo"] = "none"
-    """`demo`: the calculator, current_time and clear_context tools."""
+    tools: Literal["none", "demo", "builtin"] = "none"
+    """`demo`: the calculator, current_time and clear_context tools; `builtin`: the agent's
+    own tools (view, create, edit, bash, grep, glob) in the current directory (spec B10)."""
     script: Path | None = None
     """The replies of the `scripted` provider (JSON or YAML)."""
     system_message: str | None = None
@@ -71,7 +74,7 @@ class CliConfig(BaseModel):
     both (None: their defaults, 300 s and 120 s)."""
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)
     """Model calls one run may make before it ends in a `max_turns` error."""
-    ollama_url: str = "http://127.0.0.1:11434"
+    ollama_url: str = DEFAULT_OLLAMA_URL
     """Where to look for a local Ollama server when no provider is named."""
     home: Path = Field(default=Path("~/.trimtab"), validate_default=True)
     """trimtab's data directory (`TRIMTAB_HOME`); only the environment sets it."""

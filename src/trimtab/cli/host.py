@@ -22,8 +22,10 @@ from trimtab import (
     Event,
     Session,
     SessionNotFoundError,
-    SessionOptions,
+    Tool,
+    builtin_tools,
 )
+from trimtab.builtin import BUILTIN_TOOLS
 from trimtab.cli.config import Resolved
 from trimtab.cli.demo_tools import DEMO_TOOL_NAMES, demo_tools
 from trimtab.cli.errors import EXIT_USAGE, CliError
@@ -95,7 +97,8 @@ class SessionHost:
                 f"cannot open the session store {where}: {exc}",
                 hint="check --store, TRIMTAB_STORE or TRIMTAB_HOME",
             ) from None
-        self._client = Client(store=self._store)
+        # The command line chooses the provider itself (`choice`), in its own words.
+        self._client = Client(store=self._store, provider=None)
         self._portal.call(self._client.start())
         return self
 
@@ -144,7 +147,7 @@ class SessionHost:
                 self._term.note(self._choice.notice())
         return self._choice
 
-    def _provider_options(self, choice: ProviderChoice) -> SessionOptions:
+    def _provider_options(self, choice: ProviderChoice) -> dict[str, Any]:
         # One provider for every session of the command: a script is read once, so a chat's
         # /new or /resume goes on with its next step rather than starting it over.
         if self._spec is None:
@@ -152,10 +155,7 @@ class SessionHost:
             if choice.name == "scripted":
                 self._scripts.append(cast("CliScriptedModel", spec))
             self._spec = spec if isinstance(spec, Provider) else self._build(choice, spec)
-        options: SessionOptions = {"provider": self._spec}
-        if choice.model is not None:
-            options["model"] = choice.model
-        return options
+        return {"provider": self._spec, "model": choice.model}
 
     def _build(self, choice: ProviderChoice, spec: dict[str, Any]) -> Provider:
         """The provider of `spec`, the person's own: API keys of the environment go with it."""
@@ -179,13 +179,13 @@ class SessionHost:
         """A new session with the configured provider, model, tools and system message."""
         choice = self.choice()
         config = self._resolved.config
-        options = self._provider_options(choice)
-        options.update(self._common_options(bridge, demo=config.tools == "demo"))
-        options["max_turns"] = config.max_turns
-        if config.mcp_servers:
-            options["mcp_servers"] = config.mcp_servers
-        if config.system_message:
-            options["system_message"] = config.system_message
+        options = {
+            **self._provider_options(choice),
+            **self._common_options(bridge, config.tools),
+            "max_turns": config.max_turns,
+            "mcp_servers": config.mcp_servers or None,
+            "system_message": config.system_message or None,
+        }
         session = self._open_session(
             self.client.create_session(**options), choice.name, f"starting {choice.name}"
         )
@@ -203,17 +203,21 @@ class SessionHost:
             raise in_use(session_id, record)
         status = self.status(record)
         persisted = persisted_config(self._portal.call(self.store.read(session_id)))
-        options, provider = self._resume_provider(persisted)
-        demo = self._resolved.config.tools == "demo" or (
-            not self._resolved.is_set("tools")
-            and bool(persisted.tools)
-            and {tool.name for tool in persisted.tools} <= DEMO_TOOL_NAMES
-        )
-        options.update(self._common_options(bridge, demo=demo))
-        if self._resolved.is_set("max_turns"):  # else the session keeps its own
-            options["max_turns"] = self._resolved.config.max_turns
-        if self._resolved.config.mcp_servers:
-            options["mcp_servers"] = self._resolved.config.mcp_servers
+        given, provider = self._resume_provider(persisted)
+        resolved = self._resolved
+        tools = resolved.config.tools
+        if not resolved.is_set("tools") and persisted.tools:
+            # Resumed without --tools: the session keeps the set it was created with.
+            names = {tool.name for tool in persisted.tools}
+            tools = "demo" if names <= DEMO_TOOL_NAMES else tools
+            tools = "builtin" if names <= set(BUILTIN_TOOLS) else tools
+        options = {
+            **given,
+            **self._common_options(bridge, tools),
+            # Else the session keeps its own.
+            "max_turns": resolved.config.max_turns if resolved.is_set("max_turns") else None,
+            "mcp_servers": resolved.config.mcp_servers or None,
+        }
         session = self._open_session(
             self.client.resume_session(session_id, **options), provider, "resuming"
         )
@@ -228,16 +232,14 @@ class SessionHost:
         bridge.attach(session)
         return session
 
-    def _resume_provider(self, persisted: SessionConfigData) -> tuple[SessionOptions, str]:
+    def _resume_provider(self, persisted: SessionConfigData) -> tuple[dict[str, Any], str]:
         """The provider options of a resume, and the provider's name for messages."""
         resolved = self._resolved
         provider_type = str((persisted.provider or {}).get("type"))
         if provider_type in _REBUILDABLE and not (
             resolved.is_set("provider") or resolved.is_set("base_url")
         ):
-            options: SessionOptions = {}
-            if resolved.config.model is not None:
-                options["model"] = resolved.config.model
+            options: dict[str, Any] = {"model": resolved.config.model}
             if resolved.is_set("timeout") and provider_type != "local":
                 options["provider"] = {**(persisted.provider or {}), **timeouts(resolved.config)}
             return options, provider_type
@@ -245,11 +247,16 @@ class SessionHost:
         return self._provider_options(choice), choice.name
 
     @staticmethod
-    def _common_options(bridge: TerminalBridge, *, demo: bool) -> SessionOptions:
+    def _common_options(bridge: TerminalBridge, tools: str) -> dict[str, Any]:
         # Tools are code, not logged: they are passed on every open. An empty list also tells
         # a resumed session not to offer the model tools this process cannot run.
+        chosen: list[Tool] = []
+        if tools == "demo":
+            chosen = demo_tools()
+        elif tools == "builtin":
+            chosen = [*builtin_tools(os.getcwd())]
         return {
-            "tools": demo_tools() if demo else [],
+            "tools": chosen,
             "on_permission_request": bridge.permission_handler,
             "streaming": True,
         }
@@ -257,9 +264,23 @@ class SessionHost:
     def _open_session(self, opening: Any, provider: str, progress: str) -> Session:
         try:
             session: Session = self._portal.call(opening, progress=progress)
-        except (ValueError, ImportError) as exc:
+        except ImportError as exc:
+            if exc.name == "mcp":  # the MCP servers' SDK, not the provider's
+                raise self._no_mcp() from None
+            raise _unavailable(provider, exc) from None
+        except ValueError as exc:
             raise _unavailable(provider, exc) from None
         return session
+
+    def _no_mcp(self) -> CliError:
+        from trimtab.providers._install import install_command
+
+        where = self._resolved.sources.get("mcp_servers", "--mcp")
+        drop = "run without --mcp" if where == "--mcp" else f"remove [mcp_servers] from {where}"
+        return CliError(
+            f"MCP servers ({where}) need the mcp package",
+            hint=f"install it with {install_command('mcp')}, or {drop}",
+        )
 
     def find(self, given: str) -> str:
         """The id of the one session whose id is or starts with `given`.

@@ -17,7 +17,9 @@ __all__ = ["run_inspector"]
 _HINT = "see 'trimtab inspect --help'"
 
 
-def run_inspector(resolved: Resolved, *, host: str, port: int, token: str | None) -> int:
+def run_inspector(
+    resolved: Resolved, *, host: str, port: int, token: str | None, no_auth: bool = False
+) -> int:
     """Serve the inspector until Ctrl-C."""
     try:
         from trimtab.inspect.serve import InspectError, check_address, serve
@@ -30,7 +32,7 @@ def run_inspector(resolved: Resolved, *, host: str, port: int, token: str | None
             hint=f"install it with {install_command('inspect')}",
         ) from None
     try:
-        check_address(host, token)
+        check_address(host, token, no_auth=no_auth)
     except ValueError as exc:
         raise CliError(str(exc), hint=_HINT, exit_code=EXIT_USAGE) from None
     config = resolved.config
@@ -41,11 +43,20 @@ def run_inspector(resolved: Resolved, *, host: str, port: int, token: str | None
             hint="check --store, TRIMTAB_STORE or TRIMTAB_HOME; inspecting never creates one",
         )
     try:
-        asyncio.run(serve(config.store, home=config.home, host=host, port=port, token=token))
+        asyncio.run(
+            serve(
+                config.store,
+                home=config.home,
+                host=host,
+                port=port,
+                token=token,
+                no_auth=no_auth,
+            )
+        )
     except ValueError as exc:
         raise CliError(
             str(exc), hint="fix --store or TRIMTAB_STORE", exit_code=EXIT_USAGE
         ) from None
     except InspectError as exc:
-        raise CliError(str(exc), hint="check --store, --host and --port") from None
+        raise CliError(str(exc), hint=exc.hint) from None
     return 0

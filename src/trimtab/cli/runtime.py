@@ -173,6 +173,10 @@ class Approver:
         name = request.tool_name
         if request.kind == "mcp":
             name = f"{request.tool_name} (MCP server {request.server_name})"
+        elif request.kind == "shell":
+            name = f"{request.tool_name} `{request.full_command_text}`"
+        elif request.kind in ("read", "write"):
+            name = f"{request.tool_name} {request.path or request.file_name}"
         if self.mode == "yes":
             return PermissionDecision(kind="approve-once")
         if self._is_requested_clear(request):

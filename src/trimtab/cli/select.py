@@ -1,52 +1,31 @@
 """Which model provider a command uses, and the provider config that reaches it.
 
-When the person names none: `OPENAI_API_KEY`, then `ANTHROPIC_API_KEY`, then an Ollama server
-answering on this machine, else the embedded model. The choice is announced on one line of
-stderr, so that nobody wonders which model (and whose bill) answered.
+The configured one (`--provider`, `TRIMTAB_PROVIDER`, trimtab.toml; a base URL alone means an
+OpenAI-compatible server), else the one the environment offers, chosen and announced as
+`Client()` chooses (`trimtab.providers._choice`, spec S6), in the command line's words.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, assert_never
-from urllib.parse import urlsplit
+from typing import Any
 
 from trimtab.cli.config import CliConfig, ProviderName, Resolved
 from trimtab.cli.errors import EXIT_USAGE, CliError
-from trimtab.providers import Provider
-
-__all__ = [
-    "DEFAULT_MODELS",
-    "OLLAMA_PROBE_TIMEOUT",
-    "ProviderChoice",
-    "choose_provider",
-    "probe_ollama",
-    "provider_spec",
-    "timeouts",
-]
-
-DEFAULT_MODELS: dict[str, str] = {
-    "openai": "gpt-4.1-mini",
-    "anthropic": "claude-sonnet-4-5",
-    "ollama": "qwen2.5:7b",
-    "scripted": "scripted",
-}
-"""The model used when none is given; the embedded model (`local`) has its default weights,
-and takes a GGUF file's path as `--model`."""
-
-OLLAMA_PROBE_TIMEOUT = 0.3
-"""Seconds to wait for Ollama: a local server answers in milliseconds or is not running."""
-
-
-_KEY_VARIABLES: tuple[tuple[str, ProviderName], ...] = (
-    ("OPENAI_API_KEY", "openai"),
-    ("ANTHROPIC_API_KEY", "anthropic"),
+from trimtab.providers import Provider, named_provider
+from trimtab.providers._choice import (
+    DEFAULT_MODELS,
+    AutomaticChoice,
+    choose_automatically,
+    ollama_model,
 )
-"""The API key variables that pick a provider, in order of preference."""
+
+__all__ = ["ProviderChoice", "choose_provider", "provider_spec", "timeouts"]
+
+_CHANGE = "choose another with --provider"
+"""How a person chooses another provider than the automatic one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +35,20 @@ class ProviderChoice:
     name: ProviderName
     reason: str
     """Why this one: `--provider`, `OPENAI_API_KEY is set`, ..."""
-    auto: bool
-    """Chosen from the environment rather than named by the person."""
     model: str | None
     """The model to ask for; None lets the provider decide."""
+    automatic: AutomaticChoice | None = None
+    """The environment's choice, when the person named none."""
+
+    @property
+    def auto(self) -> bool:
+        """Chosen from the environment rather than named by the person."""
+        return self.automatic is not None
 
     def notice(self) -> str:
         """The one line that announces an automatic choice."""
-        what = "the embedded model (local)" if self.name == "local" else self.name
-        model = f" with model {self.model}" if self.model else ""
-        return f"trimtab: using {what}{model}: {self.reason}; choose another with --provider"
+        assert self.automatic is not None, "only an automatic choice is announced"
+        return self.automatic.notice(_CHANGE)
 
 
 def choose_provider(resolved: Resolved, env: Mapping[str, str]) -> ProviderChoice:
@@ -76,57 +59,23 @@ def choose_provider(resolved: Resolved, env: Mapping[str, str]) -> ProviderChoic
     config = resolved.config
     if config.provider is not None:
         reason = f"set by {resolved.sources['provider']}"
-        return ProviderChoice(config.provider, reason, False, _model(config))
+        return ProviderChoice(config.provider, reason, _model(config, config.provider))
     if config.base_url is not None:
         reason = f"{resolved.sources['base_url']} names an OpenAI-compatible server"
-        return ProviderChoice("openai", reason, False, config.model or DEFAULT_MODELS["openai"])
-    for variable, name in _KEY_VARIABLES:
-        if env.get(variable):
-            return ProviderChoice(name, f"{variable} is set", True, _model(config, name))
-    pulled = probe_ollama(config.ollama_url)
-    if pulled is not None:
-        model = config.model or (pulled[0] if pulled else DEFAULT_MODELS["ollama"])
-        return ProviderChoice("ollama", f"Ollama answers at {config.ollama_url}", True, model)
-    reason = "found no OPENAI_API_KEY, ANTHROPIC_API_KEY or running Ollama"
-    return ProviderChoice("local", reason, True, config.model)
+        return ProviderChoice("openai", reason, config.model or DEFAULT_MODELS["openai"])
+    found = choose_automatically(env, ollama_url=config.ollama_url, model=config.model)
+    return ProviderChoice(found.name, found.reason, found.model, found)
 
 
-def _model(config: CliConfig, name: ProviderName | None = None) -> str | None:
-    name = name or config.provider
-    if config.model is not None or name is None:
+def _model(config: CliConfig, name: ProviderName) -> str | None:
+    if config.model is not None:
         return config.model
     if name == "ollama":
         # Ask for a model the server actually has, when it says which.
-        pulled = probe_ollama(config.ollama_url)
-        if pulled:
-            return pulled[0]
+        return ollama_model(config.ollama_url)
+    if name == "scripted":
+        return "scripted"
     return DEFAULT_MODELS.get(name)
-
-
-def probe_ollama(url: str, timeout: float = OLLAMA_PROBE_TIMEOUT) -> list[str] | None:
-    """The models of the Ollama server at `url` (possibly none), or None if it does not answer.
-
-    Uses `GET /api/tags` with a short timeout; anything but a 200 with Ollama's JSON counts as
-    "not Ollama", so another service on the port is not mistaken for it.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    connection_type = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    connection = connection_type(parts.hostname, parts.port, timeout=timeout)
-    try:
-        connection.request("GET", parts.path.rstrip("/") + "/api/tags")
-        response = connection.getresponse()
-        if response.status != 200:
-            return None
-        body = json.loads(response.read(1_000_000))
-        return [str(model["name"]) for model in body.get("models", []) if "name" in model]
-    except (OSError, http.client.HTTPException, ValueError, TypeError, KeyError, AttributeError):
-        return None
-    finally:
-        connection.close()
 
 
 def provider_spec(choice: ProviderChoice, config: CliConfig) -> dict[str, Any] | Provider:
@@ -135,25 +84,19 @@ def provider_spec(choice: ProviderChoice, config: CliConfig) -> dict[str, Any] |
     Raises:
         CliError: The scripted provider's script is missing or invalid.
     """
-    key = config.api_key_value
-    match choice.name:
-        case "openai":
-            spec: dict[str, Any] = {"type": "openai", "base_url": config.base_url, "api_key": key}
-        case "ollama":
-            base_url = config.base_url or f"{config.ollama_url}/v1"
-            spec = {"type": "openai", "base_url": base_url, "api_key": key or "ollama"}
-        case "anthropic":
-            spec = {"type": "anthropic", "base_url": config.base_url, "api_key": key}
-        case "local":
-            # The weights are the model: a --model for the embedded provider is a GGUF file.
-            spec = {"type": "local", "model_path": config.model}
-        case "scripted":
-            return _scripted(config.script)
-        case _:
-            assert_never(choice.name)
+    if choice.name == "scripted":
+        return _scripted(config.script)
+    spec = named_provider(
+        choice.name,
+        base_url=config.base_url,
+        api_key=config.api_key_value,
+        # The weights are the model: a --model for the embedded provider is a GGUF file.
+        model_path=config.model if choice.name == "local" else None,
+        ollama_url=config.ollama_url,
+    )
     if choice.name != "local":  # the embedded model is no HTTP server: nothing to wait for
         spec |= timeouts(config)
-    return {name: value for name, value in spec.items() if value is not None}
+    return spec
 
 
 def timeouts(config: CliConfig) -> dict[str, float]:

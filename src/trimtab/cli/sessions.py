@@ -33,6 +33,7 @@ from trimtab.store import SessionRecord
 __all__ = [
     "events_table",
     "list_sessions",
+    "provider_text",
     "remove_sessions",
     "session_events",
     "sessions_table",
@@ -112,7 +113,7 @@ def show_session(resolved: Resolved, wanted: str, *, as_json: bool) -> int:
         ("events", str(record.event_count)),
         ("status", status + (f", open in {record.lease_owner}" if record.lease_owner else "")),
         ("model", config.get("model") or "-"),
-        ("provider", " ".join(str(v) for v in provider.values()) or "-"),
+        ("provider", provider_text(provider)),
         ("system", one_line(config.get("systemMessage") or "-")),
         ("tools", ", ".join(tool["name"] for tool in config.get("tools", [])) or "-"),
         ("clears", str(details["contextClears"])),
@@ -122,6 +123,45 @@ def show_session(resolved: Resolved, wanted: str, *, as_json: bool) -> int:
     size = max(len(key) for key, _ in rows) + 2
     term.line("\n".join(f"{key:<{size}}{printable(value)}" for key, value in rows))
     return 0
+
+
+_WIRE_APIS = {"completions": "Chat Completions API", "responses": "Responses API"}
+
+_SECONDS = {"timeout": "timeout", "stallTimeout": "stall timeout"}
+_NAMED = {
+    "deployment": "deployment",
+    "apiVersion": "API version",
+    "wireModel": "model on the wire",
+    "modelPath": "model file",
+}
+
+
+def provider_text(provider: dict[str, Any]) -> str:
+    """A session's logged provider config (wire keys) as a person reads it: `openai at URL,
+    Chat Completions API, 2 retries`. Only what applies to its type: the embedded model has
+    no wire API and makes no retries."""
+    if not provider:
+        return "-"
+    kind = str(provider.get("type", "?"))
+    parts = [kind + (f" at {provider['baseUrl']}" if "baseUrl" in provider else "")]
+    http = kind != "local"
+    for key, value in provider.items():
+        if key in ("type", "baseUrl"):
+            continue
+        if key == "wireApi":
+            if kind in ("openai", "azure"):
+                parts.append(_WIRE_APIS.get(str(value), f"{value} API"))
+        elif key == "maxRetries":
+            if http:
+                parts.append(f"{value} {'retry' if value == 1 else 'retries'}")
+        elif key in _SECONDS:
+            parts.append(f"{_SECONDS[key]} {value:g} s")
+        elif key == "headers" and isinstance(value, dict):
+            if value:  # (the log keeps no header that may carry a credential)
+                parts.append("headers " + ", ".join(map(str, value)))
+        else:
+            parts.append(f"{_NAMED.get(key, key)} {value}")
+    return ", ".join(parts)
 
 
 def _usage_text(usage: dict[str, int]) -> str:

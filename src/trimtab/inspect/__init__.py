@@ -8,7 +8,7 @@ running session live. It reads the log through the public `Store` protocol only,
 ```python
 from trimtab.inspect import create_app, serve
 
-app = create_app(store)                                  # any ASGI server can run it
+app = create_app(store, token=token)                     # any ASGI server can run it
 await serve("postgresql://db/trimtab", port=8080)        # or let trimtab run it on uvicorn
 ```
 """

@@ -7,6 +7,12 @@
     /sessions/{id}/events/{seq}        one event as JSON
     /sessions/{id}/live?after=N        the events after the N-th, as Server-Sent Events
 
+`{id}` is the session id as one path segment (`session_segment`): a session id is any
+non-empty string, `/`, `?`, `%` and `..` included, and percent-encoding cannot carry every
+such id in a path (servers decode `%2F` before routing, and browsers resolve `%2E%2E` as
+`..`), so every character but ASCII letters, digits, `-` and `_` is written `~XX`, a byte of
+its UTF-8 each (`a/b` is `a~2Fb`). Each id opens its own pages, whatever it holds.
+
 Every page is a Jinja2 template with autoescaping: log text (which a model, a tool or a client
 wrote, and may be hostile) reaches the page only as escaped text. The pages carry a Content
 Security Policy that allows the one script of the live view (by nonce) and nothing else.
@@ -18,12 +24,13 @@ import asyncio
 import json
 import logging
 import math
+import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from starlette.applications import Starlette
@@ -41,7 +48,7 @@ from trimtab.inspect.timeline import describe
 from trimtab.inspect.windows import window_view
 from trimtab.store import Store
 
-__all__ = ["LIVE_KEEPALIVE", "MAX_LIVE_STREAMS", "create_app"]
+__all__ = ["LIVE_KEEPALIVE", "MAX_LIVE_STREAMS", "create_app", "session_id_of", "session_segment"]
 
 logger = logging.getLogger("trimtab.inspect")
 
@@ -70,6 +77,7 @@ def _environment() -> Environment:
     env.filters.update(
         clip=lambda text, limit: text if len(text) <= limit else text[:limit],
         url=lambda value: quote(str(value), safe=""),
+        segment=session_segment,
         when=_when,
         count=lambda number: f"{number:,}",
         times=lambda number, noun: f"{number:,} {noun}{'' if number == 1 else 's'}",
@@ -92,7 +100,7 @@ def _pretty(value: Any) -> str:
 def create_app(
     store: Store,
     *,
-    token: str | None = None,
+    token: str | None,
     hosts: frozenset[str] | None = None,
     stopping: asyncio.Event | None = None,
 ) -> Guard:
@@ -100,7 +108,9 @@ def create_app(
 
     Args:
         store: Where the sessions are; only read.
-        token: The token every request must carry (see `trimtab.inspect.guard`); None for none.
+        token: The token every request must carry (see `trimtab.inspect.guard`). None lets
+            every request in: only for an app no one else reaches, which a loopback port is
+            not (every account of the machine reaches it). Given explicitly either way.
         hosts: The host names requests may be addressed to (loopback without a token).
         stopping: Set it to end the live views: they never end by themselves, and an ASGI
             server waits for its open responses before it stops.
@@ -111,10 +121,10 @@ def create_app(
             Route("/", pages.index),
             # Browsers ask for it on every site: no icon, and no error in their consoles.
             Route("/favicon.ico", lambda request: Response(status_code=204)),
-            Route("/sessions/{session_id:path}/calls/{call:count}", pages.window),
-            Route("/sessions/{session_id:path}/events/{seq:count}", pages.event),
-            Route("/sessions/{session_id:path}/live", pages.live),
-            Route("/sessions/{session_id:path}", pages.session),
+            Route("/sessions/{session_id:session}/calls/{call:count}", pages.window),
+            Route("/sessions/{session_id:session}/events/{seq:count}", pages.event),
+            Route("/sessions/{session_id:session}/live", pages.live),
+            Route("/sessions/{session_id:session}", pages.session),
         ],
         exception_handlers={
             SessionNotFoundError: pages.not_found,
@@ -210,7 +220,7 @@ class _Pages:
         log = await self.logs.load(session_id)
         view = window_view(log.events, call) if call >= 1 else None
         if view is None:
-            calls = len(log.timeline.turns)
+            calls = log.timeline.digest.model_calls
             message = f"session {session_id!r} has {calls} model calls, not {call}"
             return self.render("error.html", 404, message=message)
         turn = log.timeline.turns[call - 1]
@@ -220,7 +230,7 @@ class _Pages:
             record=record,
             view=view,
             turn=turn,
-            calls=len(log.timeline.turns),
+            calls=log.timeline.digest.model_calls,
             timeline_page=index // ENTRIES_PER_PAGE + 1,
         )
 
@@ -352,3 +362,42 @@ class _Count(Convertor[int]):
 
 
 register_url_convertor("count", _Count())
+
+_SEGMENT_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+_STRAY_TILDE = re.compile(r"~(?![0-9A-Fa-f]{2})")
+
+
+def session_segment(session_id: str) -> str:
+    """`session_id` as the one path segment of its pages' URLs (see the module's doc)."""
+    return "".join(
+        char if char in _SEGMENT_SAFE else "".join(f"~{byte:02X}" for byte in char.encode())
+        for char in session_id
+    )
+
+
+def session_id_of(segment: str) -> str | None:
+    """The session id a path segment names (`session_segment`'s inverse; characters not
+    written `~XX` stand for themselves); None for a segment that names none."""
+    if _STRAY_TILDE.search(segment):
+        return None
+    try:
+        return unquote_to_bytes(segment.replace("%", "%25").replace("~", "%")).decode()
+    except UnicodeDecodeError:
+        return None
+
+
+class _SessionSegment(Convertor[str]):
+    """A session id in a route: one path segment, as `session_segment` writes it. One that
+    names no session is kept as it came, so that it is not found."""
+
+    regex = "[^/]+"
+
+    def convert(self, value: str) -> str:
+        session_id = session_id_of(value)
+        return value if session_id is None else session_id
+
+    def to_string(self, value: str) -> str:
+        return session_segment(value)
+
+
+register_url_convertor("session", _SessionSegment())

@@ -32,7 +32,9 @@ class Marker:
 
 @dataclass(frozen=True, slots=True)
 class Chart:
-    calls: int
+    points: int
+    """Answers with token counts, one point each: the session's answered model calls and its
+    compactions' summary calls."""
     peak: int
     """The most tokens of any one call, input or output: the top of the scale."""
     total_in: int
@@ -80,7 +82,7 @@ def usage_chart(usage: Sequence[UsagePoint], markers: Sequence[tuple[int, OpName
         )
 
     return Chart(
-        calls=len(usage),
+        points=len(usage),
         peak=peak,
         total_in=sum(p.input_tokens for p in usage),
         total_out=sum(p.output_tokens for p in usage),

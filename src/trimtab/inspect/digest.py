@@ -4,6 +4,9 @@ The state follows the rules of `trimtab sessions list`: a run that has not ended
 while a process holds the session's lease and `interrupted` once none does; a run that ended
 in `session.error` leaves the session `failed` until the next message. When a run ends is the
 replay's to say (`SessionState.apply`), so that the inspector and the runtime never disagree.
+
+Every page counts model calls from here (`Summary.model_calls`), and tells a truncation that
+withdraws an aborted run from any other with `Withdrawals` (spec L7).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from trimtab.events import (
     UserMessageEvent,
 )
 
-__all__ = ["Digest", "Status", "Summary", "summarize"]
+__all__ = ["Digest", "Status", "Summary", "Withdrawals", "summarize"]
 
 Status: TypeAlias = Literal["idle", "running", "failed", "interrupted"]
 
@@ -40,11 +43,16 @@ class Summary:
     provider: str | None
     forked_from: str | None
     model_calls: int
+    """Calls of the session's model: its turns (`assistant.turn_start`), answered or not, as
+    the window pages number them. A compaction's summary call is not one."""
     input_tokens: int
     output_tokens: int
     clears: int
     compactions: int
     truncations: int
+    """Truncations other than withdrawals."""
+    withdrawals: int
+    """Aborted runs withdrawn from the window (`Withdrawals`)."""
     run_open: bool
     failed: bool
 
@@ -53,6 +61,32 @@ class Summary:
         if self.run_open:
             return "running" if held else "interrupted"
         return "failed" if self.failed else "idle"
+
+
+@dataclass(slots=True)
+class Withdrawals:
+    """Tells the truncations that withdraw an aborted run (spec L6: chat's Ctrl-C truncates at
+    the run's `user.message`) from the others; `see` every event, in order."""
+
+    _run: str | None = None
+    """The `user.message` that started the latest run."""
+    _aborted: str | None = None
+    """That message, once its run was aborted (and nothing else has been truncated since)."""
+
+    def see(self, event: Event) -> bool:
+        """Take `event` into account; True if it withdraws the run aborted just before."""
+        match event:
+            case UserMessageEvent() if event.data.source != "context_cleared":
+                self._run, self._aborted = event.id, None
+            case AbortEvent():
+                self._aborted = self._run
+            case SessionTruncatedEvent():
+                withdrawn = self._aborted is not None and event.data.event_id == self._aborted
+                self._aborted = None
+                return withdrawn
+            case _:
+                pass
+        return False
 
 
 @dataclass(slots=True)
@@ -68,13 +102,16 @@ class Digest:
     model_calls: int = 0
     compactions: int = 0
     truncations: int = 0
+    withdrawals: int = 0
     run_open: bool = False
     failed: bool = False
+    _withdrawn: Withdrawals = field(default_factory=Withdrawals)
 
     def apply(self, event: Event) -> None:
         """Take the next persisted event into account."""
         ended = self.state.apply(event)
         self.event_count += 1
+        withdrawal = self._withdrawn.see(event)
         match event:
             case SessionStartEvent():
                 config = event.data.config
@@ -93,6 +130,8 @@ class Digest:
                 self.model = self.model or event.data.model
             case SessionCompactionCompleteEvent() if event.data.success:
                 self.compactions += 1
+            case SessionTruncatedEvent() if withdrawal:
+                self.withdrawals += 1
             case SessionTruncatedEvent():
                 self.truncations += 1
             case SessionErrorEvent():
@@ -118,6 +157,7 @@ class Digest:
             clears=self.state.epoch,
             compactions=self.compactions,
             truncations=self.truncations,
+            withdrawals=self.withdrawals,
             run_open=self.run_open,
             failed=self.failed,
         )

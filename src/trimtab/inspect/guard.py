@@ -1,10 +1,13 @@
 """`Guard`: who may read the inspector's pages.
 
-With a token, a request must carry it: once as `?token=` in the URL the inspector printed
+A request must carry the token (spec L9): once as `?token=` in the URL the inspector printed
 (answered with a cookie and a redirect to the same page without it, so that it stays out of
-the browser's history), then in that cookie, or as `Authorization: Bearer <token>`. Without a
-token the inspector listens on loopback only, and then also checks the `Host` header: a web
-page elsewhere that points a name of its own at 127.0.0.1 (DNS rebinding) gets nothing.
+the browser's history), then in that cookie, or as `Authorization: Bearer <token>`. The
+cookie's name is the token's own, so that inspectors on other ports of the same host (which
+a browser sends each other's cookies) keep theirs apart; a cookie is worth what its value
+is, never its name. Only `--no-auth` serves without a token, on loopback only. On loopback
+the `Host` header is checked as well: a web page elsewhere that points a name of its own at
+127.0.0.1 (DNS rebinding) gets nothing, token or not.
 """
 
 from __future__ import annotations

@@ -1,17 +1,31 @@
-"""`serve`: run the inspector on uvicorn until stopped (Ctrl-C, SIGTERM)."""
+"""`serve`: run the inspector on uvicorn until stopped (Ctrl-C, SIGTERM, or cancelled).
+
+Every request must carry a token (spec L9), on loopback too: every account of the machine
+reaches a loopback port, and the pages show every session's conversation. Without one given,
+the inspector makes one, prints the URL that carries it and keeps it in
+`$TRIMTAB_HOME/inspect/<port>.token` (`TokenFile`, as `trimtab serve` does) while it serves;
+only `no_auth`, on loopback, serves without.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
+import signal
 import socket
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
 from urllib.parse import quote
 
 from trimtab.inspect.app import create_app
 from trimtab.inspect.guard import LOOPBACK_NAMES, Guard
-from trimtab.store import Store, open_store
+from trimtab.store import Store, data_home, open_store
+from trimtab.store._files import TokenFile
 
 __all__ = ["InspectError", "check_address", "inspector_url", "is_loopback", "serve"]
 
@@ -20,7 +34,17 @@ _SHUTDOWN_GRACE = 1
 
 
 class InspectError(Exception):
-    """The inspector cannot start: its store cannot be read, or its address cannot be bound."""
+    """The inspector cannot start: its store cannot be read, its address cannot be bound, or
+    its token cannot be kept where only its user reads it.
+
+    Args:
+        message: What went wrong, on one line.
+        hint: What the user can do about it, on one line.
+    """
+
+    def __init__(self, message: str, *, hint: str = "check --store, --host and --port") -> None:
+        super().__init__(message)
+        self.hint = hint
 
 
 def is_loopback(host: str) -> bool:
@@ -33,8 +57,14 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost could resolve anywhere
 
 
-def check_address(host: str, token: str | None) -> None:
-    """Raise `ValueError` unless `host` is loopback or there is a token."""
+def check_address(host: str, token: str | None, *, no_auth: bool = False) -> None:
+    """Raise `ValueError` unless an inspector may listen on `host` so: beyond loopback only
+    with a `token` given, and `no_auth` only on loopback and without one."""
+    if no_auth and (token or not is_loopback(host)):
+        raise ValueError(
+            "--no-auth is for an inspector on a loopback address, without a token (--token,"
+            " TRIMTAB_INSPECT_TOKEN): every account of this machine could read your sessions"
+        )
     if not token and not is_loopback(host):
         raise ValueError(
             f"refusing to listen on {host!r} without a token: anyone who can reach it could"
@@ -64,27 +94,35 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     token: str | None = None,
+    no_auth: bool = False,
     store_timeout: float = 10.0,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve the inspector's pages over `store` until cancelled or signalled.
+    """Serve the inspector's pages over `store` until cancelled (then it raises
+    `CancelledError`) or stopped by Ctrl-C or SIGTERM (then it returns).
 
     Args:
         store: Where the sessions are, as for `open_store` (a `Store` is used as it is and
             left open).
-        home: trimtab's data directory, for the default SQLite store.
+        home: trimtab's data directory: the default SQLite store's, and the token file's.
         host: The address to listen on. Anything but loopback needs a `token`.
         port: The TCP port; 0 picks a free one.
-        token: What every request must carry; an empty token is no token.
+        token: What every request must carry; without one (or an empty one) the inspector
+            makes one and writes it to `<home>/inspect/<port>.token`, 0600, until it stops.
+        no_auth: Serve without a token, on loopback only: every account of this machine
+            can then read every session.
         store_timeout: Seconds the store has to answer once before the inspector starts.
-        on_ready: Called with the URL to open once listening; by default it is printed.
+        on_ready: Called with the URL to open (the token in it) once listening; by default
+            it is printed.
 
     Raises:
-        ValueError: A non-loopback `host` without a `token`, or a store spec that names none.
-        InspectError: The store cannot be read, or the address cannot be bound.
+        ValueError: A non-loopback `host` without a `token`, `no_auth` with a token or
+            beyond loopback, or a store spec that names none.
+        InspectError: The store cannot be read, the address cannot be bound, or the token
+            cannot be written where only this user reads it.
     """
     token = token or None
-    check_address(host, token)
+    check_address(host, token, no_auth=no_auth)
     try:
         opened = open_store(store, home=home)
     except ImportError as exc:  # psycopg, for a PostgreSQL URL
@@ -92,14 +130,40 @@ async def serve(
     try:
         await _check(opened, store_timeout)
         listener = _listen(host, port)
-        hosts = LOOPBACK_NAMES | {host.lower()} if token is None else None
-        stopping = asyncio.Event()
-        app = create_app(opened, token=token, hosts=hosts, stopping=stopping)
-        url = inspector_url(host, listener.getsockname()[1], token)
-        await _run(app, stopping, listener, url, on_ready)
+        made = None if token or no_auth else TokenFile(data_home(home) / "inspect")
+        try:
+            port = listener.getsockname()[1]
+            if made is not None:
+                token = made.token
+                _announce_file(_write(made, port))
+            # On loopback the Host header is checked too: a page elsewhere that points a
+            # name of its own at 127.0.0.1 (DNS rebinding) is refused before any token is.
+            hosts = LOOPBACK_NAMES | {host.lower()} if is_loopback(host) else None
+            stopping = asyncio.Event()
+            app = create_app(opened, token=token, hosts=hosts, stopping=stopping)
+            await _run(app, stopping, listener, inspector_url(host, port, token), on_ready)
+        finally:
+            listener.close()
+            if made is not None:
+                made.remove()
     finally:
         if opened is not store:
             await opened.close()
+
+
+def _write(made: TokenFile, port: int) -> Path:
+    try:
+        return made.write(port)
+    except OSError as exc:
+        raise InspectError(
+            f"cannot write the inspector's token: {exc.strerror or exc}",
+            hint="set TRIMTAB_HOME to a directory of yours, or pass --token",
+        ) from None
+
+
+def _announce_file(path: Path) -> None:
+    # Where, never what: the token itself is printed once, in the URL (spec L9).
+    print(f"trimtab: the inspector's token is also in {path}", file=sys.stderr, flush=True)
 
 
 async def _check(store: Store, timeout: float) -> None:
@@ -145,6 +209,10 @@ async def _run(
             stopping.set()  # the live views end first, or the shutdown would wait for them
             await super().shutdown(sockets)
 
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # `_signals_stop` does it, from before the URL is given out
+
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -153,17 +221,36 @@ async def _run(
         access_log=False,
         timeout_graceful_shutdown=_SHUTDOWN_GRACE,
     )
-    # The socket listens already: a browser that connects now waits in its backlog for the
-    # server, which starts at once, so the URL can be given out before.
-    (on_ready or _announce)(url)
     server = Server(config)
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    with _signals_stop(server.handle_exit):
+        # The socket listens already: a browser that connects now waits in its backlog for
+        # the server, which starts at once, so the URL can be given out before.
+        (on_ready or _announce)(url)
+        serving = asyncio.create_task(server.serve(sockets=[listener]))
+        try:
+            await asyncio.shield(serving)
+        except asyncio.CancelledError:
+            # Stopped as a task: shut down as on a signal, open responses included.
+            server.should_exit = True
+            await serving
+            raise
+
+
+@contextlib.contextmanager
+def _signals_stop(handle: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM call `handle` (which stops the server) within the block.
+
+    uvicorn's own handlers come only once it serves, after the URL is out (a signal sent at
+    once would meet the defaults), and it raises the signals again once it has stopped:
+    SIGTERM's default action would then end the process before the token file is removed
+    and the store closed. With these, `serve` cleans up and returns.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only
+        return
+    before = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        await asyncio.shield(serving)
-    except asyncio.CancelledError:
-        # Stopped as a task: shut down as on a signal, open responses included.
-        server.should_exit = True
-        await serving
-        raise
+        yield
     finally:
-        listener.close()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -51,9 +51,10 @@ __all__ = [
 ]
 
 OpName: TypeAlias = Literal[
-    "start", "resume", "clear", "compaction", "compaction_failed", "truncation", "error", "abort",
-    "warning",
+    "start", "resume", "clear", "compaction", "compaction_failed", "truncation", "withdrawal",
+    "error", "abort", "warning",
 ]  # fmt: skip
+"""`withdrawal`: a truncation that withdraws an aborted run from the window (spec L7)."""
 
 
 @dataclass(slots=True)
@@ -179,7 +180,9 @@ class Timeline:
 
     def add(self, event: Event) -> None:
         """Fold the next persisted event."""
+        withdrawals = self.digest.withdrawals
         self.digest.apply(event)
+        withdrawn = self.digest.withdrawals > withdrawals
         seq, epoch = self.digest.event_count, event.context_epoch
         match event:
             case UserMessageEvent():
@@ -188,8 +191,9 @@ class Timeline:
                 prompt = event.data.content
                 self._entry(Run(self._runs, seq, event.timestamp, epoch, prompt, seeded))
             case AssistantTurnStartEvent():
-                turn = Turn(len(self.turns) + 1, seq, event.data.turn_id, epoch, event.timestamp,
-                            event.data.model)  # fmt: skip
+                # Numbered as the digest counts model calls: every page says the same.
+                turn = Turn(self.digest.model_calls, seq, event.data.turn_id, epoch,
+                            event.timestamp, event.data.model)  # fmt: skip
                 self._turn = turn
                 self.turns.append(turn)
                 self.entries.append(turn)
@@ -217,7 +221,7 @@ class Timeline:
                 self._turn, self._calls = None, {}
             case _:
                 if not self._tool_event(event, seq):
-                    self._operation(event, seq, epoch)
+                    self._operation(event, seq, epoch, withdrawn=withdrawn)
 
     def _tool_event(self, event: Event, seq: int) -> bool:
         """Fold an event about a tool call; False if `event` is none."""
@@ -245,7 +249,7 @@ class Timeline:
                 return False
         return True
 
-    def _operation(self, event: Event, seq: int, epoch: int) -> None:
+    def _operation(self, event: Event, seq: int, epoch: int, *, withdrawn: bool) -> None:
         time = event.timestamp
         match event:
             case SessionStartEvent():
@@ -270,6 +274,9 @@ class Timeline:
             case SessionCompactionCompleteEvent():
                 title = f"compaction failed: {event.data.error or 'unknown error'}"
                 self._entry(Op("compaction_failed", seq, time, epoch, title))
+            case SessionTruncatedEvent() if withdrawn:
+                title = f"aborted run withdrawn from the window: {event.data.events_removed} events"
+                self._context_op(Op("withdrawal", seq, time, epoch, title))
             case SessionTruncatedEvent():
                 cut = event.data
                 title = f"truncated at event {cut.event_id}: {cut.events_removed} events removed"
@@ -286,7 +293,8 @@ class Timeline:
                 pass  # the rest adds nothing a person reads: external completions
 
     def _context_op(self, op: Op) -> None:
-        """A clear, compaction or truncation: it ends a segment and starts the next."""
+        """A clear, compaction, truncation or withdrawal: it ends a segment and starts the
+        next."""
         self._entry(op)
         self.segments[-1].closed_by = op
         self.segments.append(Segment(len(self.segments), op.epoch, op.name, op.seq))

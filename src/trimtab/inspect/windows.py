@@ -24,6 +24,7 @@ from trimtab.events import (
     SessionTruncatedEvent,
     UserMessageEvent,
 )
+from trimtab.inspect.digest import Withdrawals
 
 __all__ = ["Column", "Mark", "Shown", "WindowView", "window_view"]
 
@@ -67,13 +68,16 @@ class WindowView:
         return [shown.message for shown in self.columns[-1].messages]
 
 
-def _operation(event: Event) -> tuple[str, str] | None:
-    """The name of the context operation `event` commits, if it is one, and what it did."""
+def _operation(event: Event, withdrawn: bool) -> tuple[str, str] | None:
+    """The name of the context operation `event` commits, if it is one, and what it did
+    (`withdrawn`: it withdraws an aborted run, `Withdrawals`)."""
     match event:
         case SessionContextClearedEvent():
             return "clear", f"cleared {event.data.messages_cleared} messages"
         case SessionCompactionCompleteEvent() if event.data.success:
             return "compaction", f"compaction removed {event.data.messages_removed} messages"
+        case SessionTruncatedEvent() if withdrawn:
+            return "withdrawal", f"aborted run withdrawn: {event.data.events_removed} events"
         case SessionTruncatedEvent():
             return "truncation", f"truncated: {event.data.events_removed} events forgotten"
         case _:
@@ -92,14 +96,16 @@ def window_view(events: Iterable[Event], call: int, *, columns: int = 4) -> Wind
     hidden, calls = 0, 0
     marks: dict[Message, Mark] = {}
     opened_by = "start"
+    withdrawals = Withdrawals()
     for event in events:
+        withdrawn = withdrawals.see(event)
         if isinstance(event, AssistantTurnStartEvent):
             calls += 1
             if calls == call:
                 shown = [Shown(m, marks.get(m, "")) for m in state.window()]
                 current = Column(_title(state.epoch, opened_by), state.epoch, shown, None)
                 return WindowView(call, state.epoch, [*earlier, current], hidden)
-        operation = _operation(event)
+        operation = _operation(event, withdrawn)
         if operation is None:
             state.apply(event)
             if isinstance(event, UserMessageEvent) and event.data.source == "context_cleared":
@@ -132,7 +138,7 @@ def _carried(
     carried: dict[Message, Mark] = {}
     for message in after:
         if message in prior:
-            unchanged = operation == "truncation" or message.role in _HEAD
+            unchanged = operation in ("truncation", "withdrawal") or message.role in _HEAD
             carried[message] = marks.get(message, "") if unchanged else "kept"
         else:
             carried[message] = "summary" if operation == "compaction" else "restored"

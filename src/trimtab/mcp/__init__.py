@@ -2,8 +2,8 @@
 
 The configs take the Copilot SDK's shapes (`trimtab.mcp._config`); the servers' tools become
 ordinary tools of the session (`trimtab.mcp._toolset`), called through the official `mcp`
-SDK (`pip install 'trimtab[mcp]'`). Nothing here imports that SDK until a server starts, so
-`import trimtab` costs the same with or without it.
+SDK (the `mcp` extra: `pip install '.[mcp]'` in trimtab's checkout). Nothing here imports
+that SDK until a server starts, so `import trimtab` costs the same with or without it.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def check(servers: Mapping[str, Any]) -> dict[str, ServerConfig]:
     """
     configs = parse_servers(servers)
     if configs and importlib.util.find_spec("mcp") is None:
-        raise ImportError(f"MCP servers need the mcp package: {install_command('mcp')}")
+        raise ImportError(f"MCP servers need the mcp package: {install_command('mcp')}", name="mcp")
     return configs
 
 

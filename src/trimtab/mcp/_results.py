@@ -4,7 +4,9 @@
 order; an embedded text resource adds its text under its URI. trimtab's messages carry text
 only, for every provider, so binary contents (images, audio, blobs) are described in one line
 each (type, MIME type, size) rather than sent. A result without contents but with
-`structuredContent` is that object as JSON. The text is cut at `MAX_RESULT_CHARS`.
+`structuredContent` is that object as JSON. The text is cut at `MAX_RESULT_CHARS`, with a note
+of how much was cut (and of the contents `trimtab.mcp._answers` left out before the SDK read
+the result).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from trimtab._tools import ToolResult
+from trimtab.mcp._answers import CONTENTS_CUT
 
 if TYPE_CHECKING:
     import mcp_types
@@ -52,9 +55,14 @@ def tool_result(result: mcp_types.CallToolResult) -> ToolResult:
     if not parts and result.structured_content is not None:
         parts = [json.dumps(result.structured_content, ensure_ascii=False)]
     text = "\n".join(parts)
-    if len(text) > MAX_RESULT_CHARS:
-        cut = len(text) - MAX_RESULT_CHARS
-        text = f"{text[:MAX_RESULT_CHARS]}\n[... {cut} more characters cut]"
+    cut = (
+        [f"{len(text) - MAX_RESULT_CHARS} more characters"] if len(text) > MAX_RESULT_CHARS else []
+    )
+    contents_cut = (result.meta or {}).get(CONTENTS_CUT)
+    if isinstance(contents_cut, int) and contents_cut > 0:
+        cut.append(f"{contents_cut} more contents")
+    if cut:
+        text = f"{text[:MAX_RESULT_CHARS]}\n[... {' and '.join(cut)} cut]"
     return ToolResult(
         text_result_for_llm=text, result_type="failure" if result.is_error else "success"
     )

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from trimtab.mcp._answers import AnswerChecks, Listing, list_tools
 from trimtab.mcp._config import RemoteServerConfig, ServerConfig, StdioServerConfig
+from trimtab.mcp._stdio import StdioTransport
 
 if TYPE_CHECKING:
     import mcp_types
@@ -42,9 +44,6 @@ START_TIMEOUT = 30.0
 
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 """Seconds before the next start after consecutive failures (crashes, failed starts)."""
-
-_MAX_PAGES = 100
-"""Pages of `tools/list` read at most: a server whose cursor never ends cannot hang a turn."""
 
 _STDERR_TAIL = 2_000
 """Characters of a local server's stderr kept, for the message when it fails: the rest is
@@ -110,7 +109,11 @@ class McpServer:
         self._lock = asyncio.Lock()
         self._failures = 0
         self._retry_at = 0.0
-        self._tools: list[mcp_types.Tool] | None = None
+        self._tools: Listing | None = None
+        self._checks: AnswerChecks | None = None
+        """The current connection's checks of the server's answers."""
+        self._stdio_transport: StdioTransport | None = None
+        """The current connection's transport, for a local server (on POSIX)."""
         self._closed = False
 
     def __repr__(self) -> str:
@@ -118,18 +121,23 @@ class McpServer:
 
     # --- use -----------------------------------------------------------------------------
 
-    async def tools(self, timeout: float) -> list[mcp_types.Tool]:
+    async def tools(self, timeout: float) -> Listing:
         """The server's tools, started first if need be; fetched again after a change.
 
         Raises `ServerError` without waiting while a failed start's backoff runs.
         """
+        from pydantic import ValidationError
+
         client = await self._connected(wait=False)
         if self._tools is None:
             changes = self.changes
             try:
-                tools = await asyncio.wait_for(_list_all(client), timeout)
+                assert self._checks is not None  # set with the client
+                tools = await asyncio.wait_for(list_tools(client, self._checks), timeout)
             except TimeoutError:
                 raise ServerError(f"did not list its tools within {timeout:g} s") from None
+            except ValidationError:
+                raise ServerError("answered tools/list with no list of tools") from None
             except Exception as exc:
                 raise self._failed(exc, "while listing its tools") from None
             if changes == self.changes:  # no change came in meanwhile: the list is current
@@ -156,13 +164,24 @@ class McpServer:
 
     def _failed(self, exc: Exception, when: str) -> ServerError:
         """The error to report for `exc`; a lost connection is noted, for a restart."""
+        import anyio
         from mcp.shared.exceptions import MCPError
         from mcp_types import CONNECTION_CLOSED
 
         if isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
             return ServerError(f"answered with an error {when}: {exc.error.message}")
+        refused = self._refused()
         self._lost()
-        return ServerError(f"stopped {when}{self._exit_detail()}; it restarts on next use")
+        if refused is not None:
+            return ServerError(f"{refused} {when}; it was stopped and restarts on next use")
+        if isinstance(exc, MCPError | anyio.ClosedResourceError | anyio.BrokenResourceError):
+            return ServerError(f"stopped {when}{self._exit_detail()}; it restarts on next use")
+        return ServerError(f"failed {when} ({_reason(exc)}); it restarts on next use")
+
+    def _refused(self) -> str | None:
+        """Why trimtab closed the connection, if it did (a message over MCP12's bound)."""
+        transport = self._stdio_transport
+        return transport.refused if transport is not None else None
 
     def _exit_detail(self) -> str:
         line = self._stderr.last_line() if self._stderr is not None else ""
@@ -174,12 +193,14 @@ class McpServer:
         async with self._lock:
             if self._closed:
                 raise ServerError("was shut down")
-            if self._client is not None and (
-                self._stderr is None or not self._stderr.closed.is_set()
+            if (
+                self._client is not None
+                and (self._stderr is None or not self._stderr.closed.is_set())
+                and self._refused() is None
             ):
                 return self._client
             if self._client is not None:
-                self._lost()  # the process exited while idle
+                self._lost()  # the process exited, or trimtab closed it, while idle
             delay = self._retry_at - asyncio.get_running_loop().time()
             if delay > 0:
                 if not wait:
@@ -201,7 +222,8 @@ class McpServer:
         """The connection is gone: drop it (its task winds down) and start again on next use."""
         if self._client is None:
             return
-        log.warning("MCP server %r stopped%s", self.config.process_key()[1], self._exit_detail())
+        why = self._refused() or f"stopped{self._exit_detail()}"
+        log.warning("MCP server %r %s", self.config.process_key()[1], why)
         self._client = None
         self._tools = None
         self.changes += 1
@@ -251,8 +273,9 @@ class McpServer:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 transport = await stack.enter_async_context(self._transport())
+                checks = AnswerChecks(transport, lambda: client.session.protocol_version)
                 client = mcp.Client(
-                    transport,
+                    checks,
                     message_handler=self._on_message,
                     client_info=_client_info(),
                     read_timeout_seconds=START_TIMEOUT,
@@ -261,6 +284,7 @@ class McpServer:
                 await stack.enter_async_context(client)
                 if _listens(client):
                     stack.enter_context(_Listener(client, self._tools_changed))
+                self._checks = checks
                 ready.set_result(client)
                 await stop.wait()
         except BaseException as exc:
@@ -293,21 +317,32 @@ class McpServer:
 
     @contextlib.asynccontextmanager
     async def _stdio(self, config: StdioServerConfig) -> AsyncIterator[Any]:
-        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 
-        command, args = config.command, list(config.args)
-        if sys.platform != "win32" and sys.executable:
-            guard = [*("-I", "-S", str(_GUARD)), str(os.getpid()), "--"]
-            command, args = sys.executable, [*guard, command, *args]
-        params = StdioServerParameters(
-            command=command, args=args, env=dict(config.env) or None, cwd=config.working_directory
-        )
         read_end, write_end = os.pipe()
         if self._stderr is not None:
             await self._stderr.aclose()
         self._stderr = _Tail(read_end)
         with os.fdopen(write_end, "w") as errlog:
-            yield _spawned(stdio_client(params, errlog=errlog), errlog)
+            if sys.platform == "win32" or not sys.executable:
+                # No guard there (it is POSIX's): the SDK's transport, which ends the server's
+                # process tree its own way (and reads its messages without MCP12's bound).
+                params = StdioServerParameters(
+                    command=config.command,
+                    args=list(config.args),
+                    env=dict(config.env) or None,
+                    cwd=config.working_directory,
+                )
+                yield _spawned(stdio_client(params, errlog=errlog), errlog)
+                return
+            guard = [sys.executable, "-I", "-S", str(_GUARD), str(os.getpid()), "--"]
+            self._stdio_transport = StdioTransport(
+                [*guard, config.command, *config.args],
+                env=get_default_environment() | dict(config.env),
+                cwd=config.working_directory,
+                stderr=errlog,
+            )
+            yield self._stdio_transport
 
     async def _on_message(self, message: Any) -> None:
         from mcp_types import ToolListChangedNotification
@@ -361,18 +396,6 @@ async def _spawned(transport: Any, errlog: Any) -> AsyncIterator[Any]:
     async with transport as streams:
         errlog.close()
         yield streams
-
-
-async def _list_all(client: mcp.Client) -> list[mcp_types.Tool]:
-    tools: list[mcp_types.Tool] = []
-    cursor: str | None = None
-    for _ in range(_MAX_PAGES):
-        page = await client.list_tools(cursor=cursor)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return tools
 
 
 def _listens(client: mcp.Client) -> bool:

@@ -132,27 +132,30 @@ class McpToolset:
         if not stale:
             return None, []
         outcomes = await asyncio.gather(*(self._list(name) for name in stale))
-        warnings = [text for text in outcomes if text is not None]
-        return self._tools(), warnings
+        return self._tools(), [text for texts in outcomes for text in texts]
 
-    async def _list(self, name: str) -> str | None:
-        """List one server's tools; a warning the first time it fails in a row."""
+    async def _list(self, name: str) -> list[str]:
+        """List one server's tools; warnings: the first failure in a row, each tool left out."""
         assert self._servers is not None
         server, config = self._servers[name], self.configs[name]
         try:
-            tools = await server.tools(config.timeout / 1000)
+            listing = await server.tools(config.timeout / 1000)
         except Backoff:
-            return None  # it failed a moment ago (and said so then); a later turn tries again
+            return []  # it failed a moment ago (and said so then); a later turn tries again
         except ServerError as exc:
             text = f"MCP server {name!r} {exc}: its tools are not available"
             if self._warned.get(name) == str(exc).split(";")[0]:
-                return None
+                return []
             self._warned[name] = str(exc).split(";")[0]
-            return text
+            return [text]
         self._warned.pop(name, None)
         self._seen[name] = server.changes
-        self._listed[name] = [tool for tool in tools if config.offers(tool.name)]
-        return None
+        self._listed[name] = [tool for tool in listing.tools if config.offers(tool.name)]
+        return [
+            f"MCP server {name!r}: tool {tool!r} is left out: {reason}"
+            for tool, reason in listing.dropped.items()
+            if config.offers(tool)
+        ]
 
     def _tools(self) -> dict[str, Tool]:
         pairs = [(server, tool.name) for server, tools in self._listed.items() for tool in tools]

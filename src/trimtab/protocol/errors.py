@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from trimtab._errors import (
     ClearContextError,
     ClearContextErrorCode,
+    PolicyRefusedError,
     PromptBlockedError,
     SessionError,
     SessionNotFoundError,
@@ -19,6 +20,7 @@ from trimtab.protocol.jsonrpc import INVALID_PARAMS, RpcError
 
 __all__ = [
     "AUTHENTICATION_FAILED",
+    "POLICY_REFUSED",
     "RUN_FAILED",
     "SERVER_BUSY",
     "SESSION_NOT_FOUND",
@@ -35,6 +37,10 @@ SESSION_NOT_FOUND = -32002
 """A session id that is not open on this connection (or not stored at all)."""
 SERVER_BUSY = -32003
 """The server has as many connections open as it takes."""
+POLICY_REFUSED = -32005
+"""What the server's operator does not let clients make its host do (the message starts with
+`POLICY_REFUSED`; `data` names the `policy` and the `flag` that allows it, spec S15).
+(-32004 is the connection's: too many requests in flight.)"""
 
 _CLEAR_CODES: frozenset[str] = frozenset(get_args(ClearContextErrorCode))
 
@@ -52,6 +58,9 @@ def rpc_error(exc: Exception) -> RpcError | None:
             return RpcError(code, str(exc), {"code": exc.code})
         case SessionNotFoundError():
             return _not_found(str(exc.args[0]), "not stored")
+        case PolicyRefusedError():
+            data = {"code": "policy_refused", "policy": exc.policy, "flag": exc.flag}
+            return RpcError(POLICY_REFUSED, f"POLICY_REFUSED: {exc}", data)
         case PromptBlockedError():
             return RpcError(RUN_FAILED, f"prompt_blocked: {exc}", {"code": "prompt_blocked"})
         case SessionError():
@@ -77,6 +86,11 @@ def error_from_rpc(exc: RpcError) -> Exception:
         return ClearContextError(cast(ClearContextErrorCode, code), exc.message)
     if code == "session_not_found":
         return SessionNotFoundError(data.get("sessionId", exc.message))
+    if code == "policy_refused":
+        # The message holds the policy and the flag already: keep it as the server said it.
+        refused = PolicyRefusedError(str(data.get("policy")), str(data.get("flag")), "")
+        refused.args = (exc.message.removeprefix("POLICY_REFUSED: "),)
+        return refused
     if code == "prompt_blocked":
         return PromptBlockedError(exc.message.removeprefix("prompt_blocked: "))
     if "errorType" in data:

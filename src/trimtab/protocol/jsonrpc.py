@@ -211,8 +211,8 @@ class Connection:
         frame = encode_frame(body)
         if not self._sizes and self._takes_more():
             # Nothing waits ahead of it: straight to the transport, and so to the kernel's
-            # buffer. Left for the writer's next turn of the loop instead, the frames of a
-            # thousand turns in flight piled up here between two of its turns (~6 MB).
+            # buffer. Left for the writer's next turn of the loop instead, the frames of many
+            # turns in flight would pile up here between two of its turns.
             self._writer.write(frame)
             return
         limit = self._max_output

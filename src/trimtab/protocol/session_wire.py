@@ -23,12 +23,22 @@ __all__ = [
     "ContextCategories",
     "ContextCompactions",
     "ContextEntry",
+    "ContextInfo",
+    "ContextInfoParams",
+    "ContextInfoResult",
     "CurrentModelResult",
     "CursorResult",
+    "EnqueueCommandParams",
+    "EnqueueCommandResult",
     "EventLogReadParams",
     "EventLogReadResult",
     "ForkParams",
     "ForkResult",
+    "HandoffResult",
+    "HeaviestMessage",
+    "HeaviestParams",
+    "HeaviestResult",
+    "InstructionSourcesResult",
     "InterestParams",
     "InterestResult",
     "IsProcessingResult",
@@ -39,18 +49,30 @@ __all__ = [
     "ModelEntry",
     "ModelListResult",
     "NameResult",
+    "NameSetAutoParams",
+    "NameSetAutoResult",
     "NameSetParams",
+    "PermissionModeParams",
     "PermissionModeResult",
+    "PermissionModeSetResult",
     "QueueItem",
+    "QueueItemParams",
     "QueuePendingResult",
+    "QueueRemovedResult",
+    "QueuedCommandAnswer",
     "ReasoningEffortParams",
-    "ReleaseInterestParams",
     "ReasoningEffortResult",
+    "ReleaseInterestParams",
+    "RespondToCommandParams",
     "ShutdownParams",
     "SwitchModelParams",
     "SwitchModelResult",
+    "ToolMetadata",
+    "ToolsMetadataResult",
     "UsageCodeChanges",
     "UsageMetricsResult",
+    "WithdrawParams",
+    "WithdrawResult",
 ]
 
 
@@ -195,6 +217,20 @@ class PermissionModeResult(Wire):
     mode: Literal["manual", "allow-all"]
 
 
+class PermissionModeParams(SessionParams):
+    """`session.permissions.setMode`: `assisted` (an LLM judge of each request) is not
+    served: it is answered unapplied."""
+
+    mode: Literal["manual", "assisted", "allow-all"]
+
+
+class PermissionModeSetResult(Wire):
+    """`session.permissions.setMode`: whether the mode was applied, and the mode now."""
+
+    success: bool
+    mode: Literal["manual", "allow-all"]
+
+
 class ModeSetParams(SessionParams):
     """`session.mode.set`; with `expected_mode`, only from that mode."""
 
@@ -214,15 +250,16 @@ class ModeSetResult(Wire):
 
 
 class QueueItem(Wire):
-    """A message waiting behind the run in progress."""
+    """A message or a command waiting behind the run in progress."""
 
     id: str
-    """Its message id, as `session.send` answered it."""
-    message_id: str
-    kind: Literal["message"] = "message"
+    """A message's id, as `session.send` answered it; a command's request id."""
+    message_id: str | None = None
+    """Messages only."""
+    kind: Literal["message", "command"] = "message"
     display_text: str
     agent_mode: SessionMode
-    """The session's mode now (trimtab does not stamp a mode on a queued message)."""
+    """The session's mode now (trimtab does not stamp a mode on a queued item)."""
 
 
 class QueuePendingResult(Wire):
@@ -230,6 +267,61 @@ class QueuePendingResult(Wire):
 
     items: list[QueueItem]
     steering_messages: list[str] = []
+
+
+class QueueItemParams(SessionParams):
+    """`session.queue.removeAt`: the item's id (`QueueItem.id`)."""
+
+    id: str
+
+
+class QueueRemovedResult(Wire):
+    """`session.queue.removeAt`, `.removeMostRecent`."""
+
+    removed: bool
+
+
+class WithdrawParams(SessionParams):
+    """`session.queue.withdrawMessage`: only while the message still waits, unchanged."""
+
+    message_id: str
+    expected_prompt: str
+
+
+class WithdrawResult(Wire):
+    """`session.queue.withdrawMessage`: trimtab never interrupts a run to withdraw."""
+
+    removed: bool
+    interrupted: bool = False
+
+
+class EnqueueCommandParams(SessionParams):
+    """`session.commands.enqueue`."""
+
+    command: Text
+    display_text: Text | None = None
+
+
+class EnqueueCommandResult(Wire):
+    """`session.commands.enqueue`: `queued: false` (and no id) on a remote session."""
+
+    queued: bool
+    queue_id: str | None
+
+
+class QueuedCommandAnswer(Wire):
+    """A host's answer to `command.queued`: whether it ran the command."""
+
+    handled: bool
+    stop_processing_queue: bool | None = None
+    """Not honoured: the queue goes on (spec K13)."""
+
+
+class RespondToCommandParams(SessionParams):
+    """`session.commands.respondToQueuedCommand`."""
+
+    request_id: str
+    result: QueuedCommandAnswer
 
 
 # --- event log -----------------------------------------------------------------------------
@@ -339,3 +431,95 @@ class ActivityResult(Wire):
 
     abortable: bool
     has_active_work: bool
+
+
+class ContextInfoParams(SessionParams):
+    """`session.metadata.contextInfo`: 0 for a limit means the session's own."""
+
+    prompt_token_limit: int = Field(default=0, ge=0)
+    output_token_limit: int = Field(default=0, ge=0)
+    selected_model: Text | None = None
+
+
+class ContextInfo(Wire):
+    """The window's tokens in three parts: instructions, conversation, tool schemas."""
+
+    model_name: str
+    limit: int
+    prompt_token_limit: int
+    total_tokens: int
+    system_tokens: int
+    """The system message and the developer messages."""
+    conversation_tokens: int
+    tool_definitions_tokens: int
+    mcp_tools_tokens: int
+    compaction_threshold: int
+    buffer_tokens: int = 0
+
+
+class ContextInfoResult(Wire):
+    """`session.metadata.contextInfo`."""
+
+    context_info: ContextInfo
+
+
+class HeaviestParams(SessionParams):
+    """`session.metadata.getContextHeaviestMessages`."""
+
+    limit: int = Field(default=10, ge=1, le=1000)
+
+
+class HeaviestMessage(Wire):
+    id: str
+    """The message's place in the window (`message-<n>`, from 0): stable within one answer."""
+    label: str
+    role: str
+    tokens: int
+
+
+class HeaviestResult(Wire):
+    """`session.metadata.getContextHeaviestMessages`: most tokens first."""
+
+    messages: list[HeaviestMessage]
+    total_tokens: int
+
+
+class InstructionSourcesResult(Wire):
+    """`session.instructions.getSources`: trimtab discovers no instruction files."""
+
+    sources: list[dict[str, Any]] = []
+
+
+class ToolMetadata(Wire):
+    """One tool the model may call."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any] | None = Field(default=None, alias="input_schema")
+    """snake_case on the wire, as the protocol has it."""
+    defer_loading: bool | None = None
+    mcp_server_name: str | None = None
+    mcp_tool_name: str | None = None
+    namespaced_name: str | None = None
+
+
+class ToolsMetadataResult(Wire):
+    """`session.tools.getCurrentMetadata`."""
+
+    tools: list[ToolMetadata]
+
+
+class NameSetAutoParams(SessionParams):
+    """`session.name.setAuto`."""
+
+    summary: str
+
+
+class NameSetAutoResult(Wire):
+    applied: bool
+
+
+class HandoffResult(Wire):
+    """`session.history.summarizeForHandoff`: empty when there is nothing to summarise."""
+
+    summary: str

@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from pydantic.alias_generators import to_camel
 
+from trimtab._options import SessionOptions, in_process_only, system_text
 from trimtab._tools import TOOL_NAME
-from trimtab.events import Event, ToolDefinition
+from trimtab.events import Event, InfiniteSessions, ToolDefinition
 from trimtab.providers import ProviderConfig
 from trimtab.store import SessionRecord
 
@@ -151,8 +152,7 @@ class WireTool(Wire):
 
     def definition(self) -> ToolDefinition:
         """The runtime's definition of this tool: one object for every session that declares
-        it alike (a client's thousand sessions would otherwise hold a thousand copies of its
-        schema, ~2 KB each)."""
+        it alike (a client's sessions usually declare the same tools)."""
         key = self.model_dump_json(exclude_none=True)
         if (known := _DEFINITIONS.get(key)) is not None:
             return known
@@ -203,6 +203,11 @@ class WireInfiniteSessions(Wire):
         threshold = self.background_compaction_threshold or self.buffer_exhaustion_threshold
         return {"enabled": self.enabled} | ({"threshold": threshold} if threshold else {})
 
+    @classmethod
+    def of(cls, config: InfiniteSessions) -> WireInfiniteSessions:
+        """How a client sends trimtab's `infinite_sessions` (the inverse of `options()`)."""
+        return cls(enabled=config.enabled, background_compaction_threshold=config.threshold)
+
 
 class DefaultAgent(Wire):
     """`defaultAgent`: what the session's (only) agent is denied."""
@@ -210,22 +215,34 @@ class DefaultAgent(Wire):
     excluded_tools: list[str] | None = None
 
 
-class SessionOptionsParams(SessionParams):
-    """What `session.create` and `session.resume` share."""
+_OPTION_KEYS = frozenset(
+    key
+    for name, field in SessionOptions.model_fields.items()
+    if not field.exclude
+    for key in (name, field.alias or name)
+)
+"""The wire's names of the `SessionOptions` that are data (code, such as tools, has none)."""
 
-    model: str | None = None
-    reasoning_effort: Text | None = Field(default=None, min_length=1)
-    """Sent to the providers whose API has it (spec D12); on `session.resume` it replaces
-    the session's own."""
+
+class SessionOptionsParams(SessionParams):
+    """What `session.create` and `session.resume` share: the session's `SessionOptions`, each
+    by its camelCase name (read by `options()`), and what only the wire has.
+
+    The options whose wire shape is not trimtab's are fields here: the provider (the SDKs'
+    BYOK quirks), tools (declared; the client runs them), the system message (the server
+    composes it), hooks and permissions (whether the client answers them), infinite
+    sessions and MCP servers.
+    """
+
+    # The options are kept as extra fields, for `options()` to validate as `SessionOptions`;
+    # the many other fields official clients send are ignored there.
+    model_config = ConfigDict(extra="allow")
+
     provider: dict[str, Any] | None = None
     tools: list[WireTool] | None = None
     system_message: SystemMessage | str | None = None
     creates: ClassVar[bool] = False
     """Whether the params create a session (else they resume one)."""
-    developer_messages: list[str] | None = None
-    """A trimtab extension (the Copilot SDKs have no developer messages); sent by
-    `trimtab.Client.connect` clients."""
-    streaming: bool | None = None
     client_name: str | None = None
     """Named in the User-Agent of the session's model requests (spec D9)."""
     available_tools: list[str] | None = None
@@ -233,42 +250,38 @@ class SessionOptionsParams(SessionParams):
     default_agent: DefaultAgent | None = None
     infinite_sessions: WireInfiniteSessions | None = None
     request_permission: bool = False
+    request_user_input: bool = False
+    """The client answers `userInput.request`: the session gets `ask_user` (spec B9)."""
+    working_directory: str | None = None
+    """Where the session's built-in tools work (spec B8)."""
     hooks: StrictBool = False  # not "yes"
     mcp_servers: Json | None = None
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
-    max_turns: StrictInt | None = Field(default=None, ge=1)  # not true, nor 2.0
-    """A trimtab extension: the model calls one run may make (spec E5); on `session.resume`
-    it replaces the session's own."""
 
-    def options(self) -> dict[str, Any]:
-        """Keyword options for `Client.create_session` / `resume_session` (tools and the
-        system message apart: the server composes it, see `system_message_config`)."""
-        options: dict[str, Any] = {}
-        if self.model is not None:
-            options["model"] = self.model
-        if self.reasoning_effort is not None:
-            options["reasoning_effort"] = self.reasoning_effort
+    def options(self) -> SessionOptions:
+        """The options for `Client.create_session` / `resume_session`, but for tools, the
+        system message, hooks and the permission handler, which the server makes of the
+        fields above (`SessionHub.open`).
+
+        Raises:
+            ValidationError: An option is invalid (its error names it as the wire does).
+        """
+        given = {k: v for k, v in (self.model_extra or {}).items() if k in _OPTION_KEYS}
         if self.provider is not None:
-            provider = options["provider"] = provider_config(self.provider)
+            provider = given["provider"] = provider_config(self.provider)
             model_id = self.provider.get("modelId")
-            if self.model is None and isinstance(model_id, str) and model_id:
-                options["model"] = model_id  # the SDKs' fallback for the session's model
+            if given.get("model") is None and isinstance(model_id, str) and model_id:
+                given["model"] = model_id  # the SDKs' fallback for the session's model
             if self.client_name:
                 provider["headers"] = _with_user_agent(provider.get("headers"), self.client_name)
-        if self.developer_messages is not None:
-            options["developer_messages"] = self.developer_messages
-        if self.streaming is not None:
-            options["streaming"] = self.streaming
         if self.infinite_sessions is not None:
-            options["infinite_sessions"] = self.infinite_sessions.options()
+            given["infinite_sessions"] = self.infinite_sessions.options()
         if self.mcp_servers:
-            # Imported here: most sessions name no MCP server (docs/performance.md, server RSS).
+            # Imported here: most sessions name no MCP server.
             from trimtab.mcp import wire_servers
 
-            options["mcp_servers"] = wire_servers(self.mcp_servers)
-        if self.max_turns is not None:
-            options["max_turns"] = self.max_turns
-        return options
+            given["mcp_servers"] = wire_servers(self.mcp_servers)
+        return SessionOptions.model_validate(given)
 
     def offers(self, tool_name: str) -> bool:
         """Whether the session's model is offered the tool: `availableTools` (when given)
@@ -286,57 +299,41 @@ class SessionOptionsParams(SessionParams):
         return message
 
     @classmethod
-    def of(cls, session_id: str, options: Mapping[str, Any]) -> Self:
-        """The params a client sends for `Client.create_session` / `resume_session` options
-        (the inverse of `options()`; tools go as their definitions, handlers stay here).
+    def of(cls, session_id: str, options: SessionOptions) -> Self:
+        """The params a trimtab client sends for `options` (the inverse of `options()`): the
+        options' own dump, and the wire's shapes of the others; tools go as their
+        definitions, and the client answers for them and for permissions.
 
         Raises:
             TypeError: An option a remote session does not take, or a `Provider` object.
         """
-        unknown = set(options) - _REMOTE_OPTIONS
-        if unknown:
-            raise TypeError(
-                f"not available on a remote session (yet): {', '.join(sorted(unknown))}"
-            )
-        fields: dict[str, Any] = {
-            key: options[key]
-            for key in ("model", "reasoning_effort", "streaming", "developer_messages", "max_turns")
-            if key in options
-        }
-        if (message := options.get("system_message")) is not None:
-            # In-process sessions have no default prompt to append to: the content is all.
-            content = message if isinstance(message, str) else message.get("content")
-            fields["system_message"] = SystemMessage(content=content, mode="replace")
-        elif cls.creates:
-            fields["system_message"] = SystemMessage(content="", mode="replace")  # none
-        if (provider := options.get("provider")) is not None:
+        if local := in_process_only(options):
+            raise TypeError(f"not available on a remote session (yet): {', '.join(local)}")
+        wire = options.model_dump(
+            mode="json",
+            by_alias=True,
+            exclude_none=True,
+            exclude={"provider", "system_message", "infinite_sessions"},
+        )
+        if (provider := options.provider) is not None:
             if not isinstance(provider, Mapping):
                 raise TypeError(
                     "a Provider object cannot be sent to a server: pass its config dict"
                 )
             # Checked here, so that a typo fails in the caller, not as a server error.
-            fields["provider"] = ProviderConfig.model_validate(provider).model_dump(
+            wire["provider"] = ProviderConfig.model_validate(provider).model_dump(
                 by_alias=True, exclude_none=True
             )
-        if "tools" in options:
-            fields["tools"] = [WireTool.of(tool.definition) for tool in options["tools"]]
-        return cls(session_id=session_id, request_permission=True, **fields)
-
-
-_REMOTE_OPTIONS = frozenset(
-    {
-        "model",
-        "reasoning_effort",
-        "provider",
-        "system_message",
-        "developer_messages",
-        "tools",
-        "on_permission_request",
-        "streaming",
-        "max_turns",
-    }
-)
-"""The `SessionOptions` a remote session takes (the others have no wire form yet)."""
+        message = options.system_message
+        if message is not None or cls.creates:
+            # In-process sessions have no default prompt to append to: the text is all (D1).
+            text = None if message is None else system_text(message)
+            wire["systemMessage"] = SystemMessage(content=text or "", mode="replace")
+        if options.infinite_sessions is not None:
+            wire["infiniteSessions"] = WireInfiniteSessions.of(options.infinite_sessions)
+        if options.tools is not None:
+            wire["tools"] = [WireTool.of(tool.definition) for tool in options.tools]
+        return cls.model_validate({**wire, "sessionId": session_id, "requestPermission": True})
 
 
 class CreateParams(SessionOptionsParams):

@@ -12,17 +12,21 @@ from trimtab.providers._base import (
     Usage,
 )
 from trimtab.providers._config import ProviderConfig, make_provider
+from trimtab.providers._names import PROVIDER_NAMES, ProviderName, named_provider
 
 __all__ = [
+    "PROVIDER_NAMES",
     "Message",
     "ModelRequest",
     "ModelResponse",
     "Provider",
     "ProviderConfig",
     "ProviderEvent",
+    "ProviderName",
     "ReasoningDelta",
     "TextDelta",
     "ToolCall",
     "Usage",
     "make_provider",
+    "named_provider",
 ]

@@ -5,8 +5,8 @@ closes, an event stream whose events keep coming, one line that never ends. The 
 does not fire while bytes arrive, and the client libraries buffer what they are sent (a line
 of an event stream, a JSON body, an error's body), so the limit sits under all of them: an
 httpx event hook puts a counting stream in place of each response's body before anything
-reads it. The three HTTP clients (the Chat Completions client's own, and those of the `openai`
-and `anthropic` libraries, which use httpx2 too) are built with `bounded_answers()`.
+reads it. The one HTTP client every provider sends through (`_http.HttpClient`, which the
+`openai` and `anthropic` libraries are given too) is built with `bounded_answers()`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ __all__ = [
     "ERROR_BODY_LIMIT",
     "MAX_ANSWER_BYTES",
     "MAX_EVENT_BYTES",
-    "bound_answer",
     "bounded_answers",
 ]
 

@@ -19,13 +19,14 @@ import re
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from trimtab._errors import ProviderError, ProviderErrorType
 from trimtab.providers._base import ModelResponse, ProviderEvent, ToolCall
-from trimtab.providers._config import CONNECT_TIMEOUT
+from trimtab.providers._config import CONNECT_TIMEOUT, MAX_REDIRECTS
 
 __all__ = [
     "HttpResponse",
@@ -44,6 +45,7 @@ __all__ = [
     "retry_after",
     "status_error",
     "stream_error",
+    "time_left",
     "tool_call",
     "unexpected_answer",
 ]
@@ -69,32 +71,48 @@ def attempt_timeout(seconds: float) -> dict[str, float]:
     return {"timeout": seconds, "connect": min(CONNECT_TIMEOUT, seconds)}
 
 
+_DEADLINE: ContextVar[float | None] = ContextVar("trimtab_provider_deadline", default=None)
+"""When the call in progress must have its answer (the event loop's clock), if it is bounded."""
+
+
 class answer_within:  # noqa: N801 (used as the function it was)
     """Bound the wait for a call's answer, retries and their pauses included (see
-    `ProviderConfig.deadline`): past it, the block fails with `timeout`.
+    `ProviderConfig.deadline`): past it, the block fails with `timeout`. Inside the block,
+    `time_left()` tells how long is left (the retries' waits fit in it).
 
-    A class rather than a generator's context manager: its frame and the manager, held for
-    every call in flight, cost ~0.4 KB more (a thousand sessions' calls at once)."""
+    A class rather than a generator's context manager: it holds less for every call in
+    flight (a thousand sessions' calls at once)."""
 
-    __slots__ = ("_seconds", "_stream", "_timeout")
+    __slots__ = ("_seconds", "_stream", "_timeout", "_token")
 
     def __init__(self, seconds: float, *, stream: bool) -> None:
         self._seconds = seconds
         self._stream = stream
         self._timeout = asyncio.timeout(seconds)
+        self._token: Token[float | None] | None = None
 
     async def __aenter__(self) -> None:
         await self._timeout.__aenter__()
+        self._token = _DEADLINE.set(self._timeout.when())
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, _: TracebackType | None
     ) -> None:
+        if self._token is not None:
+            _DEADLINE.reset(self._token)
         try:
             await self._timeout.__aexit__(kind, exc, _)
         except TimeoutError:
             what = "the answer did not start" if self._stream else "no answer"
             text = f"{what} within {self._seconds:g} s"
             raise ProviderError("timeout", text, retryable=True) from None
+
+
+def time_left() -> float | None:
+    """Seconds left before the deadline of the call in progress (`answer_within`); None
+    outside one."""
+    deadline = _DEADLINE.get()
+    return None if deadline is None else deadline - asyncio.get_running_loop().time()
 
 
 # --- streams ------------------------------------------------------------------------------
@@ -186,8 +204,8 @@ class _StallWatch(Generic[_Event]):
     consumer takes between events does not count, and a keep-alive comment is no event).
 
     One timer per `seconds`, not per event: it cancels the wait once it has lasted that
-    long, as `asyncio.timeout` would, but a timeout per event cost each streamed delta ~4 µs
-    (docs/performance.md, streaming). The timer fires only while the stream is waited for,
+    long, as `asyncio.timeout` would, without a timeout's setting up and undoing for every
+    event (docs/performance.md, streaming). The timer fires only while the stream is waited for,
     so its cancellation reaches the wait, which turns it into a `timeout`; a cancellation
     from anyone else (an abort) still wins.
     """
@@ -341,6 +359,21 @@ def transport_failure(exc: BaseException, *, mid_stream: bool) -> ProviderError 
     return None
 
 
+def _redirect_loop(exc: BaseException) -> BaseException | None:
+    """httpx's `TooManyRedirects`, if `exc` is it or was raised from it."""
+    kinds: tuple[type[BaseException], ...] = tuple(
+        module.TooManyRedirects for name in ("httpx2", "httpx") if (module := sys.modules.get(name))
+    )
+    cause: BaseException | None = exc
+    seen: set[int] = set()
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, kinds):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return None
+
+
 def _transport_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     timeouts: list[type[BaseException]] = []
     transports: list[type[BaseException]] = []
@@ -366,7 +399,18 @@ def endpoint(url: object) -> str:
 
 def connection_error(url: object, exc: BaseException) -> ProviderError:
     """`provider_unavailable` for a request to `url` that got no (complete) answer, after
-    retries; the message names the host and port it tried."""
+    retries; the message names the host and port it tried, or the redirect loop it was sent
+    round (not retried: the server's configuration sends every try round it again)."""
+    if (loop := _redirect_loop(exc)) is not None:
+        where = endpoint(url)
+        try:
+            last = endpoint(loop.request.url)  # type: ignore[attr-defined]
+        except RuntimeError:  # (httpx's error raises when it was made without its request)
+            last = where
+        if last != where:
+            where = f"{where}, the last to {last}"
+        message = f"a redirect loop: more than {MAX_REDIRECTS} redirects from {where}"
+        return ProviderError("provider_unavailable", message, retryable=False)
     parts = urlsplit(str(url))
     port = parts.port or (443 if parts.scheme == "https" else 80)
     cause = exc.__cause__ or exc

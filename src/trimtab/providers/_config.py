@@ -33,6 +33,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_TIMEOUT",
+    "MAX_REDIRECTS",
     "ProviderConfig",
     "credentials_environment",
     "make_provider",
@@ -45,6 +46,9 @@ __all__ = [
 CONNECT_TIMEOUT = 10.0
 """Seconds each attempt may take to connect (TCP and TLS): a reachable server takes well under
 one, so waiting longer only delays the retry or the error."""
+
+MAX_REDIRECTS = 20
+"""Redirects one request follows (httpx's default); one more is a redirect loop (spec S1)."""
 
 DEFAULT_STALL_TIMEOUT = 120.0
 """Seconds a streamed call may go without data: until its answer starts (retries included),

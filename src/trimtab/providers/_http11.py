@@ -1,11 +1,11 @@
-"""HTTP/1.1 for the Chat Completions client: httpx2's requests sent over `_network`'s
-connections and parsed by h11, with a pool of idle connections kept for reuse.
+"""HTTP/1.1 over asyncio: the transport of the providers' HTTP client (`_http`) for a direct
+connection. httpx2's requests are sent over `_network`'s connections and parsed by h11 (the
+protocol machine httpcore2 itself uses), with a pool of idle connections kept for reuse.
 
 httpx2's own transport (httpcore2) guards its pool with anyio's locks and events even under
-asyncio: their import and a connection's four locks cost a long-running server ~3 MB of RSS
-(docs/performance.md, a long-running server's memory). This pool is asyncio's own, and the
-wire is h11, the protocol machine httpcore2 itself uses. No HTTP/2, no proxy: a client given
-a transport reads no proxy from the environment, as it did with httpcore2's.
+asyncio, and scans every connection whenever a request starts or ends: with a thousand
+sessions' calls in flight that held budget lines out of reach (docs/performance.md, item 18).
+It is used where this one has nothing to offer: through a proxy, and for HTTP/2.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ it per session with `model_limits=`)."""
 
 from __future__ import annotations
 
+import functools
+
 from trimtab.events import ModelLimits
 
 __all__ = ["limits_for"]
@@ -36,7 +38,12 @@ def limits_for(model: str | None, override: ModelLimits | None = None) -> ModelL
     """The session's limits: its override, else the table, else a conservative default."""
     if override is not None:
         return override
-    name = (model or "").lower().rsplit("/", 1)[-1]
+    return _from_table((model or "").lower().rsplit("/", 1)[-1])
+
+
+@functools.lru_cache(maxsize=1024)
+def _from_table(name: str) -> ModelLimits:
+    """The table's limits for a model name (shared: a session's turns all ask for them)."""
     matches = [prefix for prefix in _KNOWN if name.startswith(prefix)]
     if not matches:
         return ModelLimits()

@@ -29,11 +29,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import llama_cpp  # type: ignore[import-not-found, unused-ignore]
-import numpy as np  # type: ignore[import-not-found, unused-ignore]
+import llama_cpp
+import numpy as np
 
 if TYPE_CHECKING:
-    from llama_cpp.llama import Llama  # type: ignore[import-not-found, unused-ignore]
+    from llama_cpp.llama import Llama
 
 __all__ = ["PromptStates", "common_prefix"]
 

@@ -1,11 +1,9 @@
-"""Connections on asyncio's own transports, for the Chat Completions client's HTTP
-(`providers/_http11.py`).
+"""Connections on asyncio's own transports, for `_http11`.
 
-Through anyio (httpcore2's way to the network), every read costs a cancel scope and two
-`epoll_ctl` calls (reading is resumed and paused around each one): ~20 µs of the ~100 µs a
-streamed delta takes from the socket to an `on()` handler (docs/performance.md, streaming).
-Here a connection is an `asyncio.Protocol` that keeps reading, up to a bounded buffer, and a
-read only waits when nothing is buffered.
+Through anyio (httpcore2's way to the network), every read enters a cancel scope and resumes
+and pauses the transport's reading around its wait (docs/performance.md, item 11). Here a
+connection is an `asyncio.Protocol` that keeps reading, up to a bounded buffer, and a read only
+waits when nothing is buffered.
 """
 
 from __future__ import annotations
@@ -81,7 +79,7 @@ class _Connection(asyncio.Protocol):
     async def received(self, timeout: float | None) -> None:
         """Wait until bytes arrive or the connection ends; raise `httpx2.ReadTimeout` after
         `timeout` seconds. (A timer on this future, not `asyncio.timeout` on the task: no
-        cancellation to undo, at a third of the cost per read.)"""
+        cancellation to undo.)"""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         timer = None if timeout is None else loop.call_later(timeout, _expire, waiter, timeout)

@@ -3,11 +3,12 @@
 They cover `type: "openai"` (OpenAI and every compatible server) and `type: "azure"` (Azure
 OpenAI, where the deployment names the model and an API version is required).
 
-Chat Completions goes over plain HTTP (`ChatClient`), as the `openai` client would send it and
-with its retries: importing `openai` alone takes ~15 MB and ~0.3 s (hundreds of typed models),
-which a long-lived server that only speaks Chat Completions would carry for nothing. Responses
-goes through the `openai` client itself (`OpenAIClient`, `map_openai_error`), imported on first
-use.
+Chat Completions bodies are plain JSON, sent with trimtab's HTTP client (`ChatClient`) as the
+`openai` client would send them: that library walks every message of a request through its
+typed models, and importing its hundreds of models takes long, which a server that only
+speaks Chat Completions would pay for nothing. Responses goes through the `openai` client
+itself (`OpenAIClient`, `map_openai_error`), imported on first use, given the same HTTP
+client (`_http`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,6 @@ from urllib.parse import quote
 import httpx2
 
 from trimtab._errors import ProviderError
-from trimtab.providers._bodies import ACCEPT_ENCODING, bound_answer, bounded_answers
 from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
@@ -39,8 +38,7 @@ from trimtab.providers._common import (
     stream_error,
 )
 from trimtab.providers._config import ProviderConfig
-from trimtab.providers._http11 import Transport
-from trimtab.providers._origin import credentials_stay_home
+from trimtab.providers._http import HttpClient
 
 if TYPE_CHECKING:
     import openai
@@ -50,13 +48,7 @@ __all__ = ["ChatClient", "OpenAIClient", "map_openai_error", "stream_events"]
 _PLACEHOLDER_KEY = "unused"
 """Sent to keyless local servers: the client library refuses to start without some key."""
 
-# The `openai` client's defaults (its timeouts excepted: see `ProviderConfig.deadline`), but
-# for the idle connections kept: httpx's own default of 20 rather than the `openai` client's
-# 100 (docs/performance.md, many sessions), while up to 1000 requests still run at once.
 _BASE_URL = "https://api.openai.com/v1"
-_LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=20)
-_MAX_RETRY_AFTER = 120.0
-"""The longest `retry-after` waited for; a server asking for more is not retried."""
 _DRAIN_TIMEOUT = 0.1
 
 
@@ -89,6 +81,12 @@ def _azure_endpoint(config: ProviderConfig) -> str:
             "bad_request", "no Azure endpoint: set base_url or AZURE_OPENAI_ENDPOINT"
         )
     return endpoint
+
+
+def _openai_base_url(config: ProviderConfig) -> str:
+    # The environment's, as the `openai` client takes it, only without a base_url: which is
+    # when the environment's credentials apply too.
+    return config.base_url or os.environ.get("OPENAI_BASE_URL") or _BASE_URL
 
 
 class OpenAIClient:
@@ -162,14 +160,13 @@ class OpenAIClient:
         headers = self._headers()
         # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
         timeout = openai.Timeout(**attempt_timeout(config.deadline(stream=False)))
-        # The library's own client, with its defaults (its environment's proxies too), but for
-        # bounded answers.
-        home = _azure_endpoint(config) if config.type == "azure" else config.base_url
-        http_client = openai.DefaultAsyncHttpxClient(
-            event_hooks=bounded_answers(
-                credentials_stay_home(home or _BASE_URL, (headers or {}).keys())
-            ),
-            headers={"Accept-Encoding": ACCEPT_ENCODING},
+        # Where the library sends its requests, as it decides it.
+        home = _azure_endpoint(config) if config.type == "azure" else _openai_base_url(config)
+        # trimtab's HTTP client, with its retries: the library's own are off.
+        http_client = HttpClient(
+            home,
+            max_retries=config.max_retries,
+            credentials=(headers or {}).keys(),
             transport=self._transport,
         )
         if config.type == "azure":
@@ -180,7 +177,7 @@ class OpenAIClient:
                 api_version=config.api_version,
                 azure_endpoint=_azure_endpoint(config),
                 timeout=timeout,
-                max_retries=config.max_retries,
+                max_retries=0,
                 default_headers=headers,
                 http_client=http_client,
             )
@@ -188,7 +185,7 @@ class OpenAIClient:
             api_key=api_key,
             base_url=config.base_url,
             timeout=timeout,
-            max_retries=config.max_retries,
+            max_retries=0,
             default_headers=headers,
             http_client=http_client,
         )
@@ -236,11 +233,10 @@ def _status_error(
 
 
 class ChatClient:
-    """Sends Chat Completions requests through one HTTP client, created on first use.
+    """Sends Chat Completions requests through one HTTP client (`_http`), created on first use.
 
-    Requests, retries (408, 409, 429, 5xx and failed connections, waiting as `retry-after`
-    asks or backing off exponentially) and errors follow the `openai` client's. `environment`
-    is where credentials may come from (see `credentials_environment`).
+    Requests and errors follow the `openai` client's. `environment` is where credentials may
+    come from (see `credentials_environment`).
     """
 
     def __init__(
@@ -252,11 +248,7 @@ class ChatClient:
         self.config = config
         self._environment = environment
         self._transport = transport
-        self._client: httpx2.AsyncClient | None = None
-        self._wire: httpx2.AsyncBaseTransport | None = None
-        """The client's transport, which `_exchange` sends through itself."""
-        self._url: tuple[str, httpx2.URL, httpx2.Headers] | None = None
-        """The last path requested, its whole URL, and the headers each request has."""
+        self._client: HttpClient | None = None
 
     def model(self, requested: str) -> str:
         """The model to name in the request: on Azure, the deployment when one is given;
@@ -292,61 +284,29 @@ class ChatClient:
         path = "/chat/completions"
         if self.config.type == "azure" and "/deployments" not in client.base_url.path:
             path = f"/deployments/{quote(model, safe='')}{path}"
-        if self._url is None or self._url[0] != path:
-            # What `build_request` would merge for every request, merged once: the URL on the
-            # client's base URL with its parameters, and the headers every request has, which
-            # each request's headers then share (~0.7 KB less a call in flight).
-            base = client.base_url
-            url = base.copy_with(raw_path=base.raw_path + path[1:].encode())
-            url = url.copy_merge_params(client.params)
-            shared = httpx2.Headers(client.headers)
-            shared["Content-Type"] = "application/json"
-            if "Host" not in shared:
-                shared = httpx2.Headers([(b"Host", url.netloc), *shared.raw])
-            self._url = path, url, shared
-        _, url, shared = self._url
-        own = httpx2.Headers(shared)  # (a copy of the list: the headers themselves are shared)
-        own.update(headers or {})
-        own["Content-Length"] = str(len(body))
         seconds = self.config.deadline(stream=stream)
-        timeout = httpx2.Timeout(**attempt_timeout(seconds)).as_dict()
-        request = httpx2.Request(
+        request = client.build_request(
             "POST",
-            url,
-            headers=own,
-            stream=httpx2.ByteStream(body),
-            extensions={"timeout": timeout},
+            path,
+            content=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
+            timeout=httpx2.Timeout(**attempt_timeout(seconds)),
         )
-        request.read()  # (`request.content` is the body, as `build_request` makes it)
-        if client.cookies:
-            client.cookies.set_cookie_header(request)
         return request, seconds
 
     async def _send(self, request: httpx2.Request) -> httpx2.Response:
-        """Send `request`, retrying as the `openai` client would; the answer's body unread."""
-        client = self._get()
-        attempt = 0
-        while True:
-            last = attempt >= self.config.max_retries
-            headers = None
-            try:
-                response = await self._exchange(client, request)
-            except httpx2.TimeoutException as exc:
-                if last:
-                    raise ProviderError("timeout", "the request timed out", retryable=True) from exc
-            except (httpx2.RequestError, ssl.SSLError) as exc:
-                if last:
-                    raise connection_error(request.url, exc) from exc
-            else:
-                if not response.is_error:
-                    return response
-                if last or not _should_retry(response):
-                    body = await read_body(response)
-                    raise self._explained(_http_error(response, body))
-                await response.aclose()
-                headers = response.headers
-            await asyncio.sleep(_retry_delay(attempt, headers))
-            attempt += 1
+        """Send `request` (retried as `_retries` says); the successful answer, its body
+        unread."""
+        try:
+            response = await self._get().send(request, stream=True)
+        except httpx2.TimeoutException as exc:
+            raise ProviderError("timeout", "the request timed out", retryable=True) from exc
+        except (httpx2.RequestError, ssl.SSLError) as exc:
+            raise connection_error(request.url, exc) from exc
+        if response.is_error:
+            body = await read_body(response)
+            raise self._explained(_http_error(response, body))
+        return response
 
     async def aclose(self) -> None:
         """Close the HTTP client, if one was created."""
@@ -359,36 +319,14 @@ class ChatClient:
             return own_key_needed(error, _key_variable(self.config))
         return error
 
-    async def _exchange(
-        self, client: httpx2.AsyncClient, request: httpx2.Request
-    ) -> httpx2.Response:
-        """One exchange, through the client's transport itself: the client's layers (its auth
-        flow, redirect loop and hooks, each a frame) held ~2 KB more for every call in flight,
-        a thousand at once in a busy server. What they would do to an answer is done here: its
-        body bounded (the response hook), its cookies kept. A redirect goes to the client, which
-        follows it (the request sent again: a server that redirects has not taken it in)."""
-        assert self._wire is not None
-        try:
-            response = await self._wire.handle_async_request(request)
-        except httpx2.RequestError as exc:
-            exc.request = request  # (as the client's own `request_context` does)
-            raise
-        response.request = request
-        if response.has_redirect_location:
-            await response.aclose()
-            return await client.send(request, stream=True)
-        client.cookies.extract_cookies(response)
-        await bound_answer(response)
-        return response
-
-    def _get(self) -> httpx2.AsyncClient:
+    def _get(self) -> HttpClient:
         # Created on first use so that building a provider never touches the network or the
         # environment, and a provider that is never called costs nothing.
         if self._client is None:
             self._client = self._create()
         return self._client
 
-    def _create(self) -> httpx2.AsyncClient:
+    def _create(self) -> HttpClient:
         config = self.config
         api_key = _api_key(config, self._environment)
         params: dict[str, str] = {}
@@ -398,7 +336,7 @@ class ChatClient:
             if config.api_version is not None:
                 params["api-version"] = config.api_version
         else:
-            base_url = config.base_url or os.environ.get("OPENAI_BASE_URL") or _BASE_URL
+            base_url = _openai_base_url(config)
             headers = {"Authorization": f"Bearer {api_key}"}
         for name, variable in (
             ("OpenAI-Organization", "OPENAI_ORG_ID"),
@@ -406,47 +344,17 @@ class ChatClient:
         ):
             if value := self._environment.get(variable):
                 headers[name] = value
-        # The certificate store is loaded only for HTTPS (docs/performance.md, the `openai`
-        # package): not for a server reached over plain HTTP (a local model). HTTPS there (a
-        # redirect, a TLS proxy) then fails verification instead of being trusted.
-        verify: ssl.SSLContext | bool = True
-        if base_url.startswith("http://"):
-            verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        self._wire = self._transport or Transport(verify=verify, limits=_LIMITS)
-        return httpx2.AsyncClient(
+        return HttpClient(
+            base_url,
+            max_retries=config.max_retries,
+            credentials=config.headers or (),
+            transport=self._transport,
             base_url=base_url,
             params=params,
-            headers={
-                "Accept": "application/json",
-                "Accept-Encoding": ACCEPT_ENCODING,
-                **headers,
-                **(config.headers or {}),
-            },
+            headers={"Accept": "application/json", **headers, **(config.headers or {})},
             # Each request passes its own (`ProviderConfig.deadline`).
             timeout=httpx2.Timeout(**attempt_timeout(config.deadline(stream=False))),
-            limits=_LIMITS,
-            follow_redirects=True,
-            verify=verify,
-            event_hooks=bounded_answers(credentials_stay_home(base_url, config.headers or ())),
-            transport=self._wire,
         )
-
-
-def _should_retry(response: httpx2.Response) -> bool:
-    asked = retry_after(response.headers)
-    if asked is not None and asked > _MAX_RETRY_AFTER:
-        return False
-    should_retry: str | None = response.headers.get("x-should-retry")
-    if should_retry in ("true", "false"):
-        return should_retry == "true"
-    return response.status_code in (408, 409, 429) or response.status_code >= 500
-
-
-def _retry_delay(attempt: int, headers: httpx2.Headers | None) -> float:
-    asked = retry_after(headers) if headers is not None else None
-    if asked is not None and 0 < asked <= _MAX_RETRY_AFTER:
-        return asked
-    return min(0.5 * 2.0**attempt, 8.0) * (1 - 0.25 * random.random())
 
 
 def _http_error(response: httpx2.Response, content: bytes) -> ProviderError:

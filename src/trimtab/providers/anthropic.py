@@ -26,7 +26,6 @@ from trimtab.providers._base import (
     ToolCall,
     Usage,
 )
-from trimtab.providers._bodies import ACCEPT_ENCODING, bounded_answers
 from trimtab.providers._common import (
     answer_within,
     attempt_timeout,
@@ -43,6 +42,7 @@ from trimtab.providers._common import (
     unexpected_answer,
 )
 from trimtab.providers._config import ProviderConfig, credentials_environment
+from trimtab.providers._http import HttpClient
 from trimtab.providers._limits import limits_for
 
 if TYPE_CHECKING:
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     import httpx2
 
 __all__ = ["AnthropicProvider"]
+
+_BASE_URL = "https://api.anthropic.com"
 
 _PLACEHOLDER_KEY = "unused"
 """Sent to keyless compatible servers: the client library refuses to start without some key."""
@@ -146,13 +148,14 @@ class AnthropicProvider:
                 base_url=config.base_url,
                 # Each call passes its own (`ProviderConfig.deadline`); this is for any other.
                 timeout=anthropic.Timeout(**attempt_timeout(config.deadline(stream=False))),
-                max_retries=config.max_retries,
                 default_headers=headers,
-                # The library's own client, with its defaults (its environment's proxies too),
-                # but for bounded answers.
-                http_client=anthropic.DefaultAsyncHttpxClient(
-                    event_hooks=bounded_answers(),
-                    headers={"Accept-Encoding": ACCEPT_ENCODING},
+                # trimtab's HTTP client, with its retries: the library's own are off.
+                max_retries=0,
+                http_client=HttpClient(
+                    # Where the library sends its requests, as it decides it.
+                    config.base_url or os.environ.get("ANTHROPIC_BASE_URL") or _BASE_URL,
+                    max_retries=config.max_retries,
+                    credentials=(config.headers or {}).keys(),
                     transport=self._transport,
                 ),
             )

@@ -71,7 +71,7 @@ from trimtab.providers._local_calls import (
 
 if TYPE_CHECKING:
     # Only with the `local` extra; the ignore keeps mypy quiet for contributors without it.
-    from llama_cpp.llama import Llama  # type: ignore[import-not-found, unused-ignore]
+    from llama_cpp.llama import Llama
 
 __all__ = ["DEFAULT_WEIGHTS_PACKAGE", "WEIGHTS_COMMAND", "LocalProvider", "default_model_path"]
 
@@ -170,7 +170,7 @@ def _no_amx_buffers() -> Iterator[None]:
     `use_extra_bufts`, which llama-cpp-python does not expose, is turned off through the
     defaults it starts from, for this load only. (Other extra buffers, the repacked layouts
     of AVX2 and ARM builds, are kept where there is no AMX.)"""
-    import llama_cpp  # type: ignore[import-not-found, unused-ignore]
+    import llama_cpp
 
     module = llama_cpp.llama_cpp
     defaults = module.llama_model_default_params
@@ -330,7 +330,7 @@ class _Engine:
 
     def __init__(self, path: Path) -> None:
         try:
-            from llama_cpp.llama import Llama  # type: ignore[import-not-found, unused-ignore]
+            from llama_cpp.llama import Llama
         except ModuleNotFoundError as exc:
             if not (exc.name or "").startswith("llama_cpp"):
                 raise
@@ -444,7 +444,7 @@ class _Engine:
         Typed `Any`: `create_completion` returns a chunk iterator or a whole response depending
         on `stream`, a union its annotations cannot narrow.
         """
-        from llama_cpp.llama import StoppingCriteriaList  # type: ignore[import-not-found, unused-ignore]
+        from llama_cpp.llama import StoppingCriteriaList
 
         return self._llama.create_completion(
             prompt,
@@ -482,7 +482,7 @@ class _TokenCounter:
 
 def _grammar(job: _Job) -> Any:
     """The `LlamaGrammar` of a job (None for free text)."""
-    from llama_cpp.llama_grammar import (  # type: ignore[import-not-found, unused-ignore]
+    from llama_cpp.llama_grammar import (
         JSON_GBNF,
         LlamaGrammar,
         json_schema_to_gbnf,
@@ -501,7 +501,7 @@ class _ChatTemplate:
     """Renders a chat with the model's own template, else ChatML."""
 
     def __init__(self, llama: Llama) -> None:
-        from llama_cpp.llama_chat_format import (  # type: ignore[import-not-found, unused-ignore]
+        from llama_cpp.llama_chat_format import (
             Jinja2ChatFormatter,
         )
 

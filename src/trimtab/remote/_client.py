@@ -1,22 +1,23 @@
 """`RemoteClient`: the `Client` API for a runtime in another process (`trimtab serve`).
 
 It speaks the same Copilot-protocol JSON-RPC as the official SDK clients, so everything a
-remote client does, an official client can do too; trimtab adds only `developerMessages`
-and a few fields in results.
+remote client does, an official client can do too; trimtab adds only the session options it
+has and the protocol has not (`developerMessages`, `maxTurns`, `modelLimits`, spec D15) and a
+few fields in results.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
 from trimtab import SessionNotFoundError, SessionOptions, TrimtabError
 from trimtab._durations import check_seconds
+from trimtab._options import options_of
 from trimtab.events import new_id
 from trimtab.protocol.errors import error_from_rpc
 from trimtab.protocol.jsonrpc import METHOD_NOT_FOUND, Connection, Params, RpcError
@@ -153,33 +154,43 @@ class RemoteClient:
     # --- sessions ------------------------------------------------------------------------
 
     async def create_session(
-        self, *, session_id: str | None = None, **options: Unpack[SessionOptions]
+        self,
+        options: SessionOptions | None = None,
+        *,
+        session_id: str | None = None,
+        **keywords: Any,
     ) -> RemoteSession:
-        """Create a session on the server, as `Client.create_session`."""
-        params = CreateParams.of(session_id or new_id(), options)
-        return await self._open("session.create", params, options)
+        """Create a session on the server, as `Client.create_session`.
+
+        Raises:
+            TypeError: An option that has no wire form yet (`hooks`), or a `Provider` object.
+        """
+        opts = options_of(options, keywords)
+        params = CreateParams.of(session_id or new_id(), opts)
+        return await self._open("session.create", params, opts)
 
     async def resume_session(
-        self, session_id: str, **options: Unpack[SessionOptions]
+        self, session_id: str, options: SessionOptions | None = None, **keywords: Any
     ) -> RemoteSession:
         """Open a stored session on the server, as `Client.resume_session`; pass the tools
         and permission handler again, as in-process."""
         if (open_session := self._sessions.get(session_id)) is not None:
             return open_session
-        return await self._open("session.resume", ResumeParams.of(session_id, options), options)
+        opts = options_of(options, keywords)
+        return await self._open("session.resume", ResumeParams.of(session_id, opts), opts)
 
     async def _open(
-        self, method: str, params: CreateParams | ResumeParams, options: Mapping[str, Any]
+        self, method: str, params: CreateParams | ResumeParams, options: SessionOptions
     ) -> RemoteSession:
         conn = await self._connection()
         session_id = params.session_id
-        tools = {tool.name: tool for tool in options.get("tools", [])}
+        tools = {tool.name: tool for tool in options.tools or ()}
         # Registered before the request: the server streams events while it opens the session.
         session = self._sessions[session_id] = RemoteSession(
             session_id,
             conn,
             tools=tools,
-            permission_handler=options.get("on_permission_request"),
+            permission_handler=options.on_permission_request,
             on_close=self._forget,
         )
         try:

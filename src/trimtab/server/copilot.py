@@ -8,7 +8,6 @@ so a method body reads as the mapping it is.
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +52,7 @@ from trimtab.protocol.wire import (
     metadata_of,
 )
 from trimtab.server.attachments import with_attachments
+from trimtab.server.auth import Credentials, Identity
 from trimtab.server.hub import SessionHub, SharedSession
 from trimtab.store import SessionRecord
 
@@ -73,8 +73,8 @@ class CopilotConnection:
     Args:
         conn: The JSON-RPC connection.
         hub: The server's open sessions.
-        token: The connection token a client must present in `connect`, or None. An empty
-            token is refused: it would let anyone in who sends an empty one.
+        credentials: The tokens a client may present in `connect`, and who each stands for
+            (spec S10, S16); without any, every client is the same one.
         connect_timeout: Seconds a client has to present the token before the connection is
             closed (with a token only); None: no limit.
         idle_timeout: Seconds a connection may stay idle (no frame from the client, no
@@ -86,16 +86,15 @@ class CopilotConnection:
         conn: Connection,
         hub: SessionHub,
         *,
-        token: str | None,
+        credentials: Credentials,
         connect_timeout: float | None = None,
         idle_timeout: float | None = None,
     ) -> None:
-        if token == "":
-            raise ValueError("an empty connection token authenticates nobody: pass None")
         self._conn = conn
         self._hub = hub
-        self._token = token
-        self._authenticated = token is None
+        self._credentials = credentials
+        self._identity: Identity | None = credentials.identify(None)
+        """Who the client is, once it presented its token (at once, without tokens)."""
         self._max_frame = conn.max_frame
         if not self._authenticated:
             # Parsing a frame costs many times its size (tiny objects): a client that has
@@ -136,11 +135,21 @@ class CopilotConnection:
         """The client's address, for logs."""
         return self._conn.peer
 
+    @property
+    def _authenticated(self) -> bool:
+        return self._identity is not None
+
+    @property
+    def _who(self) -> Identity:
+        """Who the client is; every method but `connect` runs after it said so."""
+        assert self._identity is not None
+        return self._identity
+
     async def serve(self) -> None:
         """Serve until the client goes away, then let go of its sessions."""
         watchdog = asyncio.get_running_loop().create_task(self._watch())
-        if self._authenticated:
-            self._hub.join(self._conn)  # else once it presents the token
+        if self._identity is not None:
+            self._hub.join(self._conn, self._identity)  # else once it presents its token
         try:
             await self._conn.run(self.dispatch)
         finally:
@@ -198,12 +207,17 @@ class CopilotConnection:
 
     async def _connect(self, params: dict[str, Any]) -> ConnectResult:
         given = ConnectParams.model_validate(params).token
-        if self._token is not None:
-            if given is None or not hmac.compare_digest(_raw(given), _raw(self._token)):
+        if self._credentials.required:
+            identity = self._credentials.identify(given)
+            if identity is None:
                 raise _auth_failed()
-            self._authenticated = True
-            self._conn.max_frame = self._max_frame
-            self._hub.join(self._conn)
+            if self._identity is None:
+                self._identity = identity
+                self._conn.max_frame = self._max_frame
+                self._hub.join(self._conn, identity)
+            elif identity != self._identity:
+                # One connection is one client: its sessions are those of its first token.
+                raise _auth_failed()
         return ConnectResult(version=__version__)
 
     async def _ping(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -235,11 +249,13 @@ class CopilotConnection:
         return self._hub.get(self._conn, SessionParams.model_validate(params).session_id)
 
     async def _create(self, params: dict[str, Any]) -> SessionIdResult:
-        shared = await self._hub.open(self._conn, CreateParams.model_validate(params), resume=False)
+        request = CreateParams.model_validate(params)
+        shared = await self._hub.open(self._conn, request, resume=False, identity=self._who)
         return SessionIdResult(session_id=shared.session_id)
 
     async def _resume(self, params: dict[str, Any]) -> SessionIdResult:
-        shared = await self._hub.open(self._conn, ResumeParams.model_validate(params), resume=True)
+        request = ResumeParams.model_validate(params)
+        shared = await self._hub.open(self._conn, request, resume=True, identity=self._who)
         return SessionIdResult(session_id=shared.session_id)
 
     async def _send(self, params: dict[str, Any]) -> SendResult:
@@ -271,7 +287,9 @@ class CopilotConnection:
         context when it sent one (spec OT5)."""
         request = SendParams.model_validate(params)
         shared = self._hub.get(self._conn, request.session_id)
-        composed = await with_attachments(request.prompt, request.attachments or [])
+        composed = await with_attachments(
+            request.prompt, request.attachments or [], opener=self._hub.policy.open
+        )
         with remote_parent(request.traceparent, request.tracestate):
             message_id = await shared.session.send(
                 composed.prompt,
@@ -303,6 +321,8 @@ class CopilotConnection:
             record = await self._hub.client.get_session_record(session_id)
         except SessionNotFoundError:
             return {}
+        if not self._who.sees(record.owner):
+            return {}  # as for a session not stored (spec S16)
         return {"session": dump(self._metadata_of(record))}
 
     async def _get_last_id(self, params: dict[str, Any]) -> SessionIdResult:
@@ -310,8 +330,9 @@ class CopilotConnection:
         return SessionIdResult(session_id=sessions[0].session_id if sessions else None)
 
     async def _metadata(self) -> list[SessionMetadata]:
-        """Every stored session, most recently active first."""
-        return [self._metadata_of(r) for r in await self._hub.client.list_sessions()]
+        """Every stored session the client sees, most recently active first."""
+        records = await self._hub.client.list_sessions()
+        return [self._metadata_of(r) for r in records if self._who.sees(r.owner)]
 
     def _metadata_of(self, record: SessionRecord) -> SessionMetadata:
         # Remote: run by another runtime sharing the store (spec R1).
@@ -321,7 +342,7 @@ class CopilotConnection:
     async def _delete(self, params: dict[str, Any]) -> SuccessResult:
         session_id = SessionParams.model_validate(params).session_id
         try:
-            await self._hub.delete(session_id)
+            await self._hub.delete(session_id, self._who)
         except SessionNotFoundError as exc:
             return SuccessResult(success=False, error=str(exc))
         return SuccessResult(success=True)
@@ -367,10 +388,6 @@ class CopilotConnection:
         return SuccessResult(
             success=shared.questions.answer_permission(answer.request_id, decision)
         )
-
-
-def _raw(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")  # any string a JSON client can send
 
 
 def _auth_failed() -> RpcError:

@@ -10,19 +10,23 @@ lets go, the session is disconnected: its run is aborted and its lease released.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from trimtab import Client, Session, Tool
-from trimtab.events import Event, SessionResumeData, SessionResumeEvent, UserMessageEvent
+from trimtab import Client, Session, SessionNotFoundError, Tool, ToolError
+from trimtab._keyed_locks import KeyedLocks
+from trimtab.events import Event, UserMessageEvent
 from trimtab.protocol.errors import SESSION_NOT_FOUND, session_not_open
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import ResumeParams, SessionOptionsParams
+from trimtab.server.auth import ANYONE, Identity
+from trimtab.server.builtins import session_builtins
 from trimtab.server.hooks import ClientHooks
+from trimtab.server.options import PENDING_TIMEOUT
+from trimtab.server.policy import HostPolicy
 from trimtab.server.prompt import system_prompt
 from trimtab.server.questions import ClientQuestions
 
@@ -30,9 +34,12 @@ __all__ = ["SessionHub", "SharedSession"]
 
 log = logging.getLogger("trimtab.server")
 
-PENDING_TIMEOUT = 120.0
-"""Default seconds the tool calls of a client whose connection dropped wait for a client that
-resumes the session to answer them (spec D6)."""
+NO_PROVIDER = (
+    "no provider: the session names none and this server has no default; start it with"
+    " `trimtab serve --provider NAME` (openai, anthropic, ollama, local, or a JSON config),"
+    " or give the session a provider"
+)
+"""Why `session.create` without a provider fails on a server without `--provider` (spec S7)."""
 
 TRANSFORM_TIMEOUT = 30.0
 """Seconds a client has to rewrite the system message's sections at create or resume."""
@@ -48,6 +55,8 @@ class SharedSession:
 
     session: Session
     questions: ClientQuestions
+    owner: str | None = None
+    """Whom the session belongs to (spec S16)."""
     hooks: ClientHooks | None = None
     """The hooks of the client that asked for them, if one did."""
     peers: list[Connection] = field(default_factory=list)
@@ -106,7 +115,7 @@ class SharedSession:
         if peer not in self.peers:
             self.peers.append(peer)
         self._tools[peer] = frozenset(t.name for t in params.tools or ())
-        own = {tool.name for tool in self.session.options()["tools"]}
+        own = {tool.name for tool in self.session.options().tools or ()}
         offered: list[Tool] = [
             self.questions.tool(t.definition())
             for t in params.tools or ()
@@ -119,6 +128,8 @@ class SharedSession:
             self._offer()
         if params.hooks and self.hooks is not None:
             self.hooks.target = peer
+        if params.request_user_input:
+            self.questions.asker = peer
 
     def _offer(self) -> None:
         """Offer the model the tools of every joined connection (the first one's, of a name
@@ -151,6 +162,8 @@ class SharedSession:
         # The last one out keeps the hooks until the session is let go (sessionEnd).
         if self.hooks is not None and self.hooks.target is peer and self.peers:
             self.hooks.target = None
+        if self.questions.asker is peer:
+            self.questions.asker = None
         if grace is None:
             self.questions.abandon_unprovided()
         else:
@@ -179,27 +192,48 @@ class SharedSession:
 class SessionHub:
     """Opens, shares and closes the sessions of one server's `Client`."""
 
-    def __init__(self, client: Client, *, pending_timeout: float = PENDING_TIMEOUT) -> None:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        policy: HostPolicy,
+        pending_timeout: float = PENDING_TIMEOUT,
+        has_provider: bool = False,
+    ) -> None:
         self.client = client
+        self.policy = policy
+        """What the clients may make the host do (spec S11)."""
         self.pending_timeout = pending_timeout
         """Seconds a dropped client's unanswered tool calls wait for another client."""
+        self.has_provider = has_provider
+        """The server has a default provider (`--provider`) for sessions that bring none."""
         self._open: dict[str, SharedSession] = {}
-        self._connections: set[Connection] = set()
-        self._locks = _KeyedLocks()
+        self._connections: dict[Connection, Identity] = {}
+        """The authenticated connections, and who each is."""
+        self._locks = KeyedLocks()
 
-    def join(self, peer: Connection) -> None:
-        """Tell `peer` of sessions created, updated and deleted from now on."""
-        self._connections.add(peer)
+    def join(self, peer: Connection, identity: Identity = ANYONE) -> None:
+        """Tell `peer`, which is `identity`, of its sessions created, updated and deleted from
+        now on."""
+        self._connections[peer] = identity
 
     def leave(self, peer: Connection) -> None:
         """Stop telling `peer` (its connection closed)."""
-        self._connections.discard(peer)
+        self._connections.pop(peer, None)
 
-    def _lifecycle(self, kind: str, session_id: str) -> None:
-        """`session.lifecycle` to every client (spec D8): what `session.list` shows them."""
+    def sees(self, peer: Connection, owner: str | None) -> bool:
+        """Whether a session of `owner` exists for `peer` (spec S16): not for a connection
+        that has not authenticated."""
+        identity = self._connections.get(peer)
+        return identity is not None and identity.sees(owner)
+
+    def _lifecycle(self, kind: str, session_id: str, owner: str | None) -> None:
+        """`session.lifecycle` to every client that sees the session (spec D8, S16): what
+        `session.list` shows them."""
         params = {"type": kind, "sessionId": session_id}
-        for peer in self._connections:
-            peer.notify("session.lifecycle", params)
+        for peer, identity in self._connections.items():
+            if identity.sees(owner):
+                peer.notify("session.lifecycle", params)
 
     def get(self, peer: Connection, session_id: str) -> SharedSession:
         """The session `peer` has attached, else a `SESSION_NOT_FOUND` error."""
@@ -218,62 +252,104 @@ class SessionHub:
         return [shared for shared in self._open.values() if peer in shared.peers]
 
     async def open(
-        self, peer: Connection, params: SessionOptionsParams, *, resume: bool
+        self,
+        peer: Connection,
+        params: SessionOptionsParams,
+        *,
+        resume: bool,
+        identity: Identity = ANYONE,
     ) -> SharedSession:
-        """Create or resume a session and attach `peer` to it.
+        """Create or resume a session and attach `peer` (which is `identity`) to it.
 
         A session already open here for other connections, or running, is shared: the new
         connection is attached, and its tools and options are not applied (the runtime's
         tool set is fixed while open). Otherwise it is opened again with the new options.
+        A session of another owner is not found (spec S16); options the host policy refuses
+        are refused before anything else (spec S15).
         """
         session_id = params.session_id
+        # Checked before anything is closed or opened; what the host policy refuses is
+        # refused before anything else (spec S15).
+        options = self.policy.check_session(params.options())
+        ask = partial(self._ask_user, session_id)
+        builtins = session_builtins(self.policy, params, ask)  # refused here too (S13)
         async with self._locks.hold(session_id):
             shared = self._open.get(session_id)
             if shared is not None:
                 if not resume:
                     raise ValueError(f"a session with id {session_id!r} already exists")
+                if not identity.sees(shared.owner):
+                    raise SessionNotFoundError(session_id)
                 if shared.peers not in ([], [peer]) or shared.session.busy:
                     shared.attach(peer, params)
-                    await _log_resume(shared.session, params)
+                    pending = isinstance(params, ResumeParams) and params.continue_pending_work
+                    # Shared as it is (its options are not applied); the resume is logged.
+                    await self.client.resume_session(session_id, continue_pending_work=pending)
                     shared.redeliver(peer)
                     return shared
                 # Nobody else uses it and nothing runs: opened again, so that this resume's
                 # options (system message, provider, tools) apply (spec D5).
                 await self._close(shared)
-            since = await self._event_count(session_id) if resume else 0
+            since, owner = 0, identity.name
+            if resume:
+                record = await self.client.get_session_record(session_id)
+                if not identity.sees(record.owner):
+                    raise SessionNotFoundError(session_id)  # as if it were not stored
+                since, owner = record.event_count, record.owner
             questions = ClientQuestions(session_id)
             hooks = ClientHooks(session_id, peer) if params.hooks else None
-            options = params.options()
+            if not resume and options.provider is None and not self.has_provider:
+                raise ValueError(NO_PROVIDER)
+            # What the server makes of the client's: its tools and permissions are asked of
+            # the client, and its system message is composed here.
+            made: dict[str, Any] = {
+                "tools": [
+                    *(
+                        questions.tool(t.definition())
+                        for t in params.tools or ()
+                        if params.offers(t.name)
+                    ),
+                    *builtins,
+                ],
+                "on_permission_request": questions.ask_permission,
+                "hooks": None if hooks is None else hooks.handlers(),
+            }
             if params.creates or params.system_message is not None:
                 # Resumed without one, a session keeps the system message it was created with.
                 transform = partial(_transform, peer, session_id)
                 message = params.system_message_config()
-                options["system_message"] = await system_prompt(message, transform)
-            tools = [t for t in params.tools or () if params.offers(t.name)]
-            options["tools"] = [questions.tool(t.definition()) for t in tools]
-            options["on_permission_request"] = questions.ask_permission
-            if hooks is not None:
-                options["hooks"] = hooks.handlers()
+                made["system_message"] = await system_prompt(message, transform)
             if resume:
                 pending = isinstance(params, ResumeParams) and params.continue_pending_work
                 session = await self.client.resume_session(
-                    session_id, continue_pending_work=pending, **options
+                    session_id, options, continue_pending_work=pending, **made
                 )
             else:
-                session = await self.client.create_session(session_id=session_id, **options)
+                session = await self.client.create_session(
+                    options, session_id=session_id, owner=owner, **made
+                )
             # Registered before any further await, so that a connection closing meanwhile
             # still finds (and releases) the session.
-            shared = self._open[session_id] = SharedSession(session, questions, hooks)
+            shared = self._open[session_id] = SharedSession(session, questions, owner, hooks)
             if not resume:  # (a resumed session mostly has its summary already)
-                shared.on_summary = partial(self._lifecycle, "session.updated")
+                shared.on_summary = partial(self._updated, owner=owner)
             shared.attach(peer, params)
             await shared.catch_up(since)
             if not resume:
-                self._lifecycle("session.created", session_id)
+                self._lifecycle("session.created", session_id, owner)
         return shared
 
-    async def _event_count(self, session_id: str) -> int:
-        return (await self.client.get_session_record(session_id)).event_count
+    def _updated(self, session_id: str, *, owner: str | None) -> None:
+        self._lifecycle("session.updated", session_id, owner)
+
+    async def _ask_user(
+        self, session_id: str, question: str, choices: list[str], allow_freeform: bool
+    ) -> tuple[str, bool]:
+        """`ask_user` of the session open here under that id: its client's user answers."""
+        shared = self._open.get(session_id)
+        if shared is None:
+            raise ToolError("No connected client answers questions to the user.")
+        return await shared.questions.ask_user(question, choices, allow_freeform)
 
     async def release(self, peer: Connection, session_id: str, *, linger: bool = False) -> None:
         """Detach `peer`; the last one out disconnects the session (its log stays).
@@ -304,15 +380,19 @@ class SessionHub:
         for shared in self.attached(peer):
             await self.release(peer, shared.session_id, linger=linger)
 
-    async def delete(self, session_id: str) -> None:
-        """Disconnect the session if it is open, then delete its log."""
+    async def delete(self, session_id: str, identity: Identity = ANYONE) -> None:
+        """Disconnect the session if it is open, then delete its log; a session `identity`
+        does not see is not found (`SessionNotFoundError`), as one not stored."""
         async with self._locks.hold(session_id):
+            owner = (await self.client.get_session_record(session_id)).owner
+            if not identity.sees(owner):
+                raise SessionNotFoundError(session_id)
             shared = self._open.get(session_id)
             if shared is not None:
                 shared.peers.clear()
                 await self._close(shared)
             await self.client.delete_session(session_id)
-        self._lifecycle("session.deleted", session_id)
+        self._lifecycle("session.deleted", session_id, owner)
 
     async def shut_down(self, session_id: str, shut: Callable[[Session], Awaitable[None]]) -> None:
         """Run `shut` on the open session (it ends it), then let go of it for every
@@ -340,19 +420,6 @@ class SessionHub:
             shared.close()
 
 
-async def _log_resume(session: Session, params: SessionOptionsParams) -> None:
-    """Log a resume of a session that was open already: every resume has its
-    `session.resume` event (spec D5), as one opened from the store gets from `Client`."""
-    if session.is_remote:
-        return  # the runtime that runs it writes its log
-    data = SessionResumeData(
-        event_count=len(await session.get_events()),
-        selected_model=session.config.model,
-        continue_pending_work=isinstance(params, ResumeParams) and params.continue_pending_work,
-    )
-    await session.ownership.resumed(SessionResumeEvent(data=data))
-
-
 async def _transform(peer: Connection, session_id: str, sections: dict[str, str]) -> dict[str, str]:
     """The sections as the client rewrote them (`systemMessage.transform`, spec D2)."""
     params = {"sessionId": session_id, "sections": {s: {"content": t} for s, t in sections.items()}}
@@ -370,23 +437,3 @@ async def _transform(peer: Connection, session_id: str, sections: dict[str, str]
         for section, value in rewritten.items()
         if isinstance(value, dict) and isinstance(value.get("content"), str)
     }
-
-
-class _KeyedLocks:
-    """One lock per session id, serialising open, release and delete of that session; a lock
-    lives only while someone holds or waits for it, so arbitrary ids leave nothing behind."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._entries.setdefault(key, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._entries[key]

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from trimtab import PermissionDecision, ToolInvocation, ToolResult
+from trimtab import PermissionDecision, ToolError, ToolInvocation, ToolResult
 from trimtab._runs import RunLedger
 from trimtab._tools import ExternalTool
 from trimtab.events import (
@@ -23,9 +23,13 @@ from trimtab.events import (
     PermissionRequestedEvent,
     ToolDefinition,
 )
+from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.wire import HandleToolCallParams, ToolResultAnswer
 
-__all__ = ["ClientQuestions", "tool_result"]
+__all__ = ["USER_INPUT_TIMEOUT", "ClientQuestions", "tool_result"]
+
+USER_INPUT_TIMEOUT = 1800.0
+"""Seconds `ask_user` waits for the user's answer (the run's abort ends it sooner)."""
 
 
 def tool_result(answer: HandleToolCallParams, name: str, arguments: Any) -> ToolResult:
@@ -72,6 +76,8 @@ class ClientQuestions:
         self._requests: dict[str, ExternalToolRequestedEvent] = {}
         """The announcement of each pending call, for a client that attaches later."""
         self._permissions: dict[str, asyncio.Future[PermissionDecision]] = {}
+        self.asker: Connection | None = None
+        """The attached client that answers `userInput.request` (`ask_user`), if one does."""
 
     # --- tools ---------------------------------------------------------------------------
 
@@ -159,6 +165,34 @@ class ClientQuestions:
         for future in self._permissions.values():
             if not future.done():
                 future.set_result(PermissionDecision(kind="user-not-available"))
+
+    # --- questions to the user ------------------------------------------------------------
+
+    async def ask_user(
+        self, question: str, choices: list[str], allow_freeform: bool
+    ) -> tuple[str, bool]:
+        """A client's user's answer to the model's question (`ask_user`, spec B9)."""
+        peer = self.asker
+        if peer is None:
+            raise ToolError("No connected client answers questions to the user.")
+        params = {
+            "sessionId": self.session_id,
+            "question": question,
+            "choices": choices,
+            "allowFreeform": allow_freeform,
+        }
+        try:
+            answer = await peer.request("userInput.request", params, timeout=USER_INPUT_TIMEOUT)
+        except TimeoutError:
+            raise ToolError(
+                f"The user did not answer within {USER_INPUT_TIMEOUT:g} seconds."
+            ) from None
+        except (ConnectionError, RpcError):
+            raise ToolError("The client could not ask the user.") from None
+        text = answer.get("answer") if isinstance(answer, dict) else None
+        if not isinstance(text, str):
+            raise ToolError("The client answered the question without an answer.")
+        return text, bool(answer.get("wasFreeform", False))
 
     def close(self, reason: Exception) -> None:
         """The session is gone: nobody may wait for it any more."""

@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trimtab import Session, SessionNotFoundError
+from trimtab import QueuedCommand, Session, SessionNotFoundError
 from trimtab.events import SessionCompactionCompleteEvent
+from trimtab.mcp import McpTool
 from trimtab.protocol.errors import SESSION_NOT_FOUND
 from trimtab.protocol.jsonrpc import Connection, RpcError
 from trimtab.protocol.session_wire import (
@@ -24,9 +25,19 @@ from trimtab.protocol.session_wire import (
     ContextCategories,
     ContextCompactions,
     ContextEntry,
+    ContextInfo,
+    ContextInfoParams,
+    ContextInfoResult,
     CurrentModelResult,
+    EnqueueCommandParams,
+    EnqueueCommandResult,
     ForkParams,
     ForkResult,
+    HandoffResult,
+    HeaviestMessage,
+    HeaviestParams,
+    HeaviestResult,
+    InstructionSourcesResult,
     IsProcessingResult,
     LogParams,
     LogResult,
@@ -35,20 +46,32 @@ from trimtab.protocol.session_wire import (
     ModeSetParams,
     ModeSetResult,
     NameResult,
+    NameSetAutoParams,
+    NameSetAutoResult,
     NameSetParams,
+    PermissionModeParams,
     PermissionModeResult,
+    PermissionModeSetResult,
     QueueItem,
+    QueueItemParams,
     QueuePendingResult,
+    QueueRemovedResult,
     ReasoningEffortParams,
     ReasoningEffortResult,
+    RespondToCommandParams,
     ShutdownParams,
     SwitchModelParams,
     SwitchModelResult,
+    ToolMetadata,
+    ToolsMetadataResult,
     UsageMetricsResult,
+    WithdrawParams,
+    WithdrawResult,
 )
 from trimtab.protocol.wire import SessionParams, SuccessResult
 from trimtab.server.event_log import EventLogRpc
 from trimtab.server.hub import SessionHub, SharedSession
+from trimtab.server.workspace_rpc import workspace_methods
 
 __all__ = ["session_methods"]
 
@@ -59,7 +82,7 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
     """The session RPCs of section K, for one connection."""
     rpc = _SessionRpc(hub, conn)
     log = EventLogRpc(hub, conn)
-    return {
+    return workspace_methods(hub, conn) | {
         "session.eventLog.tail": log.tail,
         "session.eventLog.read": log.read,
         "session.eventLog.registerInterest": log.register_interest,
@@ -70,6 +93,19 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.model.list": rpc.list_models,
         "session.name.get": rpc.get_name,
         "session.name.set": rpc.set_name,
+        "session.name.setAuto": rpc.set_auto_name,
+        "session.history.summarizeForHandoff": rpc.summarize_for_handoff,
+        "session.instructions.getSources": rpc.instruction_sources,
+        "session.instructions.reload": rpc.instruction_sources,
+        "session.tools.getCurrentMetadata": rpc.tools_metadata,
+        "session.commands.enqueue": rpc.enqueue_command,
+        "session.commands.respondToQueuedCommand": rpc.respond_to_command,
+        "session.queue.removeAt": rpc.remove_at,
+        "session.queue.removeMostRecent": rpc.remove_most_recent,
+        "session.queue.withdrawMessage": rpc.withdraw_message,
+        "session.permissions.setMode": rpc.set_permission_mode,
+        "session.metadata.contextInfo": rpc.context_info,
+        "session.metadata.getContextHeaviestMessages": rpc.heaviest_messages,
         "sessions.fork": rpc.fork,
         "session.log": rpc.log,
         "session.usage.getMetrics": rpc.usage_metrics,
@@ -131,6 +167,40 @@ class _SessionRpc:
         await self._hub.get(self._conn, request.session_id).session.set_name(request.name)
         return {}
 
+    async def set_auto_name(self, params: dict[str, Any]) -> NameSetAutoResult:
+        request = NameSetAutoParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return NameSetAutoResult(applied=await session.set_auto_name(request.summary))
+
+    # --- what the session holds ------------------------------------------------------------
+
+    async def summarize_for_handoff(self, params: dict[str, Any]) -> HandoffResult:
+        session = self._shared(params).session
+        return HandoffResult(summary=await session.history.summarize_for_handoff())
+
+    async def instruction_sources(self, params: dict[str, Any]) -> InstructionSourcesResult:
+        # trimtab reads no instruction files (a repository's, a home directory's, plugins'):
+        # a session's instructions are its system and developer messages (spec K14).
+        self._shared(params)
+        return InstructionSourcesResult()
+
+    async def tools_metadata(self, params: dict[str, Any]) -> ToolsMetadataResult:
+        session = self._shared(params).session
+        deferred = session.deferred_tools
+        tools = []
+        for name, tool in session.tools.items():
+            definition = tool.definition
+            entry = ToolMetadata(
+                name=name,
+                description=definition.description,
+                input_schema=definition.parameters,
+                defer_loading=name in deferred,
+            )
+            if isinstance(tool, McpTool):
+                entry.mcp_server_name, entry.mcp_tool_name = tool.server_name, tool.mcp_name
+            tools.append(entry)
+        return ToolsMetadataResult(tools=tools)
+
     # --- forks -----------------------------------------------------------------------------
 
     async def fork(self, params: dict[str, Any]) -> ForkResult:
@@ -152,11 +222,12 @@ class _SessionRpc:
         return ForkResult(session_id=fork.session_id, name=fork.name)
 
     async def _stored(self, session_id: str) -> bool:
+        """Whether the session is stored, for this client (another's is not, spec S16)."""
         try:
-            await self._hub.client.get_session_record(session_id)
+            record = await self._hub.client.get_session_record(session_id)
         except SessionNotFoundError:
             return False
-        return True
+        return self._hub.sees(self._conn, record.owner)
 
     # --- notes, usage, activity ------------------------------------------------------------
 
@@ -201,10 +272,12 @@ class _SessionRpc:
         session = self._shared(params).session
         mode = session.mode
         items = [
-            QueueItem(
-                id=m.message_id, message_id=m.message_id, display_text=m.prompt, agent_mode=mode
+            QueueItem(id=i.request_id, kind="command", display_text=i.display_text, agent_mode=mode)
+            if isinstance(i, QueuedCommand)
+            else QueueItem(
+                id=i.message_id, message_id=i.message_id, display_text=i.prompt, agent_mode=mode
             )
-            for m in await session.pending_messages()
+            for i in await session.pending_items()
         ]
         return QueuePendingResult(items=items)
 
@@ -212,12 +285,60 @@ class _SessionRpc:
         await self._shared(params).session.clear_pending_messages()
         return {}
 
+    async def remove_at(self, params: dict[str, Any]) -> QueueRemovedResult:
+        request = QueueItemParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueRemovedResult(removed=bool(await session.remove_pending([request.id])))
+
+    async def remove_most_recent(self, params: dict[str, Any]) -> QueueRemovedResult:
+        session = self._shared(params).session
+        # The newest waiting item is removed, or none when it began to run meanwhile (a
+        # removal never takes an older one instead).
+        items = await session.pending_items()
+        if not items:
+            return QueueRemovedResult(removed=False)
+        last = items[-1]
+        newest = last.request_id if isinstance(last, QueuedCommand) else last.message_id
+        return QueueRemovedResult(removed=bool(await session.remove_pending([newest])))
+
+    async def withdraw_message(self, params: dict[str, Any]) -> WithdrawResult:
+        request = WithdrawParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        waiting = {m.message_id: m.prompt for m in await session.pending_messages()}.get(
+            request.message_id
+        )
+        if waiting is None or waiting != request.expected_prompt:
+            return WithdrawResult(removed=False)
+        return WithdrawResult(removed=bool(await session.remove_pending([request.message_id])))
+
+    async def enqueue_command(self, params: dict[str, Any]) -> EnqueueCommandResult:
+        request = EnqueueCommandParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        if session.is_remote:  # its owner runs its queue (the protocol's answer for that)
+            return EnqueueCommandResult(queued=False, queue_id=None)
+        queue_id = await session.enqueue_command(request.command, display_text=request.display_text)
+        return EnqueueCommandResult(queued=True, queue_id=queue_id)
+
+    async def respond_to_command(self, params: dict[str, Any]) -> SuccessResult:
+        request = RespondToCommandParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        answered = session.respond_to_command(request.request_id, handled=request.result.handled)
+        return SuccessResult(success=answered)
+
     # --- permissions and mode --------------------------------------------------------------
 
     async def set_approve_all(self, params: dict[str, Any]) -> SuccessResult:
         request = ApproveAllParams.model_validate(params)
         self._hub.get(self._conn, request.session_id).session.approve_all = request.enabled
         return SuccessResult(success=True)
+
+    async def set_permission_mode(self, params: dict[str, Any]) -> PermissionModeSetResult:
+        request = PermissionModeParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        if request.mode != "assisted":  # (no judge model: answered unapplied, spec K6)
+            session.approve_all = request.mode == "allow-all"
+        mode = "allow-all" if session.approve_all else "manual"
+        return PermissionModeSetResult(success=request.mode == mode, mode=mode)
 
     async def permission_mode(self, params: dict[str, Any]) -> PermissionModeResult:
         approve_all = self._shared(params).session.approve_all
@@ -244,6 +365,16 @@ class _SessionRpc:
         return ContextAttributionResult(
             context_attribution=attribution(session, compactions),
         )
+
+    async def context_info(self, params: dict[str, Any]) -> ContextInfoResult:
+        request = ContextInfoParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return ContextInfoResult(context_info=context_info(session, request))
+
+    async def heaviest_messages(self, params: dict[str, Any]) -> HeaviestResult:
+        request = HeaviestParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return heaviest(session, request.limit)
 
     async def is_processing(self, params: dict[str, Any]) -> IsProcessingResult:
         return IsProcessingResult(processing=self._shared(params).session.busy)
@@ -292,3 +423,57 @@ def attribution(session: Session, compactions: int) -> ContextAttribution:
         compactions=ContextCompactions(count=compactions),
         entries=entries,
     )
+
+
+_INSTRUCTIONS = frozenset({"system", "developer"})
+
+
+def context_info(session: Session, request: ContextInfoParams) -> ContextInfo:
+    """`session.get_context()` in three parts (spec K8): the instructions (system and
+    developer messages), the conversation and the tool schemas. A limit given replaces the
+    session's model's context window (0: the session's)."""
+    context = session.get_context()
+    config = session.config
+    instructions = sum(m.tokens for m in context.messages if m.message.role in _INSTRUCTIONS)
+    conversation = sum(m.tokens for m in context.messages if m.message.role not in _INSTRUCTIONS)
+    limit = request.prompt_token_limit or context.token_limit
+    share = config.infinite_sessions.threshold if config.infinite_sessions.enabled else 1.0
+    mcp = sum(
+        len(t.definition.model_dump_json()) // 4
+        for n, t in session.tools.items()
+        if isinstance(t, McpTool) and n not in session.deferred_tools
+    )
+    return ContextInfo(
+        model_name=request.selected_model or config.model or "default",
+        limit=limit,
+        prompt_token_limit=limit,
+        total_tokens=instructions + conversation + context.tools_tokens,
+        system_tokens=instructions,
+        conversation_tokens=conversation,
+        tool_definitions_tokens=context.tools_tokens,
+        mcp_tools_tokens=min(mcp, context.tools_tokens),
+        compaction_threshold=int(limit * share),
+    )
+
+
+def heaviest(session: Session, limit: int) -> HeaviestResult:
+    """The window's largest messages but its instructions, most tokens first (the first in
+    the window first among equals), labelled by role, and a tool result by its tool."""
+    context = session.get_context()
+    names: dict[str, str] = {}
+    entries: list[HeaviestMessage] = []
+    for index, sized in enumerate(context.messages):
+        message = sized.message
+        names.update((c.id, c.name) for c in message.tool_calls)
+        if message.role in _INSTRUCTIONS:
+            continue
+        label: str = message.role
+        if message.role == "tool":
+            label = f"tool: {names.get(message.tool_call_id or '', 'unknown')}"
+        entries.append(
+            HeaviestMessage(
+                id=f"message-{index}", label=label, role=message.role, tokens=sized.tokens
+            )
+        )
+    entries.sort(key=lambda entry: -entry.tokens)  # stable: equals keep the window's order
+    return HeaviestResult(messages=entries[:limit], total_tokens=context.total_tokens)

@@ -33,6 +33,7 @@ __all__ = [
     "Snapshots",
     "SqliteStore",
     "Store",
+    "data_home",
     "open_store",
 ]
 
@@ -73,7 +74,7 @@ def open_store(
     if spec is None:
         if env_spec := os.environ.get("TRIMTAB_STORE"):
             return _open_url(env_spec, timeout)
-        return SqliteStore(_home(home) / "trimtab.db", timeout=timeout)
+        return SqliteStore(data_home(home) / "trimtab.db", timeout=timeout)
     if isinstance(spec, os.PathLike):
         return SqliteStore(spec, timeout=timeout)
     if isinstance(spec, str):
@@ -108,7 +109,7 @@ def _postgres(dsn: str, timeout: float) -> Store:
     return PostgresStore(dsn, timeout=timeout)
 
 
-def _home(home: str | os.PathLike[str] | None) -> Path:
+def data_home(home: str | os.PathLike[str] | None = None) -> Path:
     """trimtab's data directory: `home`, else `$TRIMTAB_HOME`, else `~/.trimtab`."""
     if home is None:
         home = os.environ.get("TRIMTAB_HOME") or "~/.trimtab"

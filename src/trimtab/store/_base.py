@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from trimtab.events import Event, UserMessageEvent
+from trimtab.events import Event, SessionStartEvent, UserMessageEvent
 
 __all__ = [
     "CarriesLive",
@@ -31,6 +31,7 @@ __all__ = [
     "Store",
     "claimed_input",
     "follow",
+    "owner_of",
     "record_of",
 ]
 
@@ -43,9 +44,8 @@ configured otherwise (`timeout=` of the backends and `open_store`, `Client(store
 class Lease:
     """Proof that one runtime runs a session's loop (spec R1).
 
-    A slotted dataclass, not a model: every open session holds one, and a frozen pydantic
-    model of three fields is ~480 bytes against 64 (docs/performance.md, memory per idle
-    session). Nothing serialises it."""
+    A slotted dataclass, not a model: every open session holds one, and nothing serialises
+    it."""
 
     session_id: str
     owner: str
@@ -68,6 +68,8 @@ class SessionRecord(BaseModel):
     """The first user message, shortened: a human-readable label."""
     lease_expires_at: datetime | None = None
     """When the live lease expires unless its holder renews it (None without a live lease)."""
+    owner: str | None = None
+    """Who the session belongs to: its `session.start`'s `owner` (spec S16)."""
 
 
 class EventLog(Protocol):
@@ -96,8 +98,11 @@ class EventLog(Protocol):
         commits never wait for the disk (SQLite: WAL with `synchronous = NORMAL`), ignore it.
 
         With a lease, the append is fenced: it raises `LeaseLostError` unless the lease is
-        still the session's current, unexpired one. Raises `SessionNotFoundError` for an
-        unknown session, and `StoreUnavailableError` when the outcome is unknown.
+        still the session's current, unexpired one. A store whose database may lose the
+        log's last appends (P5: PostgreSQL) also refuses a leased batch whose first event
+        follows one (`parent_id`) that is not the log's last, with `LogTailLostError`. Raises
+        `SessionNotFoundError` for an unknown session, and `StoreUnavailableError` when the
+        outcome is unknown.
 
         Idempotent by event id: a batch whose first event is already in the log is the retry
         of an append that went through, and is not stored again. A `user.message` whose
@@ -137,9 +142,17 @@ class LiveFeed(Protocol):
         """
         ...
 
-    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after`, then each new one as it is stored, by any process,
         with the published ephemeral events in their places.
+
+        Like any generator it starts on its first `anext`: `ready`, if given, is set once
+        it listens, and every ephemeral event published from then on is delivered (spec E6).
+        Wait for it with a bound: it is never set for a subscription that cannot listen
+        (PostgreSQL: its listener did not connect within the store's timeout; such a
+        subscription still reads the stored events, by polling).
 
         Never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
@@ -183,6 +196,19 @@ class Leases(Protocol):
 
     async def release_lease(self, lease: Lease) -> None:
         """Give the lease up (no-op if it was already lost)."""
+        ...
+
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence`, whoever holds it and whether or not
+        it expired: for an engine that decides by itself who runs the session (spec EN3),
+        which hands each attempt a greater fence than the last.
+
+        Succeeds when `fence` is greater than the session's token, or equal to it with the
+        lease already `owner`'s (a repeated claim); the token becomes `fence`, so that the
+        appends of every earlier holder are refused from then on. Returns the lease, or, when
+        refused, the session's token (the engine goes on from above it). Raises
+        `SessionNotFoundError` for an unknown session.
+        """
         ...
 
 
@@ -274,6 +300,12 @@ def summarize(events: Sequence[Event]) -> str | None:
     return None
 
 
+def owner_of(events: Sequence[Event]) -> str | None:
+    """The owner a new log's `session.start` names (`SessionRecord.owner`), if any."""
+    first = events[0] if events else None
+    return first.data.owner if isinstance(first, SessionStartEvent) else None
+
+
 def claimed_input(event: Event) -> str | None:
     """The message id of the queued input that `event` delivers, if it is a user message."""
     return event.data.message_id if isinstance(event, UserMessageEvent) else None
@@ -315,8 +347,9 @@ def to_datetime(moment: float | datetime) -> datetime:
 
 def record_of(row: Sequence[Any]) -> SessionRecord:
     """The `SessionRecord` of a row of the SQL backends: session id, creation and update
-    times, last sequence number, live lease owner, summary, and the live lease's expiry."""
-    session_id, created_at, updated_at, last_seq, lease_owner, summary, expires_at = row
+    times, last sequence number, live lease owner, summary, the live lease's expiry and the
+    session's owner."""
+    session_id, created_at, updated_at, last_seq, lease_owner, summary, expires_at, owner = row
     return SessionRecord(
         session_id=session_id,
         created_at=to_datetime(created_at),
@@ -325,6 +358,7 @@ def record_of(row: Sequence[Any]) -> SessionRecord:
         lease_owner=lease_owner,
         summary=summary,
         lease_expires_at=None if lease_owner is None else to_datetime(expires_at),
+        owner=owner,
     )
 
 
@@ -404,20 +438,31 @@ async def follow(
     *,
     closed: Callable[[], bool],
     poll: float | None,
+    ready: asyncio.Event | None = None,
 ) -> AsyncGenerator[Event, None]:
     """A subscription's events: the log after `after`, then stored and ephemeral events as
     `listener` is told of them, each ephemeral one in its place among the stored ones.
 
+    `listener` is told of the session's changes already: `ready` (see `LiveFeed.subscribe`)
+    is set as this begins, before its first read, and every notice told from then on counts.
     `read(n)` returns the stored events after the first `n`. Without any announcement for
     `poll` seconds the log is read anyway (other processes' appends may not ring here).
     """
     cursor = max(after, 0)
     ahead: list[Event] = []  # read from the log, held back behind an ephemeral event
 
-    async def through(seq: int | None) -> list[Event]:
-        nonlocal cursor
-        if seq is None or seq > cursor + len(ahead):
+    async def more() -> bool:
+        """Read on from the log; False once the store is closed."""
+        try:
             ahead.extend(await read(cursor + len(ahead)))
+        except RuntimeError:
+            if closed():
+                return False
+            raise
+        return True
+
+    def through(seq: int | None) -> list[Event]:
+        nonlocal cursor
         count = len(ahead) if seq is None else max(0, min(len(ahead), seq - cursor))
         taken = ahead[:count]
         del ahead[:count]
@@ -427,16 +472,19 @@ async def follow(
     # Wake-ups told before the first read are covered by it. Read again later, once more is
     # stored, they would let a stored event overtake ephemeral ones published before it.
     listener.notices = [notice for notice in listener.notices if notice[1] is not None]
-    notices: list[Notice] = [(None, None)]  # catch up first
+    if ready is not None:
+        ready.set()
+    # The log first, held back until the ephemeral events told while it was read are in
+    # their places: that read may have seen events stored after them.
+    if not await more():
+        return
+    notices: list[Notice] = [*listener.notices, (cursor + len(ahead), None)]
+    listener.notices = []
     while not closed():
         for seq, ephemeral in notices:
-            try:
-                stored = await through(seq)
-            except RuntimeError:
-                if closed():
-                    return
-                raise
-            for event in stored:
+            if (seq is None or seq > cursor + len(ahead)) and not await more():
+                return
+            for event in through(seq):
                 yield event
             if ephemeral is not None:
                 yield ephemeral

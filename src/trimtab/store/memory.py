@@ -6,6 +6,7 @@ test passing against it says something about the durable backends too.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from trimtab.store._base import (
     claimed_input,
     follow,
     holds_lease,
+    owner_of,
     summarize,
     to_datetime,
 )
@@ -36,6 +38,7 @@ class _Session:
     inputs: dict[str, str] = field(default_factory=dict)
     """Pending inputs: message id -> prompt, oldest first."""
     summary: str | None = None
+    owner: str | None = None
     lease_owner: str | None = None
     lease_token: int = 0
     lease_expires_at: float = 0.0
@@ -77,7 +80,11 @@ class MemoryStore:
             raise ValueError(f"session {session_id!r} already exists")
         now = time.time()
         self._sessions[session_id] = _Session(
-            created_at=now, updated_at=now, events=list(events), summary=summarize(events)
+            created_at=now,
+            updated_at=now,
+            events=list(events),
+            summary=summarize(events),
+            owner=owner_of(events),
         )
 
     async def append(
@@ -124,9 +131,11 @@ class MemoryStore:
         """Hand an ephemeral event to the session's subscribers (see `Store`)."""
         self._listeners.post(session_id, after, event)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        the published ephemeral events in their places.
+        the published ephemeral events in their places (`ready`: see `Store`).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
@@ -139,6 +148,7 @@ class MemoryStore:
                 after,
                 closed=lambda: self._closed,
                 poll=None,
+                ready=ready,
             )
             async for event in events:
                 yield event
@@ -201,6 +211,16 @@ class MemoryStore:
             session.lease_owner = None
             session.lease_expires_at = 0.0
 
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence` (see `Store`)."""
+        session = self._session(session_id)
+        token = session.lease_token
+        if fence < token or (fence == token and session.lease_owner != owner):
+            return token
+        session.lease_token, session.lease_owner = fence, owner
+        session.lease_expires_at = time.time() + ttl
+        return Lease(session_id=session_id, owner=owner, token=fence)
+
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         """Queue a message for the lease holder to deliver (see `Store`)."""
         self._session(session_id).inputs.setdefault(message_id, prompt)
@@ -246,6 +266,7 @@ class MemoryStore:
             lease_expires_at=to_datetime(session.lease_expires_at)
             if session.live_owner(now) is not None
             else None,
+            owner=session.owner,
         )
 
 

@@ -38,6 +38,7 @@ from trimtab.store._base import (
     claimed_input,
     follow,
     holds_lease,
+    owner_of,
     record_of,
     summarize,
 )
@@ -47,7 +48,7 @@ __all__ = ["SqliteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Stored in `PRAGMA user_version`; bump it with a migration step when the schema changes."""
 
 PAGE_CACHE_KIB = 128
@@ -129,10 +130,15 @@ _SCHEMA_V4 = (
     "CREATE INDEX inputs_pending ON inputs (session_id) WHERE claimed_seq IS NULL",
 )
 
+_SCHEMA_V5 = (
+    # Who each session belongs to (its `session.start`'s owner), for a server's listings.
+    "ALTER TABLE sessions ADD COLUMN owner TEXT",
+)
+
 # The lease owner is reported only while the lease is live; `?` is the current time.
 _RECORD_COLUMNS = """
     session_id, created_at, updated_at, last_seq,
-    CASE WHEN lease_expires_at > ? THEN lease_owner END, summary, lease_expires_at
+    CASE WHEN lease_expires_at > ? THEN lease_owner END, summary, lease_expires_at, owner
 """
 
 
@@ -227,9 +233,10 @@ class SqliteStore:
 
         def insert(db: sqlite3.Connection) -> None:
             db.execute(
-                "INSERT INTO sessions (session_id, created_at, updated_at, last_seq, summary)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (session_id, now, now, len(rows), summarize(events)),
+                "INSERT INTO sessions"
+                " (session_id, created_at, updated_at, last_seq, summary, owner)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (session_id, now, now, len(rows), summarize(events), owner_of(events)),
             )
             db.executemany(
                 "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
@@ -344,9 +351,11 @@ class SqliteStore:
         other processes sharing the file see the stored events only."""
         self._listeners.post(session_id, after, event)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        this process's published ephemeral events in their places.
+        this process's published ephemeral events in their places (`ready`: see `Store`).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session. Appends through this
@@ -363,7 +372,12 @@ class SqliteStore:
 
         with self._listeners.listening_to(session_id) as listener:
             events = follow(
-                listener, read, after, closed=lambda: self._db is None, poll=SUBSCRIBE_POLL
+                listener,
+                read,
+                after,
+                closed=lambda: self._db is None,
+                poll=SUBSCRIBE_POLL,
+                ready=ready,
             )
             async for event in events:
                 yield event
@@ -436,6 +450,29 @@ class SqliteStore:
 
         token = await self._run(take)
         return None if token is None else Lease(session_id=session_id, owner=owner, token=token)
+
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        """Take the lease with the fencing token `fence` (see `Store`)."""
+
+        def claim(db: sqlite3.Connection) -> tuple[bool, int]:
+            row = db.execute(
+                "SELECT lease_token, lease_owner FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                raise SessionNotFoundError(session_id)
+            token, holder = int(row[0]), row[1]
+            if fence < token or (fence == token and holder != owner):
+                return False, token
+            db.execute(
+                "UPDATE sessions SET lease_token = ?, lease_owner = ?, lease_expires_at = ?"
+                " WHERE session_id = ?",
+                (fence, owner, time.time() + ttl, session_id),
+            )
+            return True, fence
+
+        claimed, token = await self._run(claim)
+        return Lease(session_id=session_id, owner=owner, token=fence) if claimed else token
 
     async def renew_leases(self, owner: str, ttl: float) -> list[str]:
         """Extend every live lease `owner` holds; returns their session ids, sorted.
@@ -611,7 +648,7 @@ def _migrate(db: sqlite3.Connection) -> None:
                 f" {SCHEMA_VERSION}: upgrade trimtab"
             )
         for number, statements in enumerate(
-            (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4), start=1
+            (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5), start=1
         ):
             if version < number:
                 for statement in statements:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from trimtab._errors import StoreUnavailableError
@@ -99,9 +100,11 @@ class FaultyStore:
         await self._enter()
         return await self.inner.read(session_id, after=after)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         await self._enter()
-        events = self.inner.subscribe(session_id, after=after)
+        events = self.inner.subscribe(session_id, after=after, ready=ready)
         try:
             async for event in events:
                 if self.crashed:
@@ -133,6 +136,10 @@ class FaultyStore:
     async def release_lease(self, lease: Lease) -> None:
         await self._enter()
         await self.inner.release_lease(lease)
+
+    async def claim_lease(self, session_id: str, owner: str, fence: int, ttl: float) -> Lease | int:
+        await self._enter()
+        return await self.inner.claim_lease(session_id, owner, fence, ttl)
 
     async def enqueue_input(self, session_id: str, prompt: str, message_id: str) -> None:
         await self._enter()

@@ -7,7 +7,9 @@ offers `ok` and a tool per mode: `exit` exits before the handshake, `crash` dies
 `hang` never answers `hang`, `malformed` answers `bad` with a result of the wrong shape,
 `flood` writes 20 MB to stderr and returns 300,000 characters, `stubborn` ignores the end of
 its stdin and SIGTERM and starts a child that does too, `changes` adds a tool on `grow` and
-sends `notifications/tools/list_changed`. When `TRIMTAB_TEST_PIDS` names a directory, every
+sends `notifications/tools/list_changed`, `schemas` lists `ok` and `also` with three tools
+whose input schemas no provider takes, `huge` answers `huge` with `chars` characters of text
+in `items` contents. When `TRIMTAB_TEST_PIDS` names a directory, every
 process it starts leaves a file named after its pid there.
 """
 
@@ -22,11 +24,26 @@ import time
 from pathlib import Path
 
 MODE = sys.argv[1]
-_MODE_TOOLS = {"crash": "crash", "hang": "hang", "malformed": "bad", "flood": "flood"}
+_MODE_TOOLS = {
+    "crash": "crash",
+    "hang": "hang",
+    "malformed": "bad",
+    "flood": "flood",
+    "schemas": "also",
+    "huge": "huge",
+}
 TOOLS = {
     "ok": "Answer fine",
     "grow" if MODE == "changes" else _MODE_TOOLS.get(MODE, "ok"): "The tool of this mode",
 }
+SCHEMAS: dict[str, object] = {}
+if MODE == "schemas":
+    SCHEMAS = {
+        "not_an_object": "a string",
+        "of_type_string": {"type": "string"},
+        "not_json_schema": {"type": "object", "properties": {"a": {"type": 5}}},
+    }
+    TOOLS.update(dict.fromkeys(SCHEMAS, "A tool no provider takes"))
 
 
 def record_pid() -> None:
@@ -44,7 +61,7 @@ def text(request_id: object, value: str) -> None:
     send({"id": request_id, "result": {"content": [{"type": "text", "text": value}]}})
 
 
-def call(request_id: object, name: str) -> None:
+def call(request_id: object, name: str, arguments: dict[str, int]) -> None:
     if name == "crash":
         os._exit(3)
     if name == "hang":
@@ -57,6 +74,10 @@ def call(request_id: object, name: str) -> None:
             sys.stderr.write(chunk)
         sys.stderr.flush()
         text(request_id, "y" * 300_000)
+    elif name == "huge":
+        items = arguments["items"]
+        content = [{"type": "text", "text": "y" * (arguments["chars"] // items)}] * items
+        send({"id": request_id, "result": {"content": content}})
     elif name == "grow":
         TOOLS["extra"] = "Added by grow"
         send({"method": "notifications/tools/list_changed"})
@@ -84,12 +105,13 @@ def serve() -> None:
             send({"id": request_id, "result": result})
         elif method == "tools/list":
             tools = [
-                {"name": n, "description": d, "inputSchema": {"type": "object"}}
+                {"name": n, "description": d, "inputSchema": SCHEMAS.get(n, {"type": "object"})}
                 for n, d in TOOLS.items()
             ]
             send({"id": request_id, "result": {"tools": tools}})
         elif method == "tools/call":
-            call(request_id, message["params"]["name"])
+            params = message["params"]
+            call(request_id, params["name"], params.get("arguments") or {})
         else:
             send({"id": request_id, "error": {"code": -32601, "message": f"no {method}"}})
 

@@ -22,8 +22,8 @@ conversations:
         content: It is sunny in Paris.
 ```
 
-PyYAML is imported only by the functions that read or write files (`pip install
-'trimtab[testing]'`).
+PyYAML is imported only by the functions that read or write files (the `testing` extra:
+`pip install '.[testing]'` in trimtab's checkout).
 """
 
 from __future__ import annotations
