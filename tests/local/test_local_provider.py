@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,7 +168,7 @@ def test_em2_quoted_texts_are_found_and_apostrophes_are_not_quotes(
     assert quoted_spans(text) == spans
 
 
-CLEAR_SCHEMA = {
+CLEAR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"prompt": {"type": "string", "description": "The task"}},
     "required": ["prompt"],

@@ -4,10 +4,10 @@ lets it write. Pure functions, no model: `local` runs them.
 A model of 135M parameters does not follow instructions so much as continue text, and copies
 whatever stands nearby. Measured on SmolLM2-135M with `bench/local_arguments.py` (68 requests
 for the demo tools, 10 for none), asking it for the tool's name and then for the arguments
-against the JSON schema picked the tool meant for 33 requests (7 of 24 arithmetic ones, 5 of 22 asking
-the time) and wrote the arguments meant for 8: it copied the request's first words or the
-schema's descriptions into the values. As below, 66 and 46 (6 of the 10 plain questions get
-a reply, against 10 before). So:
+against the JSON schema picked the tool meant for 33 requests (7 of 24 arithmetic ones, 5 of
+22 asking the time) and wrote the arguments meant for 8: it copied the request's first words
+or the schema's descriptions into the values. As below, 66 and 46 (6 of the 10 plain
+questions get a reply, against 10 before). So:
 
 - The choice among `reply` and the tools is not asked for, it is scored (`local._choose_tool`):
   the probability the model gives the user's message after each option's description, as a

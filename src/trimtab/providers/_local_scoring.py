@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np  # type: ignore[import-not-found, unused-ignore]
+import numpy as np
 
 if TYPE_CHECKING:
-    from llama_cpp.llama import Llama  # type: ignore[import-not-found, unused-ignore]
+    from llama_cpp.llama import Llama
 
 __all__ = ["log_likelihood"]
 
