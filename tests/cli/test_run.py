@@ -72,6 +72,7 @@ def test_demo_calculator_and_clock_report_results_and_failures(cli: Cli) -> None
             {"name": "calculator", "arguments": {"expression": "(2 + 5) * 6"}},
             {"name": "calculator", "arguments": {"expression": "1 / 0"}},
             {"name": "calculator", "arguments": {"expression": "__import__('os')"}},
+            {"name": "calculator", "arguments": {"expression": "2 (3)"}},
             {"name": "current_time", "arguments": {"timezone": "UTC"}},
             {"name": "current_time", "arguments": {"timezone": "Mars/Olympus"}},
         ]
@@ -94,10 +95,13 @@ def test_demo_calculator_and_clock_report_results_and_failures(cli: Cli) -> None
         done[c]["result"]["content"] if done[c]["success"] else done[c]["error"]["message"]
         for c in asked
     ]
-    unsupported = "unsupported in arithmetic: \"__import__('os')\""
-    assert texts[:3] == ["42", "division by zero", unsupported]
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \(\w+day, UTC\)", texts[3])
-    assert texts[4] == "unknown time zone 'Mars/Olympus'"
+    # Code is refused by the argument's pattern before it is read; what fits the pattern but
+    # is not arithmetic, by the evaluator.
+    assert texts[:2] == ["42", "division by zero"]
+    assert texts[2].startswith("Invalid tool arguments:\nexpression: String should match pattern")
+    assert texts[3] == "unsupported in arithmetic: '2(3)'"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \(\w+day, UTC\)", texts[4])
+    assert texts[5] == "unknown time zone 'Mars/Olympus'"
 
 
 def test_run_without_yes_in_a_pipe_denies_tools_and_says_so(cli: Cli) -> None:

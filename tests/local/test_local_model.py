@@ -353,3 +353,58 @@ def test_a_long_first_prompt_is_answered_in_a_process_of_its_own() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ModelResponse"
+
+
+def test_em1_a_texts_score_is_its_tokens_log_probability(local_provider: LocalProvider) -> None:
+    """The one-pass score of a message equals the sum, token by token, of the log-probability
+    the model gives each of its tokens (and the turn's end) after those before it."""
+    import numpy as np
+
+    engine = local_provider._load()
+    text = "What time is it in Tokyo?"
+    chat = [{"role": "system", "content": "Tells the time."}, {"role": "user", "content": text}]
+    [score] = engine.likelihoods([chat], text).log_likelihoods
+
+    llama = engine._llama
+    rendered = engine._template.render(chat)
+    tokens = engine._tokens(rendered)
+    before = engine._tokens(rendered[: rendered.rindex(text)])
+    start = len(before)
+    assert tokens[:start] == before  # the message starts a token of its own
+    expected = 0.0
+    with engine.lock:
+        for position in range(start, len(tokens)):
+            llama.reset()
+            llama._ctx.kv_cache_seq_rm(0, -1, -1)
+            llama.eval(tokens[:position])
+            logits = np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(llama.n_vocab(),))
+            values = logits.astype(np.float64)
+            top = values.max()
+            expected += values[tokens[position]] - top - np.log(np.exp(values - top).sum())
+        llama.reset()  # the engine's saved states stay valid: the model holds nothing now
+        llama._ctx.kv_cache_seq_rm(0, -1, -1)
+    assert score == pytest.approx(expected, abs=1e-2)
+    assert len(tokens) - start > 5  # the message's tokens were scored, not just its end
+
+
+@pytest.mark.parametrize(
+    ("message", "tool"),
+    [
+        ("What time is it in Tokyo?", "current_time"),
+        ("Quelle heure est-il ?", "current_time"),
+        ("What is 17 * 23?", "calculator"),
+        ("What is the capital of France?", None),
+    ],
+)
+async def test_em1_an_unnamed_tool_is_called_when_its_description_explains_the_message(
+    model: Recording, message: str, tool: str | None
+) -> None:
+    from trimtab.cli.demo_tools import demo_tools
+
+    async with Client(store="memory") as client:
+        session = await open_local(client, model, *demo_tools())
+        rec = Recorder(session)
+        await session.send_and_wait(message)
+    assert [start.data.tool_name for start in rec.of("tool.execution_start")][:1] == (
+        [tool] if tool else []
+    )
