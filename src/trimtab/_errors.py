@@ -15,6 +15,8 @@ __all__ = [
     "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
+    "QueueEditError",
+    "QueueEditErrorCode",
     "ProviderErrorType",
     "SessionError",
     "SessionNotFoundError",
@@ -66,6 +68,19 @@ class ClearContextError(TrimtabError):
     def __init__(self, code: ClearContextErrorCode, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code: ClearContextErrorCode = code
+
+
+QueueEditErrorCode: TypeAlias = Literal[
+    "item_not_waiting", "not_a_message", "queue_already_paused", "remote_session"
+]
+
+
+class QueueEditError(TrimtabError):
+    """An edit of the session's queue that was refused; nothing changed (spec K18, K19)."""
+
+    def __init__(self, code: QueueEditErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: QueueEditErrorCode = code
 
 
 ProviderErrorType: TypeAlias = Literal[

@@ -39,7 +39,7 @@ from trimtab._options import SessionOptions
 from trimtab._output import DEFAULT_MAX_INVALID, Output, checked_schema, typed_output, value_of
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._runner import Attached, Command, Runner
+from trimtab._runner import Attached, Command, Pending, Runner
 from trimtab._runs import RunEnd, results_of
 from trimtab._subscribers import EventHandler
 from trimtab._toolbox import Toolbox
@@ -725,6 +725,76 @@ class Session:
         await self._runner.enqueue_command(valid_text(command), display, request_id)
         return request_id
 
+    async def move_pending(self, item_id: str, position: int) -> bool:
+        """Move the waiting message or command `item_id` to `position` of the queue (0: the
+        next to run; past either end: that end), spec K18; whether its place changed.
+        Raises `QueueEditError` (`item_not_waiting`) when no waiting item has that id: its
+        run may have begun meanwhile."""
+        self._open()
+        return await self._runner.move(item_id, _position(position))
+
+    async def insert_pending(
+        self,
+        position: int,
+        prompt: str,
+        *,
+        request_headers: Mapping[str, str] | None = None,
+        images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
+    ) -> str:
+        """Queue `prompt` at `position` of the queue (spec K18) and return its message id, as
+        `send` does (which queues at the end); an idle session runs it at once."""
+        _text("prompt", prompt)
+        position = _position(position)
+        self._open()
+        if self._hooks:
+            prompt = valid_text(await self._prompt(prompt))
+        pending = Pending(
+            prompt,
+            new_id(),
+            appended=False,
+            parent=self.tracing.parent(),
+            headers=_headers(request_headers),
+            attached=_attached(images, attachments),
+        )
+        await self._runner.insert(position, pending)
+        return pending.message_id
+
+    async def update_pending(self, message_id: str, prompt: str) -> bool:
+        """Give the waiting message `message_id` a new prompt (spec K18), through the
+        `userPromptSubmitted` hook as a sent one; whether its prompt changed. Raises
+        `QueueEditError` when no message of that id waits."""
+        _text("prompt", prompt)
+        self._open()
+        if self._hooks:
+            prompt = await self._prompt(prompt)
+        return await self._runner.reword(message_id, valid_text(prompt))
+
+    async def duplicate_pending(self, item_id: str) -> str:
+        """Queue a copy of the waiting message or command `item_id` right after it (spec
+        K18); the copy's id."""
+        self._open()
+        copy_id = new_id()
+        await self._runner.duplicate(item_id, copy_id)
+        return copy_id
+
+    @property
+    def drain_paused(self) -> bool:
+        """Waiting messages and commands do not start (spec K19)."""
+        return self._runner.drain_paused
+
+    async def set_drain_paused(self, paused: bool) -> None:
+        """Pause the queue (no waiting message or command starts; new sends wait too) or go
+        on with it (spec K19). A pause is this runtime's, until `set_drain_paused(False)`
+        from anyone or the session's end here. Raises `QueueEditError`
+        (`queue_already_paused`) to pause a paused queue."""
+        self._open()
+        await self._runner.set_drain_paused(bool(paused))
+
+    def _open(self) -> None:
+        if self.closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
+
     def respond_to_command(self, request_id: str, *, handled: bool = True) -> bool:
         """A host's answer to the queued command whose turn came (`command.queued`): the
         queue goes on. False when no command of that id is waiting for an answer."""
@@ -906,6 +976,13 @@ def _text(what: str, value: object) -> str:
 _SEND_REFUSED = FRAMING | {"host"}
 """Per-send headers the HTTP client sets, and `host`: sent with a send, it would route the
 provider's credentials to another virtual host of the provider's address."""
+
+
+def _position(position: int) -> int:
+    """A place in the queue, as given (past either end means that end)."""
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise ValueError(f"a position in the queue is an integer, not {position!r}")
+    return position
 
 
 def _headers(given: Mapping[str, str] | None) -> dict[str, str] | None:

@@ -52,10 +52,17 @@ from trimtab.protocol.session_wire import (
     PermissionModeParams,
     PermissionModeResult,
     PermissionModeSetResult,
+    QueueDrainPausedParams,
+    QueueInsertParams,
     QueueItem,
     QueueItemParams,
+    QueueMoveParams,
+    QueueMoveResult,
+    QueueNewItemResult,
     QueuePendingResult,
     QueueRemovedResult,
+    QueueUpdateTextParams,
+    QueueUpdateTextResult,
     ReasoningEffortParams,
     ReasoningEffortResult,
     RespondToCommandParams,
@@ -69,6 +76,7 @@ from trimtab.protocol.session_wire import (
     WithdrawResult,
 )
 from trimtab.protocol.wire import SessionParams, SuccessResult, UpdateOptionsParams
+from trimtab.server.attachments import with_attachments
 from trimtab.server.event_log import EventLogRpc
 from trimtab.server.hub import SessionHub, SharedSession
 from trimtab.server.workspace_rpc import workspace_methods
@@ -103,6 +111,11 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.queue.removeAt": rpc.remove_at,
         "session.queue.removeMostRecent": rpc.remove_most_recent,
         "session.queue.withdrawMessage": rpc.withdraw_message,
+        "session.queue.moveItem": rpc.move_item,
+        "session.queue.insertAt": rpc.insert_at,
+        "session.queue.updateText": rpc.update_text,
+        "session.queue.duplicateAt": rpc.duplicate_at,
+        "session.queue.setDrainPaused": rpc.set_drain_paused,
         "session.permissions.setMode": rpc.set_permission_mode,
         "session.metadata.contextInfo": rpc.context_info,
         "session.metadata.getContextHeaviestMessages": rpc.heaviest_messages,
@@ -332,6 +345,44 @@ class _SessionRpc:
         if waiting is None or waiting != request.expected_prompt:
             return WithdrawResult(removed=False)
         return WithdrawResult(removed=bool(await session.remove_pending([request.message_id])))
+
+    async def move_item(self, params: dict[str, Any]) -> QueueMoveResult:
+        request = QueueMoveParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueMoveResult(changed=await session.move_pending(request.id, request.to_position))
+
+    async def insert_at(self, params: dict[str, Any]) -> QueueNewItemResult:
+        request = QueueInsertParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        message = request.message
+        composed = await with_attachments(
+            message.prompt, message.attachments or [], opener=self._hub.policy.open
+        )
+        message_id = await session.insert_pending(
+            request.position,
+            composed.prompt,
+            request_headers=message.request_headers,
+            images=composed.images,
+            attachments=composed.attachments,
+        )
+        return QueueNewItemResult(id=message_id)
+
+    async def update_text(self, params: dict[str, Any]) -> QueueUpdateTextResult:
+        request = QueueUpdateTextParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueUpdateTextResult(
+            updated=await session.update_pending(request.id, request.prompt)
+        )
+
+    async def duplicate_at(self, params: dict[str, Any]) -> QueueNewItemResult:
+        request = QueueItemParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueNewItemResult(id=await session.duplicate_pending(request.id))
+
+    async def set_drain_paused(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = QueueDrainPausedParams.model_validate(params)
+        await self._hub.get(self._conn, request.session_id).session.set_drain_paused(request.paused)
+        return {}
 
     async def enqueue_command(self, params: dict[str, Any]) -> EnqueueCommandResult:
         request = EnqueueCommandParams.model_validate(params)

@@ -246,6 +246,22 @@ class Inbox(Protocol):
         """
         ...
 
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        """Make the pending inputs `inputs` (`(prompt, message_id)` pairs, in their new
+        order), in one atomic step, provided they are `expected` now (message ids, oldest
+        first); else change nothing and return False (spec K18).
+
+        An edit of the queue in place: it moves inputs, changes their prompts and adds new
+        ones, never removes one (`discard_inputs` does). `inputs` must hold each id of
+        `expected`, and no id twice, else `ValueError`; a new id must be one never queued.
+        An input keeps its identity through the edit: an append that claims it either came
+        first (this returns False) or claims it, moved, after it. A crash leaves the inputs
+        as they were before the edit or after it, never between.
+        """
+        ...
+
 
 class Snapshots(Protocol):
     """Derived state that saves a replay of the whole log (spec P1)."""
@@ -309,6 +325,16 @@ def owner_of(events: Sequence[Event]) -> str | None:
 def claimed_input(event: Event) -> str | None:
     """The message id of the queued input that `event` delivers, if it is a user message."""
     return event.data.message_id if isinstance(event, UserMessageEvent) else None
+
+
+def check_rewrite(expected: Sequence[str], inputs: Sequence[tuple[str, str]]) -> None:
+    """Raise `ValueError` unless `inputs` keeps every input of `expected`, each once
+    (`Inbox.rewrite_inputs`): an edit of the queue never drops or doubles an input."""
+    ids = [message_id for _, message_id in inputs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("an edit of the queue names an input twice")
+    if missing := set(expected) - set(ids):
+        raise ValueError(f"an edit of the queue may not drop inputs: {sorted(missing)}")
 
 
 def check_persistable(events: Sequence[Event]) -> None:

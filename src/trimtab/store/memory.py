@@ -19,6 +19,7 @@ from trimtab.store._base import (
     Listeners,
     SessionRecord,
     check_persistable,
+    check_rewrite,
     claimed_input,
     follow,
     holds_lease,
@@ -247,6 +248,17 @@ class MemoryStore:
         """Remove the named inputs still pending (see `Store`)."""
         inputs = self._session(session_id).inputs
         return [m for m in dict.fromkeys(message_ids) if inputs.pop(m, None) is not None]
+
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        """Reorder, reword and add pending inputs in one step (see `Store`)."""
+        check_rewrite(expected, inputs)
+        session = self._session(session_id)
+        if list(session.inputs) != list(expected):
+            return False
+        session.inputs = {message_id: prompt for prompt, message_id in inputs}
+        return True
 
     async def close(self) -> None:
         """Drop every session and end subscriptions; the store is unusable afterwards."""

@@ -28,8 +28,8 @@ class FaultyStore:
 
     Args:
         inner: The store that holds what is durable.
-        crash_at_write: Crash on this write (1-based): a `create` or an `append` (a batch
-            counts once).
+        crash_at_write: Crash on this write (1-based): a `create`, an `append` (a batch
+            counts once) or a `rewrite_inputs` (an edit of the queue).
         durable: Whether that write is stored before the crash: the writer never hears
             back either way, as when a process dies between a commit and its return.
         pause: Awaited before every call (e.g. `asyncio.sleep(0)` a few times) to let
@@ -51,7 +51,7 @@ class FaultyStore:
         self.durable = durable
         self.pause = pause
         self.writes = 0
-        """Writes (creates and appends) tried so far."""
+        """Writes (creates, appends and edits of the queue) tried so far."""
         self.crashed = False
 
     def crash(self) -> None:
@@ -156,6 +156,14 @@ class FaultyStore:
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         await self._enter()
         return await self.inner.discard_inputs(session_id, message_ids)
+
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        async def write() -> int:
+            return int(await self.inner.rewrite_inputs(session_id, expected, inputs))
+
+        return bool(await self._write(write))
 
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         await self._enter()

@@ -46,6 +46,7 @@ from trimtab.store._base import (
     Lease,
     SessionRecord,
     check_persistable,
+    check_rewrite,
     follow,
     holds_lease,
     owner_of,
@@ -409,6 +410,26 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         removed = {str(row[0]) for row in rows if row[0] is not None}
         return [m for m in dict.fromkeys(message_ids) if m in removed]
+
+    @bounded
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        """Reorder, reword and add pending inputs in one transaction (see `Store`)."""
+        check_rewrite(expected, inputs)
+        edit = json.dumps([[m, json.dumps({"prompt": p})] for p, m in inputs])
+        async with self._calls.connection() as conn, conn.transaction():
+            if (await conn.execute(sql.LOCK_SESSION, (session_id,))).rowcount == 0:
+                raise SessionNotFoundError(session_id)
+            pending = await (await conn.execute(sql.PENDING_IDS, (session_id,))).fetchall()
+            if [m for (m,) in pending] != list(expected):
+                return False
+            params = {"s": session_id, "inputs": edit, "kept": list(expected)}
+            try:
+                await conn.execute(sql.REWRITE_INPUTS, params)
+            except errors.UniqueViolation:
+                raise ValueError("an edit of the queue adds an input queued before") from None
+        return True
 
     @bounded
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
