@@ -23,6 +23,7 @@ from trimtab import (
     PermissionHandler,
     Session,
     SessionError,
+    StoreUnavailableError,
     ToolInvocation,
     TrimtabError,
     define_tool,
@@ -929,3 +930,43 @@ async def test_m2_an_answer_with_more_tool_calls_than_a_turn_runs_is_a_bad_respo
     assert reply is not None and reply.data.content == "next"
     log = await session.get_events()
     assert not any(e.type == "tool.execution_start" for e in log)
+
+
+# --- K18: an edit of the queue and a crash --------------------------------------------------------
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["edit-stored", "edit-lost"])
+async def test_k18_a_crash_during_an_edit_of_the_queue_loses_and_repeats_no_input(
+    durable: Store, stored: bool
+) -> None:
+    faulty = FaultyStore(durable, durable=stored)
+    doomed = Client(store=faulty, lease_ttl=0.3, poll_interval=0.05)
+    session = await open_session(doomed, ScriptedModel([tool_call("hold")]), hold_tool())
+    rec = Recorder(session)
+    await session.send("first")
+    await rec.wait_for("tool.execution_start")  # the first run waits: the rest queue
+    ids = [await session.send(prompt) for prompt in ("a", "b", "c")]
+    await session.update_pending(ids[0], "a, reworded")  # edited, stored: the crash keeps it
+    faulty.crash_at_write = faulty.writes + 1  # the next edit's write is the last
+
+    with pytest.raises(StoreUnavailableError):
+        await session.move_pending(ids[2], 0)
+
+    await asyncio.sleep(0.4)  # past the dead runtime's lease
+    async with Client(store=durable, lease_ttl=5, poll_interval=0.05) as survivor:
+        resumed = await survivor.resume_session(
+            session.session_id, provider=ScriptedModel(["one", "two", "three"])
+        )
+        await resumed.wait_idle()
+        prompts = [e.data.content for e in await resumed.get_events() if e.type == "user.message"]
+    expected = ["c", "a, reworded", "b"] if stored else ["a, reworded", "b", "c"]
+    assert prompts == ["first", *expected]
+
+
+def hold_tool() -> Any:
+    @define_tool(description="Wait for ever")
+    async def hold(invocation: ToolInvocation) -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    return hold

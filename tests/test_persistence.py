@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from trimtab import (
     Tool,
     define_tool,
 )
-from trimtab.events import Event
+from trimtab.events import AssistantMessageDeltaData, AssistantMessageDeltaEvent, Event
 from trimtab.store import MemoryStore, SqliteStore, Store
 from trimtab.testing import ScriptedModel, tool_call
 
@@ -633,6 +633,36 @@ async def test_e5_a_follower_sees_a_turn_in_the_owners_order(
         assert seen.types.count("session.idle") == 2
 
 
+async def test_r2_a_follower_hears_the_owner_from_the_moment_resume_session_returns(
+    shared_store: Callable[[], Store | str],
+) -> None:
+    async with (
+        Client(store=shared_store(), poll_interval=0.02) as owner,
+        Client(store=shared_store(), poll_interval=0.02) as other,
+    ):
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(request: Any) -> str:
+            started.set()
+            await release.wait()
+            return "held"
+
+        session = await open_session(owner, ScriptedModel(then=lambda request: hold))
+        first = asyncio.ensure_future(session.send_and_wait("first"))
+        await asyncio.wait_for(started.wait(), 10)
+        remote = await other.resume_session(session.session_id, provider=ScriptedModel())
+        mine, seen = Recorder(session), Recorder(remote)
+        # At once (the owner is busy): the queue's change is a live event, never stored.
+        await session.send("second")
+        release.set()
+        await first
+        await mine.wait_for("session.idle", 2)
+        await seen.wait_for("session.idle", 2)
+
+        assert seen.types[0] == "pending_messages.modified"
+        assert seen.types == mine.types
+
+
 class PublishRecorder(MemoryStore):
     """A store that records the type of every ephemeral event the runtime publishes."""
 
@@ -754,6 +784,36 @@ async def test_e1_a_run_the_store_refuses_ends_in_a_typed_error_and_one_idle() -
         assert (error.data.error_type, error.ephemeral) == ("lease_lost", True)
         assert seen.types[-2:] == ["session.error", "session.idle"]
         assert session.is_remote  # it stops writing
+
+
+class SlowToListen(FailingAt):
+    """`FailingAt`, whose subscriptions take a while to listen (PostgreSQL's first one
+    connects its listener)."""
+
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
+        await asyncio.sleep(0.2)
+        async for event in super().subscribe(session_id, after=after, ready=ready):
+            yield event
+
+
+async def test_r2_a_runtime_that_lost_its_lease_hears_the_new_owner_once_the_run_ended() -> None:
+    store = SlowToListen("assistant.message")
+    async with Client(store=store) as client:
+        session = await open_session(client, ScriptedModel(["never stored"]))
+        seen = Recorder(session)
+        with pytest.raises(LeaseLostError):
+            await session.send_and_wait("hi")
+
+        # The new owner's first live event, at once.
+        delta = AssistantMessageDeltaEvent(
+            data=AssistantMessageDeltaData(message_id="m", delta_content="taken over")
+        )
+        count = len(await store.read(session.session_id))
+        await store.publish(session.session_id, delta, after=count)
+
+        await seen.wait_for(delta.type, timeout=5)
 
 
 class DurabilityRecorder(MemoryStore):

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trimtab import Client, PermissionHandler, SessionOptions, define_tool
-from trimtab.events import Handoff, InfiniteSessions, ModelLimits, Recall, ToolSearch
+from trimtab.events import Budget, Handoff, InfiniteSessions, ModelLimits, Recall, ToolSearch
 from trimtab.protocol.wire import CreateParams, ResumeParams, SystemMessage, WireTool, dump
 from trimtab.providers import ProviderConfig
 from trimtab.testing import ScriptedModel
@@ -40,6 +40,8 @@ def every_option() -> SessionOptions:
         context_overflow="drop",
         handoff=Handoff(threshold=0.6),
         recall=Recall(max_results=3),
+        budget=Budget(cost=2.5, model_calls=40, warn_at=0.5),
+        structured_output="native",
         hooks={"on_session_end": lambda *args: None},
         mcp_servers={"fs": {"command": "server", "args": ["--root", "."]}},
     )

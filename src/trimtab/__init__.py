@@ -2,12 +2,14 @@
 
 from trimtab._client import Client
 from trimtab._errors import (
+    BudgetExceededError,
     ClearContextError,
     LeaseLostError,
     PolicyRefusedError,
     PromptBlockedError,
     ProviderError,
     PruneError,
+    QueueEditError,
     SessionError,
     SessionNotFoundError,
     StoreUnavailableError,
@@ -29,11 +31,13 @@ from trimtab._tools import Tool, ToolInvocation, ToolResult, define_tool
 from trimtab._window import ContextMessage, ContextWindow
 from trimtab._workspace import Checkpoint, PathInfo, Workspace, WorkspaceError
 from trimtab.builtin import builtin_tools
-from trimtab.events import Event
+from trimtab.events import Budget, Event
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Budget",
+    "BudgetExceededError",
     "Checkpoint",
     "ClearContextError",
     "ClearContextResult",
@@ -52,6 +56,7 @@ __all__ = [
     "ProviderError",
     "PruneError",
     "PruneResult",
+    "QueueEditError",
     "QueuedCommand",
     "QueuedMessage",
     "Session",

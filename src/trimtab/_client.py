@@ -278,7 +278,7 @@ class Client:
         and answers its runs' questions (spec EN1, EN6)."""
         assert self._engine is not None
         try:
-            ownership_of(session).follow()
+            await ownership_of(session).follow()
             await self._engine.open_session(session.session_id)
         except BaseException:
             await session.disconnect()
@@ -330,7 +330,8 @@ class Client:
             config = _started(config, await hooks.session_start("resume"))
         session = self._session(session_id, store, lease, replayed, provider, opts, hooks)
         if lease is None:
-            ownership_of(session).follow()
+            # Returned once it listens: no live event of the owner's is missed from then on.
+            await ownership_of(session).follow()
             return session
         try:
             data = SessionResumeData(
@@ -584,9 +585,9 @@ class Client:
         until the next tick, after the session closed)."""
         if renew:
             kept = set(await store.renew_leases(self._owner, self._lease_ttl))
-            for session in self._sessions.values():
+            for session in list(self._sessions.values()):
                 if not session.is_remote and session.session_id not in kept:
-                    ownership_of(session).lost()
+                    await ownership_of(session).lost()
         # One read for all: a read per session would cost every idle one each tick.
         waiting = await store.sessions_with_inputs()
         for session in list(self._sessions.values()):

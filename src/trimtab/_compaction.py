@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
+from trimtab._budget import usage_info, usage_of
 from trimtab._errors import ProviderError
 from trimtab._results import CompactResult
 from trimtab._run_context import RunContext, Writer, emit
@@ -20,7 +21,6 @@ from trimtab._state import SessionState
 from trimtab._tools import valid_text
 from trimtab._window import estimate_tokens, units
 from trimtab.events import (
-    AssistantUsageData,
     AssistantUsageEvent,
     CompactionCompleteData,
     CompactionStartData,
@@ -244,15 +244,22 @@ async def _summarize_fitting(
             )
         await emit(log, SessionWarningEvent(data=failed))
         return None
-    usage = AssistantUsageData(
-        model=ctx.usage_model,
-        input_tokens=response.usage.input_tokens,
-        output_tokens=response.usage.output_tokens,
+    usage = usage_of(
+        ctx.config,
+        ctx.usage_model,
+        response.usage,
         finish_reason=response.finish_reason,
         estimated_tokens=estimated,
     )
+    # Every model call reports its request's size, and what was spent, summaries too (§6).
+    info = usage_info(
+        log.state,
+        usage,
+        limit=info.token_limit,
+        tokens=info.current_tokens,
+        length=info.messages_length,
+    )
     await emit(log, AssistantUsageEvent(data=usage))
-    # Every model call reports its request's size, summaries too (spec §6).
     await emit(log, SessionUsageInfoEvent(data=info))
     return valid_text(response.content.strip()) or None
 

@@ -7,6 +7,7 @@ import asyncio
 from typing import Literal, TypeAlias
 
 __all__ = [
+    "BudgetExceededError",
     "ClearContextError",
     "ClearContextErrorCode",
     "LeaseLostError",
@@ -16,6 +17,8 @@ __all__ = [
     "PruneError",
     "PruneErrorCode",
     "ProviderError",
+    "QueueEditError",
+    "QueueEditErrorCode",
     "ProviderErrorType",
     "SessionError",
     "SessionNotFoundError",
@@ -23,6 +26,7 @@ __all__ = [
     "ToolError",
     "TrimtabError",
     "contained",
+    "session_error",
 ]
 
 
@@ -86,6 +90,19 @@ class PruneError(TrimtabError):
         self.code: PruneErrorCode = code
 
 
+QueueEditErrorCode: TypeAlias = Literal[
+    "item_not_waiting", "not_a_message", "queue_already_paused", "remote_session"
+]
+
+
+class QueueEditError(TrimtabError):
+    """An edit of the session's queue that was refused; nothing changed (spec K18, K19)."""
+
+    def __init__(self, code: QueueEditErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: QueueEditErrorCode = code
+
+
 ProviderErrorType: TypeAlias = Literal[
     "rate_limit",
     "provider_unavailable",
@@ -126,6 +143,21 @@ class SessionError(TrimtabError):
         self.error_type = error_type
         self.message = message
         self.status_code = status_code
+
+
+class BudgetExceededError(SessionError):
+    """A budget was reached (spec U3, U5): the run ended in a `budget_exceeded` error, or the
+    session's budget refused a `send` (nothing was stored) until the host raises it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("budget_exceeded", message)
+
+
+def session_error(error_type: str, message: str, *, status_code: int | None = None) -> SessionError:
+    """The exception for a run that ended in `session.error` of `error_type`."""
+    if error_type == "budget_exceeded":
+        return BudgetExceededError(message)
+    return SessionError(error_type, message, status_code=status_code)
 
 
 class SessionNotFoundError(TrimtabError, KeyError):

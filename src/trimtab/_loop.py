@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
+from trimtab._budget import usage_info, usage_of
+from trimtab._budget import verdict as budget_verdict
 from trimtab._compaction import fit_window, raw_request_tokens, recover_overflow
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
 from trimtab._handoff import hand_off
@@ -51,7 +53,6 @@ from trimtab.events import (
     AssistantMessageEvent,
     AssistantTurnEndEvent,
     AssistantTurnStartEvent,
-    AssistantUsageData,
     AssistantUsageEvent,
     ContextClearedData,
     Event,
@@ -72,6 +73,7 @@ from trimtab.events import (
     SessionIdleData,
     SessionIdleEvent,
     SessionUsageInfoEvent,
+    SessionWarningEvent,
     ToolExecutionCompleteData,
     ToolExecutionCompleteEvent,
     ToolExecutionStartData,
@@ -81,10 +83,10 @@ from trimtab.events import (
     ToolResultContent,
     ToolResultError,
     TurnData,
-    UsageInfoData,
     UserMessageData,
     UserMessageEvent,
     new_id,
+    now,
 )
 from trimtab.providers import ModelRequest, ModelResponse, TextDelta, ToolCall
 
@@ -233,14 +235,8 @@ async def run(
                 request = step.request or step.prompt
                 if not step.recorded:
                     await emit(host, user_message(step.prompt, new_id(), "context_cleared"))
-            if turns >= host.state.config.max_turns:
-                result.error = _error_event(
-                    "max_turns",
-                    f"the run made {turns} model calls, its limit (max_turns); send again to go on",
-                    None,
-                    True,
-                    message_id,
-                )
+            if (refusal := await _limit(host, turns, message_id, started)) is not None:
+                result.error = refusal
                 break
             step = await _turn(host, message_id, result, started, request)
             turns, started = turns + 1, None
@@ -272,6 +268,39 @@ async def run(
             failure = result.error.data.error_type
         trace.end(error=failure, aborted=result.aborted)
     return result
+
+
+async def _limit(
+    host: LoopHost, turns: int, message_id: str, started: str | None
+) -> SessionErrorEvent | None:
+    """The error that ends the run before its next model call, if a limit says so: its
+    model calls (`max_turns`, E5), its invalid results (OUT3), its budget or the session's
+    (U3), as the log tells them; the budgets' warnings are logged first (U4). The one place
+    a run's limits are checked, once per model call. A turn logged with the run's message
+    (`started`, E7) is closed before the error."""
+    state = host.state
+    error: SessionErrorEvent | None = None
+    run = state.run
+    if turns >= state.config.max_turns:
+        text = f"the run made {turns} model calls, its limit (max_turns); send again to go on"
+        error = _error_event("max_turns", text, None, True, message_id)
+    elif (
+        run is not None and run.output is not None and run.invalid_outputs >= run.output.max_invalid
+    ):
+        why = run.output_error or "a reply without the result"
+        text = _invalid_output(run.invalid_outputs, why)
+        error = _error_event("invalid_output", text, None, False, message_id)
+    elif (verdict := budget_verdict(state, now())).exceeded is not None:
+        error = _error_event("budget_exceeded", verdict.exceeded, None, False, message_id)
+    elif verdict.warnings:
+        await host.emit_all([SessionWarningEvent(data=warning) for warning in verdict.warnings])
+    if error is not None and started is not None:
+        await emit(host, _turn_end(started, state.config.model))
+    return error
+
+
+def _invalid_output(count: int, why: str) -> str:
+    return f"the model gave {count} invalid results (max_invalid_outputs); the last one: {why}"
 
 
 async def _abort(host: LoopHost) -> None:
@@ -407,12 +436,61 @@ async def _reply(
         result.error = answer
         return None
     events, calls = answer
+    checked: _Checked | None = None
     if not calls:
+        checked = _checked(ctx, log.state, events[0], message_id)
+        if checked is not None:
+            events = (checked.reply, *events[1:])
         events += (_turn_end(turn_id, ctx.config.model),)
+        if checked is not None and checked.retry is not None:
+            events += (checked.retry,)
     message = (await log.emit_all(events))[0]
     assert isinstance(message, AssistantMessageEvent)
     result.last_message = message
+    if checked is not None and checked.failed is not None:
+        result.error = _error_event("invalid_output", checked.failed, None, False, message_id)
+        return None
     return calls
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A reply without calls in a run that must give a typed result (OUT3, OUT6)."""
+
+    reply: AssistantMessageEvent
+    """The reply, with the result when it is one (native structured output)."""
+    retry: UserMessageEvent | None = None
+    """What the model is told, to try again."""
+    failed: str | None = None
+    """Why the run ends: it was the last invalid result the run may see."""
+
+
+def _checked(
+    ctx: RunContext, state: SessionState, reply: Event, message_id: str
+) -> _Checked | None:
+    """How a reply that calls nothing stands to the run's typed result; None when the run
+    must give none."""
+    output, run = ctx.output, state.run
+    if output is None or run is None:
+        return None
+    assert isinstance(reply, AssistantMessageEvent)
+    spec = output.spec
+    if spec.native:
+        result = output.reply(reply.data.content)
+        if not isinstance(result, str):
+            data = reply.data.model_copy(update={"output": result})
+            return _Checked(reply.model_copy(update={"data": data}))
+        why, again = result, f"Your reply is not a valid result:\n{result}\n{_NATIVE_AGAIN}"
+    else:
+        why = f"a reply in text, not a call of {spec.tool_name}"
+        again = f"Give the result by calling the {spec.tool_name} tool: a reply in text is none."
+    count = run.invalid_outputs + 1
+    if count >= spec.max_invalid:
+        return _Checked(reply, failed=_invalid_output(count, why))
+    return _Checked(reply, retry=user_message(again, message_id, "output"))
+
+
+_NATIVE_AGAIN = "Reply with the result alone, as JSON that follows the schema."
 
 
 async def _answer(
@@ -457,16 +535,16 @@ async def _answer(
         model=model,
         reasoning_text=valid_text(response.reasoning) if response.reasoning else None,
     )
-    usage = AssistantUsageData(
-        model=ctx.usage_model,
-        input_tokens=response.usage.input_tokens,
-        output_tokens=response.usage.output_tokens,
+    usage = usage_of(
+        ctx.config,
+        ctx.usage_model,
+        response.usage,
         duration=duration,
         finish_reason=response.finish_reason,
         reasoning_effort=ctx.config.reasoning_effort,
         estimated_tokens=estimated,
     )
-    info = UsageInfoData(token_limit=limit, current_tokens=tokens, messages_length=length)
+    info = usage_info(log.state, usage, limit=limit, tokens=tokens, length=length)
     events = (
         AssistantMessageEvent(data=reply),
         AssistantUsageEvent(data=usage),
@@ -541,7 +619,7 @@ async def _call_model(
     """The model's response and how long it took (ms); streams deltas when configured, under
     the id the final `assistant.message` will carry (clients join them on it). `tokens` is the
     request's estimate, for its span."""
-    config = ctx.config
+    config, output = ctx.config, ctx.output
     # Built from parts validated already (the window's messages, the tools' definitions).
     request = ModelRequest.model_construct(
         _REQUEST_FIELDS,
@@ -553,6 +631,11 @@ async def _call_model(
         max_tokens=config.model_limits.max_output_tokens if config.model_limits else None,
         headers=ctx.request_headers,
         reasoning_effort=config.reasoning_effort,
+        # A run that must give a typed result: by a tool call, or by its reply (OUT2, OUT6).
+        tool_choice="required" if output is not None and not output.spec.native else None,
+        output_schema=output.spec.json_schema
+        if output is not None and output.spec.native
+        else None,
     )
     response: ModelResponse | None = None
     started = time.perf_counter()
@@ -867,6 +950,7 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
                 else ToolResultError(message=outcome.text, code=outcome.outcome),
                 tool_name=call.name,
                 turn_id=turn_id,
+                output=outcome.output if success else None,
             )
         )
     ]

@@ -19,6 +19,7 @@ from trimtab.events import (
     ModelTokens,
     SessionPrunedEvent,
     SessionStartEvent,
+    Spending,
     UserMessageEvent,
     now,
 )
@@ -46,7 +47,7 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
     """The metrics of a session's log (its events, oldest first)."""
     start: datetime | None = None
     duration, requests, last = 0.0, 0, (0, 0)
-    calls: dict[str, tuple[int, int, int]] = {}
+    spent: dict[str, Spending] = {}
     for event in events:
         match event:
             case SessionStartEvent():
@@ -54,27 +55,36 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
             case AssistantUsageEvent():
                 data = event.data
                 last = (data.input_tokens or 0, data.output_tokens or 0)
-                count, used_in, used_out = calls.get(data.model, (0, 0, 0))
-                calls[data.model] = (count + 1, used_in + last[0], used_out + last[1])
+                spent[data.model] = (spent.get(data.model) or Spending()).plus(data)
                 duration += data.duration or 0.0
-            case UserMessageEvent() if event.data.source not in ("context_cleared", "hook"):
+            case UserMessageEvent() if event.data.source not in _NOT_INPUTS:
                 requests += 1
             case SessionPrunedEvent() if event.data.metrics:  # what the events it replaced spent
                 pruned = SessionMetrics.model_validate(event.data.metrics)
                 duration, requests = pruned.api_duration_ms, pruned.user_requests
                 last = pruned.last_call_tokens
-                calls = {
-                    model: (m.requests.count, m.usage.input_tokens, m.usage.output_tokens)
+                spent = {
+                    model: Spending(
+                        model_calls=m.requests.count,
+                        input_tokens=m.usage.input_tokens,
+                        output_tokens=m.usage.output_tokens,
+                        cache_read_tokens=m.usage.cache_read_tokens,
+                        cost=m.requests.cost,
+                    )
                     for model, m in pruned.models.items()
                 }
             case _:
                 pass
     models = {
         model: ModelMetric(
-            requests=ModelRequests(count=count),
-            usage=ModelTokens(input_tokens=used_in, output_tokens=used_out),
+            requests=ModelRequests(count=used.model_calls, cost=used.cost),
+            usage=ModelTokens(
+                input_tokens=used.input_tokens,
+                output_tokens=used.output_tokens,
+                cache_read_tokens=used.cache_read_tokens,
+            ),
         )
-        for model, (count, used_in, used_out) in calls.items()
+        for model, used in spent.items()
     }
     return SessionMetrics(
         start_time=start or now(),
@@ -83,3 +93,7 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
         last_call_tokens=last,
         models=models,
     )
+
+
+_NOT_INPUTS = frozenset({"context_cleared", "hook", "output"})
+"""Messages the runtime wrote: a clear's seed, hooks' notes, a typed result's retry (OUT3)."""

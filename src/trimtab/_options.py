@@ -23,6 +23,7 @@ from trimtab._permissions import PermissionHandlerFn
 from trimtab._tools import Tool
 from trimtab._toolsearch import TOOL_SEARCH
 from trimtab.events import (
+    Budget,
     ContextOverflow,
     Handoff,
     InfiniteSessions,
@@ -120,6 +121,14 @@ class SessionOptions(BaseModel):
     recall: Recall | None = None
     """The built-in `recall` tool, to search the session's cleared and compacted history:
     `{"enabled": True}` (spec X7). Off by default."""
+    budget: Budget | None = None
+    """What the whole session may spend, across its runs (spec U3): `{"cost": 1.0,
+    "total_tokens": 200_000, ...}`; logged, and changed with `Session.set_budget`."""
+    structured_output: Literal["tool", "native"] | None = None
+    """How a run gives a typed result (`send(output_type=...)`): `tool` (the default), by
+    calling the `final_result` tool; `native`, by its reply, in the provider's own
+    structured output where it has one (Chat Completions, Responses, the embedded model;
+    others use the tool: spec OUT6)."""
     hooks: Annotated[SessionHooks | None, IN_PROCESS] = Field(default=None, exclude=True)
     """The Copilot SDK's session hooks: `{"on_pre_tool_use": handler, ...}` (see `_hooks`)."""
     mcp_servers: dict[str, dict[str, Any]] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from trimtab import _loop
 from trimtab._errors import SessionNotFoundError
@@ -27,6 +28,8 @@ from trimtab.store import Lease
 
 __all__ = ["Ownership"]
 
+_log = logging.getLogger("trimtab")
+
 
 class Ownership:
     """A session's lease, as this runtime holds or follows it."""
@@ -36,7 +39,9 @@ class Ownership:
     def __init__(self, log: SessionLog, runner: Runner) -> None:
         self._log = log
         self._runner = runner
-        self._follower: asyncio.Task[None] | None = None
+        self._follower: tuple[asyncio.Task[None], asyncio.Event] | None = None
+        """The follower while there is one, and an event set once its subscription listens
+        or it ended (made with it: most sessions never follow)."""
 
     @property
     def owned(self) -> bool:
@@ -52,35 +57,58 @@ class Ownership:
         where it stands (taken over, or its run parked, spec EN5)."""
         self._log.halt()
 
-    def lost(self) -> None:
+    async def lost(self) -> None:
         """Another runtime may own the session now: stop writing (the next append would fail),
         and follow it."""
         self._log.lease = None
-        self.follow()
+        await self.follow()
 
-    def follow(self) -> None:
+    async def follow(self) -> None:
         """While remote, deliver the owner's events to this session's subscribers as they are
-        stored, so that a host attached here sees a run executing elsewhere (spec R1)."""
-        if self._follower is None and not self._runner.closed:
-            self._follower = asyncio.get_running_loop().create_task(
-                self._follow(), name=f"trimtab-follow-{self._log.session_id}"
+        stored, so that a host attached here sees a run executing elsewhere (spec R1).
+
+        Returns once the follower listens: every event the owner emits from then on reaches
+        the subscribers (E6). Bounded by the store's timeout (W1): past it the follower goes
+        on, reading the stored events as they come, and live ones once it listens."""
+        if self._follower is None:
+            if self._runner.closed:
+                return
+            listening = asyncio.Event()
+            follower = asyncio.get_running_loop().create_task(
+                self._follow(listening), name=f"trimtab-follow-{self._log.session_id}"
+            )
+            self._follower = (follower, listening)
+        _, listening = self._follower
+        store = self._log.store
+        try:
+            async with asyncio.timeout(store.timeout):
+                await listening.wait()
+        except TimeoutError:
+            _log.warning(
+                "session %s: its owner's live events are not heard here yet (no listener"
+                " within %s s); its stored events still come",
+                self._log.session_id,
+                store.timeout,
             )
 
-    async def _follow(self) -> None:
+    async def _follow(self, listening: asyncio.Event) -> None:
         log = self._log
-        events = log.store.subscribe(log.session_id, after=log.state.event_count)
+        events = log.store.subscribe(log.session_id, after=log.state.event_count, ready=listening)
         try:
             async for event in events:
                 log.follow(event)
         except SessionNotFoundError:
             pass  # deleted: nothing more will come
         finally:
+            listening.set()  # (ended: nothing to wait for)
             await events.aclose()
 
     async def unfollow(self) -> None:
         if self._follower is not None:
-            self._follower.cancel()
-            await asyncio.wait([self._follower])
+            follower, listening = self._follower
+            follower.cancel()
+            listening.set()  # (a follower cancelled before it began never sets it)
+            await asyncio.wait([follower])
             self._follower = None
 
     async def adopt(self, lease: Lease) -> None:
@@ -107,10 +135,13 @@ class Ownership:
 
     async def reopened(self, *, continue_pending: bool) -> None:
         """Log a resume of the session while it is open here already (spec D5): every
-        resume has its `session.resume`. A session another runtime runs is logged there."""
+        resume has its `session.resume`. A session another runtime runs is logged there;
+        here the resume returns once its follower listens, as the first one did (R1)."""
         log = self._log
         if log.writable:
             await log.emit(_resume(log, continue_pending=continue_pending))
+        else:
+            await self.follow()
 
     async def attempt(self) -> None:
         """Take the session up for an engine's attempt at running it (spec EN3): a run the

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trimtab._hooks import Hooks
+from trimtab._output import Output
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._state import SessionState
 from trimtab._tools import SessionHandle, Tool, ToolInvocation
@@ -51,6 +52,9 @@ class RunContext:
     prompt: str | None = None
     """The run's prompt, as stored: the request a handoff carries over (X5); None when this
     runtime was not given it (a run a crash interrupted goes on)."""
+    output: Output | None = None
+    """The typed result the run must end with (spec OUT1): in tool mode its tool is among
+    `tools` and `shown`."""
 
     @property
     def session_id(self) -> str:

@@ -11,15 +11,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import needs_fitting
-from trimtab._errors import ClearContextError, LeaseLostError, LogTailLostError, TrimtabError
+from trimtab._errors import (
+    ClearContextError,
+    LeaseLostError,
+    LogTailLostError,
+    QueueEditError,
+    TrimtabError,
+)
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
+from trimtab._output import Output, output_of
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._results import ClearContextResult
 from trimtab._run_context import RunContext
@@ -31,6 +38,7 @@ from trimtab._tracing import Tracing
 from trimtab._window import estimate_tokens
 from trimtab.events import (
     AssistantTurnStartEvent,
+    Budget,
     CommandCompletedData,
     CommandCompletedEvent,
     CommandQueuedData,
@@ -57,9 +65,13 @@ from trimtab.providers._limits import limits_for
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-__all__ = ["COMMAND_TIMEOUT", "Attached", "Command", "Pending", "Runner"]
+__all__ = ["COMMAND_TIMEOUT", "Attached", "Command", "Pending", "Runner", "Waiting"]
 
 T = TypeVar("T")
+
+EDIT_TRIES = 3
+"""Times an edit of the queue is made again when the store's inbox changed meanwhile (an
+input another runtime queued), before it is refused."""
 
 COMMAND_TIMEOUT = 120.0
 """Seconds a queued command waits for a host's answer once its turn came (spec K13); then
@@ -102,6 +114,11 @@ class Pending:
     """Settled once its message is stored (or could not be)."""
     immediate: bool = False
     """Sent with `mode="immediate"` (spec X6): the run in flight may take it first."""
+    output: Output | None = None
+    """The typed result the run must end with (OUT1): the send's (its Python type checks
+    it), else the one its logged message names (its JSON Schema does)."""
+    budget: Budget | None = None
+    """What the run may spend (U3): stored with its message, held here until then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,16 +130,9 @@ class Attached:
     attachments: tuple[dict[str, Any], ...] = ()
     """As the sender described them, for clients to show."""
 
-    def message(self, prompt: str, message_id: str, source: str = "user") -> UserMessageEvent:
-        """The input's `user.message`."""
-        data = UserMessageData(
-            content=prompt,
-            message_id=message_id,
-            source=source,
-            images=list(self.images) or None,
-            attachments=list(self.attachments) or None,
-        )
-        return UserMessageEvent(data=data)
+    def fields(self) -> dict[str, Any]:
+        """What the input's `user.message` holds of them."""
+        return {"images": list(self.images) or None, "attachments": list(self.attachments) or None}
 
 
 @dataclass(slots=True, eq=False)
@@ -134,6 +144,11 @@ class Command:
     display_text: str
     answered: asyncio.Future[bool]
     """Set by `Runner.answer`: whether a host ran it."""
+
+
+Waiting: TypeAlias = tuple[str, str] | Command
+"""An item of the queue as its clients see it: an input's `(prompt, message_id)`, or a
+command (`Runner.queued`)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -161,6 +176,7 @@ class Runner:
         "_worker",
         "approve_all",
         "closed",
+        "drain_paused",
         "hooks",
         "live",
         "log",
@@ -181,7 +197,7 @@ class Runner:
         permission_handler: PermissionHandlerFn | None,
         hooks: Hooks,
         tracing: Tracing,
-        lease_lost: Callable[[], None],
+        lease_lost: Callable[[], Awaitable[None]],
     ) -> None:
         self.session_id = log.session_id
         self.log = log
@@ -193,10 +209,13 @@ class Runner:
         self.tracing = tracing
         self.approve_all = False
         """Approve every call without asking the handler, or anyone (spec K6)."""
+        self.drain_paused = False
+        """No waiting input or command starts (spec K19)."""
         self._handle = handle
         """The session, as the tool handlers of its runs get it."""
         self._lease_lost = lease_lost
-        """Called when a run finds the session's lease gone: another runtime may own it."""
+        """Awaited when a run finds the session's lease gone (another runtime may own it):
+        returns once the session follows its log (R1)."""
         self._queue: list[Pending | _Operation | Command] = []
         self._dispatching: Command | None = None
         """The command whose turn came, waiting for a host's answer."""
@@ -222,21 +241,40 @@ class Runner:
         config = self.log.state.config
         toolbox = self.toolbox
         running = self._running
+        tools = toolbox.callable(config)
+        shown = tuple(toolbox.shown(config, self.live.discovered))
+        output = self._output(running)
+        if output is not None and not output.spec.native:
+            # The run's output tool, for this run only (OUT2).
+            tool = output.tool
+            tools, shown = {**tools, tool.name: tool}, (*shown, tool.definition)
         return RunContext(
             session=self._handle,
             config=config,
             provider=self.provider,
             limits=limits(config),
-            tools=toolbox.callable(config),
+            tools=tools,
             deferred=toolbox.deferred(config),
-            shown=tuple(toolbox.shown(config, self.live.discovered)),
+            shown=shown,
             permission_handler=self.permission_handler,
             approve_all=self.approve_all,
             hooks=self.hooks,
             tracing=self.tracing,
             request_headers=running.headers if running is not None else None,
             prompt=(running.prompt or None) if running is not None else None,
+            output=output,
         )
+
+    def _output(self, running: Pending | None) -> Output | None:
+        """The typed result of the run in progress: the send's, else its logged spec's (a
+        run this runtime continues, after a crash or a takeover), checked by its schema."""
+        run = self.log.state.run
+        if running is None or run is None or run.output is None:
+            return None
+        given = running.output
+        if given is None or (given.spec is not run.output and given.spec != run.output):
+            running.output = output_of(run.output)
+        return running.output
 
     async def refresh_tools(self) -> None:
         warnings = await self.toolbox.refresh()
@@ -297,6 +335,8 @@ class Runner:
         attached: Attached | None = None,
         *,
         immediate: bool = False,
+        output: Output | None = None,
+        budget: Budget | None = None,
     ) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
         the store's inbox behind the runs queued before it (spec P4). An `immediate` input
@@ -310,9 +350,11 @@ class Runner:
             headers=headers,
             attached=attached,
             immediate=immediate,
+            output=output,
+            budget=budget,
         )
         async with log_.exclusive():
-            if self._worker is None:
+            if self._worker is None and not self.drain_paused:
                 # Idle: the message is stored before this returns, and its run starts.
                 await self._store_message(pending, log_.emit_unlocked)
             else:
@@ -322,7 +364,7 @@ class Runner:
                 log_.claimed = (log_.claimed or set()) | {message_id}
                 await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
                 if immediate and self._in_flight():
-                    steer = _message(prompt, message_id, attached, "immediate")
+                    steer = _message(pending, "immediate")
                     self.live.steering = (*self.live.steering, steer)
             self._queue.append(pending)
             self._start_worker()
@@ -416,6 +458,144 @@ class Runner:
             await self.log.emit_unlocked((PendingMessagesModifiedEvent(),))
         self._start_worker()
 
+    async def edit_queue(
+        self,
+        change: Callable[[list[Waiting]], tuple[list[Waiting], T]],
+        added: Sequence[Pending] = (),
+    ) -> T:
+        """Edit the waiting items in place (spec K18): `change` gives them in their new order
+        (with `added`'s inputs among them, which it may fill) from the queue as it is, and
+        what to answer.
+
+        The store's inbox takes the edit in one atomic step, with the writer held (no input's
+        run can begin meanwhile), and only from the inputs it read: when another runtime
+        queued one in between, the edit is made again from the queue as it is then."""
+        self._local()
+        log_ = self.log
+        async with log_.exclusive():
+            for _ in range(EDIT_TRIES):
+                stored = await log_.store.pending_inputs(self.session_id)
+                starting = self._running.message_id if self._running is not None else None
+                items = self.queued([i for i in stored if i[1] != starting])
+                edited, answer = change(items)
+                if edited == items:
+                    return answer
+                inputs = [i for i in stored if i[1] == starting]
+                inputs += [i for i in edited if not isinstance(i, Command)]
+                if await log_.store.rewrite_inputs(self.session_id, [m for _, m in stored], inputs):
+                    break
+            else:
+                raise TrimtabError(f"the queue of session {self.session_id} kept changing")
+            self._requeue(edited, {pending.message_id: pending for pending in added})
+            await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
+        self._start_worker()
+        return answer
+
+    async def move(self, item_id: str, position: int) -> bool:
+        """Move a waiting item to `position` of the queue (K18); whether its place changed."""
+
+        def move(items: list[Waiting]) -> tuple[list[Waiting], bool]:
+            at = _find(items, item_id)
+            rest = items[:at] + items[at + 1 :]
+            to = min(max(position, 0), len(rest))
+            edited = [*rest[:to], items[at], *rest[to:]]
+            return edited, edited != items
+
+        return await self.edit_queue(move)
+
+    async def insert(self, position: int, pending: Pending) -> None:
+        """Queue a new input at `position` (K18): run at once when the session is idle."""
+        self._local()
+        if self._worker is None and not self.drain_paused:
+            await self.submit(pending.prompt, pending.message_id, pending.headers, pending.attached)
+            return
+        new = (pending.prompt, pending.message_id)
+
+        def insert(items: list[Waiting]) -> tuple[list[Waiting], None]:
+            at = min(max(position, 0), len(items))
+            return [*items[:at], new, *items[at:]], None
+
+        await self.edit_queue(insert, (pending,))
+
+    async def reword(self, message_id: str, prompt: str) -> bool:
+        """Give a waiting input a new prompt (K18); whether its prompt changed."""
+
+        def reword(items: list[Waiting]) -> tuple[list[Waiting], bool]:
+            at = _find(items, message_id)
+            if isinstance(items[at], Command):
+                raise QueueEditError("not_a_message", f"{message_id} is a queued command")
+            edited = [*items[:at], (prompt, message_id), *items[at + 1 :]]
+            return edited, edited != items
+
+        return await self.edit_queue(reword)
+
+    async def duplicate(self, item_id: str, copy_id: str) -> None:
+        """Queue a copy of a waiting item right after it, as `copy_id` (K18)."""
+        copies: list[Pending] = []
+
+        def duplicate(items: list[Waiting]) -> tuple[list[Waiting], None]:
+            at = _find(items, item_id)
+            item = items[at]
+            copy: Waiting
+            if isinstance(item, Command):
+                future = asyncio.get_running_loop().create_future()
+                copy = Command(copy_id, item.command, item.display_text, future)
+            else:
+                copy = (item[0], copy_id)
+                copies[:] = [self._copy(item, copy_id)]
+            return [*items[: at + 1], copy, *items[at + 1 :]], None
+
+        await self.edit_queue(duplicate, copies)
+
+    def _copy(self, item: tuple[str, str], copy_id: str) -> Pending:
+        """A new input of the waiting input `item` as it was sent here (what it attached, its
+        typed result, its budget, its headers); its prompt only when another runtime queued
+        it (the inbox keeps no more)."""
+        for queued in self._queue:
+            if isinstance(queued, Pending) and queued.message_id == item[1]:
+                return replace(
+                    queued, prompt=item[0], message_id=copy_id, aborted=False, ended=None
+                )
+        return Pending(item[0], copy_id, appended=False)
+
+    def _requeue(self, edited: list[Waiting], new: dict[str, Pending]) -> None:
+        """Put the queue here in the order of `edited` (the writer held): each waiting item
+        in the place of one that waited, those added after; a window operation, or the run a
+        crash interrupted, keeps its place."""
+        held = {_queue_id(item): item for item in self._queue}
+        order: list[Pending | Command] = []
+        for item in edited:
+            if isinstance(item, Command):
+                order.append(item)
+                continue
+            prompt, message_id = item
+            pending = held.get(message_id) or new.get(message_id)
+            if not isinstance(pending, Pending):  # queued by another runtime: taken here now
+                pending = Pending(prompt, message_id, appended=False)
+            pending.prompt = prompt
+            order.append(pending)
+        self.log.claimed = (self.log.claimed or set()) | {
+            i.message_id for i in order if isinstance(i, Pending)
+        }
+        rest = iter(order)  # an edit removes nothing: as many items as places, or more
+        queue = [next(rest) if _waits(item) else item for item in self._queue]
+        self._queue = [*queue, *rest]
+
+    def _local(self) -> None:
+        """Refuse an edit of a remote session's queue: its owner runs it (K18)."""
+        if not self.log.writable:
+            raise QueueEditError(
+                "remote_session", f"session {self.session_id} is run by another runtime"
+            )
+
+    async def set_drain_paused(self, paused: bool) -> None:
+        """Pause or resume the start of waiting inputs and commands (spec K19)."""
+        self._local()
+        if paused and self.drain_paused:
+            raise QueueEditError("queue_already_paused", "the queue is paused already")
+        self.drain_paused = paused
+        self._start_worker()
+
     def answer(self, request_id: str, handled: bool) -> bool:
         """A host's answer to the command whose turn came; False for any other id."""
         command = self._dispatching
@@ -478,8 +658,15 @@ class Runner:
 
     # --- runs ----------------------------------------------------------------------------
 
+    def _next(self) -> Pending | _Operation | Command | None:
+        """The queued item to make next: the first, or while the queue is paused (K19) the
+        first window operation or run the log holds already (a crash interrupted it)."""
+        if not self.drain_paused:
+            return self._queue[0] if self._queue else None
+        return next((i for i in self._queue if not _waits(i)), None)
+
     def _start_worker(self) -> None:
-        if self._worker is None and self._queue:
+        if self._worker is None and self._next() is not None:
             self._worker = asyncio.get_running_loop().create_task(
                 self._drain(), name=f"trimtab-{self.session_id}"
             )
@@ -487,11 +674,11 @@ class Runner:
     async def _drain(self) -> None:
         """Run queued items one after another; each run ends in one idle (spec E1)."""
         try:
-            while self._queue:
+            while (item := self._next()) is not None:
                 if not self.log.writable:
                     self.drop(LeaseLostError(f"session {self.session_id} moved"))
                     return
-                item = self._queue.pop(0)
+                self._queue.remove(item)
                 if isinstance(item, _Operation):
                     await _settle(item)
                     continue
@@ -521,7 +708,7 @@ class Runner:
             self._running = None
             if item.stored is not None and not item.stored.done():
                 item.stored.set_exception(exc)
-            self._failed(exc, item.message_id)
+            await self._failed(exc, item.message_id)
             return
         if item.stored is not None and not item.stored.done():
             item.stored.set_result(None)
@@ -536,7 +723,7 @@ class Runner:
         except Exception as exc:
             # The store failed or the lease was lost: nothing more can be logged, but no
             # waiter may hang, here or in a host following the session.
-            self._failed(exc, item.message_id, logged=True)
+            await self._failed(exc, item.message_id, logged=True)
             return
         finally:
             self._current = self._running = None
@@ -568,7 +755,7 @@ class Runner:
         an append of its own; the end of one the store failed under, in the same. A queued
         input's message also tells watchers the queue changed (an ephemeral event, last:
         stores that do not carry one in their append store what comes before it in one)."""
-        message = _message(item.prompt, item.message_id, item.attached)
+        message = _message(item)
         if self._interrupted():
             await emit((), first=self._end_of_interrupted_run)
         events: tuple[Event, ...]
@@ -633,15 +820,18 @@ class Runner:
         stored events, it would come late)."""
         return not self._store_failed and self.log.state.run_id is not None
 
-    def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
-        """A run that could not go on (`logged`: its `user.message` is in the log)."""
+    async def _failed(self, exc: Exception, message_id: str, *, logged: bool = False) -> None:
+        """A run that could not go on (`logged`: its `user.message` is in the log).
+
+        A lost lease is followed before the run's end is told: a host that answers it with
+        a `send` (which the new owner runs) sees that run whole (R1)."""
         self._store_failed = True
         cause = _cause(exc)
         # (A log that lost its tail is still this runtime's to write: the run ends as under a
         # failed store, and the session goes on from the log, P6.)
         lost = isinstance(cause, LeaseLostError) and not isinstance(cause, LogTailLostError)
         if lost:
-            self._lease_lost()
+            await self._lease_lost()
         log.error("run of session %s failed", self.session_id, exc_info=exc)
         if self._ledger is not None:
             self._ledger.fail(message_id, cause)
@@ -748,6 +938,22 @@ def limits(config: SessionConfigData) -> ModelLimits:
     return limits_for(model, config.model_limits)
 
 
+def _find(items: list[Waiting], item_id: str) -> int:
+    """The place of the waiting item `item_id`; `QueueEditError` when none waits."""
+    for at, item in enumerate(items):
+        if _id(item) == item_id:
+            return at
+    raise QueueEditError(
+        "item_not_waiting", f"no item {item_id!r} waits in the queue (its run may have begun)"
+    )
+
+
+def _waits(item: Pending | _Operation | Command) -> bool:
+    """Whether `item` is one of the queue's waiting items (a command, or an input whose run
+    has not begun), which an edit moves and a pause holds back (K18, K19)."""
+    return isinstance(item, Command) or (isinstance(item, Pending) and not item.appended)
+
+
 def _id(item: tuple[str, str] | Command) -> str:
     """A waiting item's id: an input's message id, a command's request id."""
     return item.request_id if isinstance(item, Command) else item[1]
@@ -768,10 +974,16 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-def _message(
-    prompt: str, message_id: str, attached: Attached | None, source: str = "user"
-) -> UserMessageEvent:
-    """An input's `user.message`, with what it attached."""
-    if attached is None:
-        return _loop.user_message(prompt, message_id, source)
-    return attached.message(prompt, message_id, source)
+def _message(item: Pending, source: str = "user") -> UserMessageEvent:
+    """An input's `user.message`, with what it attached, its typed result and its budget."""
+    if item.attached is None and item.output is None and item.budget is None:
+        return _loop.user_message(item.prompt, item.message_id, source)
+    data = UserMessageData(
+        content=item.prompt,
+        message_id=item.message_id,
+        source=source,
+        output=item.output.spec if item.output is not None else None,
+        budget=item.budget,
+        **(item.attached.fields() if item.attached is not None else {}),
+    )
+    return UserMessageEvent(data=data)

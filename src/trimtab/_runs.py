@@ -11,24 +11,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trimtab._errors import TrimtabError
 from trimtab.events import (
     AssistantMessageEvent,
     Event,
+    OutputResult,
     PendingMessagesModifiedEvent,
     SessionErrorEvent,
     SessionIdleEvent,
+    ToolExecutionCompleteEvent,
+    UserMessageData,
     UserMessageEvent,
 )
 
-__all__ = ["RunEnd", "RunLedger"]
+__all__ = ["RunEnd", "RunLedger", "results_of"]
 
 _UNSEEN = ""
 """The message id of a run whose start a ledger did not see (it began following later)."""
 
-_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook", "immediate"})
+_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook", "immediate", "output"})
 """Sources of user messages that go on with the run in progress rather than start one."""
 
 
@@ -46,6 +50,8 @@ class RunEnd:
     """It was stopped by `abort()`."""
     idle: SessionIdleEvent | None = None
     """Its one `session.idle`."""
+    output: OutputResult | None = None
+    """Its typed result (spec OUT4), when it was asked for one and got it."""
 
 
 class RunLedger:
@@ -70,25 +76,33 @@ class RunLedger:
         self._steered: list[str] = []
         """Steering messages the run in progress took (X6): their sends end with it."""
 
+    def _message(self, data: UserMessageData) -> None:
+        """A user message: the start of a run, or a steering message the run took (X6)."""
+        if data.message_id is None:
+            return
+        if data.source not in _SAME_RUN or (
+            # (the seed of a clear the host made between runs starts one, X4)
+            self._current is None and data.source == "context_cleared"
+        ):
+            self._current = RunEnd(data.message_id)
+            self._steered = []
+        elif data.source == "immediate":
+            # (A run whose start this ledger did not see: it follows it from here.)
+            self._current = self._current or RunEnd(_UNSEEN)
+            self._steered.append(data.message_id)
+
     def observe(self, event: Event) -> None:
         """Account for one event of the session, in delivery order."""
         match event:
-            case UserMessageEvent() if event.data.source not in _SAME_RUN or (
-                # (the seed of a clear the host made between runs starts one, X4)
-                self._current is None and event.data.source == "context_cleared"
-            ):
-                if event.data.message_id is not None:
-                    self._current = RunEnd(event.data.message_id)
-                    self._steered = []
-            case UserMessageEvent() if event.data.source == "immediate":
-                if event.data.message_id is not None:
-                    # (A run whose start this ledger did not see: it follows it from here.)
-                    self._current = self._current or RunEnd(_UNSEEN)
-                    self._steered.append(event.data.message_id)
+            case UserMessageEvent():
+                self._message(event.data)
             case AssistantMessageEvent() if self._current is not None:
                 run = self._current.message_id
                 if event.data.originating_message_id == run or run == _UNSEEN:
                     self._current.last_message = event
+                    self._current.output = event.data.output or self._current.output
+            case ToolExecutionCompleteEvent() if self._current is not None:
+                self._current.output = event.data.output or self._current.output
             case SessionErrorEvent() if self._current is not None and not event.data.logged:
                 self._current.error = event
             case PendingMessagesModifiedEvent() if event.data.removed:
@@ -148,3 +162,21 @@ class RunLedger:
 
 def _removed_error() -> TrimtabError:
     return TrimtabError("the message was removed from the queue before it ran")
+
+
+def results_of(events: Iterable[Event]) -> dict[str, OutputResult]:
+    """The typed results of a log's runs, by the message id of the send that asked for each
+    (spec OUT4), in the order the runs ended; the last result of a run is its result."""
+    results: dict[str, OutputResult] = {}
+    run: str | None = None
+    for event in events:
+        match event:
+            case UserMessageEvent() if event.data.source not in _SAME_RUN:
+                run = event.data.message_id
+            case AssistantMessageEvent() | ToolExecutionCompleteEvent() if run is not None:
+                if event.data.output is not None:
+                    results.pop(run, None)
+                    results[run] = event.data.output
+            case _:
+                pass
+    return results

@@ -13,7 +13,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Unpack, cast, get_args, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, cast, get_args, overload
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -21,23 +21,26 @@ from typing_extensions import TypedDict
 
 from trimtab import _loop
 from trimtab._answerer import Answerer
+from trimtab._budget import exhausted
 from trimtab._durations import check_seconds
 from trimtab._errors import (
+    BudgetExceededError,
     PromptBlockedError,
-    SessionError,
     SessionNotFoundError,
     StoreUnavailableError,
     TrimtabError,
+    session_error,
 )
 from trimtab._history import History
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog
 from trimtab._metrics import SessionMetrics, metrics_of
 from trimtab._options import SessionOptions
+from trimtab._output import DEFAULT_MAX_INVALID, Output, checked_schema, typed_output, value_of
 from trimtab._ownership import Ownership
 from trimtab._permissions import PermissionHandlerFn
-from trimtab._runner import Attached, Command, Runner
-from trimtab._runs import RunEnd
+from trimtab._runner import Attached, Command, Pending, Runner
+from trimtab._runs import RunEnd, results_of
 from trimtab._subscribers import EventHandler
 from trimtab._toolbox import Toolbox
 from trimtab._tools import Tool, valid_text
@@ -46,17 +49,22 @@ from trimtab._window import ContextWindow, context_window
 from trimtab._workspace import Workspace
 from trimtab.events import (
     AssistantMessageEvent,
+    Budget,
     Event,
     EventType,
     Image,
     InfoData,
     ModeChangedData,
     ModelChangeData,
+    OutputResult,
     PermissionsChangedData,
     SessionConfigData,
     SessionErrorData,
     SessionErrorEvent,
     SessionInfoEvent,
+    SessionLimits,
+    SessionLimitsChangedData,
+    SessionLimitsChangedEvent,
     SessionMode,
     SessionModeChangedEvent,
     SessionModelChangeEvent,
@@ -65,9 +73,12 @@ from trimtab.events import (
     SessionTitleChangedEvent,
     SessionWarningEvent,
     ShutdownData,
+    Spending,
     TitleChangedData,
+    UserMessageData,
     WarningData,
     new_id,
+    now,
 )
 from trimtab.providers import Message, Provider, Usage
 from trimtab.providers._headers import FRAMING, checked_headers
@@ -91,6 +102,7 @@ LogLevel = Literal["info", "warning", "error"]
 
 SendMode = Literal["enqueue", "immediate"]
 """How a `send` meets a run in progress: queued behind it, or taken by it (spec X6)."""
+_T = TypeVar("_T")
 
 _log = logging.getLogger("trimtab")
 
@@ -199,8 +211,8 @@ class Session:
     def __repr__(self) -> str:
         return f"Session({self.session_id!r}, remote={self.is_remote})"
 
-    def _lease_lost(self) -> None:
-        self._ownership.lost()
+    async def _lease_lost(self) -> None:
+        await self._ownership.lost()
 
     # --- what the session is -------------------------------------------------------------
 
@@ -387,6 +399,28 @@ class Session:
             await log.emit_unlocked((SessionTitleChangedEvent(data=data),))
         return True
 
+    @property
+    def budget(self) -> Budget | None:
+        """What the whole session may spend (spec U3), as its log last set it."""
+        return self.config.budget
+
+    async def set_budget(self, budget: Budget | Mapping[str, Any] | None) -> None:
+        """Set what the whole session may spend (None: no limit), logged as
+        `session.session_limits_changed` so that a resume, or another runtime, keeps it
+        (U5). A session whose budget is spent takes a `send` again once it is raised."""
+        checked = _budget(budget)
+        credits = None if checked is None or checked.cost is None else checked.cost * 100
+        data = SessionLimitsChangedData(
+            budget=checked,
+            session_limits=SessionLimits(max_ai_credits=credits) if checked is not None else None,
+        )
+        await self._writable().emit(SessionLimitsChangedEvent(data=data))
+
+    @property
+    def spent(self) -> Spending:
+        """What the session's model calls have spent, clears and compactions included (U2)."""
+        return self._log.state.spent
+
     async def log(
         self,
         message: str,
@@ -450,6 +484,10 @@ class Session:
         images: Sequence[Image | Mapping[str, str]] = (),
         attachments: Sequence[Mapping[str, Any]] = (),
         mode: SendMode = "enqueue",
+        output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
+        max_invalid_outputs: int = DEFAULT_MAX_INVALID,
+        budget: Budget | Mapping[str, Any] | None = None,
     ) -> str:
         """Queue `prompt` for the agent and return its message id once it is stored.
 
@@ -468,30 +506,80 @@ class Session:
         input that waits in the inbox holds them in memory until then, and one that another
         runtime runs goes without them (its prompt should describe them).
 
+        `output_type` (a Pydantic model, a dataclass, a TypedDict or a simple type such as
+        `int`), or `output_schema` (a JSON Schema), makes the run end with a typed result
+        (spec OUT1-OUT8): read it with `send_and_wait(output_type=...)`, `run` or `output`;
+        `max_invalid_outputs` invalid results end the run in `invalid_output`. `budget`
+        (a `Budget`) bounds what this run may spend (U3). Raises `BudgetExceededError`, and
+        stores nothing, when the session's own budget is spent (U5).
+
         With `mode="immediate"` (spec X6) a run in progress takes the message at its next
         model call, which reads it after the current batch's results, and the `send`'s run
         is that one; when the run makes no further call, the message runs next as a queued
         one does. The mode is the sending process's: a remote session's owner, or a crash,
-        leaves the input queued.
+        leaves the input queued. A steering message takes no typed result or budget: it
+        joins a run that has its own.
         """
         _text("prompt", prompt)
         if mode not in get_args(SendMode):
             raise ValueError(f"mode must be 'enqueue' or 'immediate', not {mode!r}")
+        if mode == "immediate" and (output_type, output_schema, budget) != (None, None, None):
+            raise ValueError("a steering message (mode='immediate') takes no output or budget")
         if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
+        output = self._output(output_type, output_schema, max_invalid_outputs)
+        run_budget = _budget(budget)
+        if not self._log.writable and (output is not None or run_budget is not None):
+            # The inbox another runtime takes inputs from keeps prompts only.
+            raise TrimtabError(
+                f"session {self.session_id} is run by another runtime (remote): a send to it"
+                " takes no output_type, output_schema or budget"
+            )
+        if (reached := exhausted(self._log.state, now())) is not None:
+            raise BudgetExceededError(reached)
         if self._hooks:
             prompt = valid_text(await self._prompt(prompt))
         headers = _headers(request_headers)
         attached = _attached(images, attachments)
         message_id = new_id()
         if self._log.writable:
-            immediate = mode == "immediate"
-            await self._runner.submit(prompt, message_id, headers, attached, immediate=immediate)
+            await self._runner.submit(
+                prompt,
+                message_id,
+                headers,
+                attached,
+                immediate=mode == "immediate",
+                output=output,
+                budget=run_budget,
+            )
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
             if self._engine is not None:
                 await self._engine.submit(self.session_id, message_id)
         return message_id
+
+    def _output(
+        self, output_type: Any, output_schema: Mapping[str, Any] | None, max_invalid: int
+    ) -> Output | None:
+        """A send's typed result, checked before anything is stored (OUT1)."""
+        if output_type is None and output_schema is None:
+            return None
+        if output_type is not None and output_schema is not None:
+            raise ValueError("give output_type or output_schema, not both")
+        if isinstance(max_invalid, bool) or not isinstance(max_invalid, int):
+            raise ValueError(f"max_invalid_outputs must be an int, got {max_invalid!r}")
+        config = self.config
+        native = config.structured_output == "native" and bool(
+            getattr(self._runner.provider, "native_output", False)
+        )
+        taken = set(self.tools)
+        if output_schema is not None:
+            if not isinstance(output_schema, Mapping):
+                raise ValueError("output_schema must be a JSON Schema (a JSON object)")
+            return checked_schema(
+                output_schema, taken=taken, max_invalid=max_invalid, native=native
+            )
+        return typed_output(output_type, taken=taken, max_invalid=max_invalid, native=native)
 
     async def _prompt(self, prompt: str) -> str:
         try:
@@ -502,42 +590,113 @@ class Session:
             await self._log.emit(SessionWarningEvent(data=data, ephemeral=True))
             raise
 
+    @overload
     async def send_and_wait(
-        self, prompt: str, *, timeout: float | None = None, **options: Unpack[SendOptions]
-    ) -> AssistantMessageEvent | None:
-        """Send `prompt` (with `request_headers`, `images` and `attachments`, as `send`) and
-        wait for its run to end.
+        self,
+        prompt: str,
+        *,
+        output_type: None = None,
+        output_schema: None = None,
+        timeout: float | None = None,
+        **options: Unpack[SendOptions],
+    ) -> AssistantMessageEvent | None: ...
+    @overload
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: type[_T],
+        output_schema: None = None,
+        timeout: float | None = None,
+        **options: Unpack[SendOptions],
+    ) -> _T: ...
+    @overload
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: None = None,
+        output_schema: Mapping[str, Any],
+        timeout: float | None = None,
+        **options: Unpack[SendOptions],
+    ) -> Any: ...
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        **options: Unpack[SendOptions],
+    ) -> Any:
+        """Send `prompt` (with `request_headers`, `images`, `attachments`, `output_type` or
+        `output_schema`, and `budget`, as `send`) and wait for its run to end.
 
         Returns the run's last `assistant.message` as stored (after a clear, the seeded
-        run's), or None if there was none (an abort before the model answered). Raises
-        `SessionError` if the run ended in `session.error`, `TimeoutError` after `timeout`
-        seconds (the run goes on), and `TrimtabError` when the session is disconnected
-        before the run ends, or when called from a tool handler of this session (the run
-        would wait for itself). On a remote session the run executes in its owner, and its
-        end is read from the events this runtime follows.
+        run's), or None if there was none (an abort before the model answered); with
+        `output_type`, the run's result as an `output_type` (spec OUT1). Raises
+        `SessionError` if the run ended in `session.error` (`BudgetExceededError` for a
+        budget, U3), `TimeoutError` after `timeout` seconds (the run goes on), and
+        `TrimtabError` when the session is disconnected before the run ends, when called
+        from a tool handler of this session (the run would wait for itself), or when a
+        typed run ended without a result (an abort, a rejected call, O2). On a remote
+        session the run executes in its owner, and its end is read from the events this
+        runtime follows.
         """
-        end = await self.run(prompt, timeout=timeout, **options)
+        end = await self.run(
+            prompt,
+            output_type=output_type,
+            output_schema=output_schema,
+            timeout=timeout,
+            **options,
+        )
         if end.error is not None:
             data = end.error.data
-            raise SessionError(data.error_type, data.message, status_code=data.status_code)
-        return end.last_message
+            raise session_error(data.error_type, data.message, status_code=data.status_code)
+        if output_type is None and output_schema is None:
+            return end.last_message
+        return _result(end).value
 
     async def run(
-        self, prompt: str, *, timeout: float | None = None, **options: Unpack[SendOptions]
+        self,
+        prompt: str,
+        *,
+        output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        **options: Unpack[SendOptions],
     ) -> RunEnd:
         """`send_and_wait`, returning how the run ended: its last message, its error (not
-        raised), whether it was aborted, and its one `session.idle`."""
+        raised), whether it was aborted, its result (`output`: with `output_type`, its
+        value is an `output_type`) and its one `session.idle`."""
         self._not_awaited_by_run("send_and_wait", "use send(), which queues the message")
         check_seconds("timeout", timeout, bounded=False)  # before anything is sent
         runner = self._runner
         ledger = runner.ledger()  # following events before the send: none slips by
         try:
-            message_id = await self.send(prompt, **options)
+            message_id = await self.send(
+                prompt, output_type=output_type, output_schema=output_schema, **options
+            )
         except BaseException:
             runner.release_ledger()
             raise
         # Shielded: a timeout leaves the wait (and the ledger) until the run ends.
-        return await asyncio.wait_for(asyncio.shield(runner.run_end(ledger, message_id)), timeout)
+        wait = asyncio.shield(runner.run_end(ledger, message_id))
+        end = await asyncio.wait_for(wait, timeout)
+        if output_type is not None and end.output is not None:
+            end.output = OutputResult(value=value_of(output_type, end.output))
+        return end
+
+    async def output(self, message_id: str | None = None, *, output_type: Any = None) -> Any:
+        """The typed result of the run of `message_id` (the latest run that gave one when
+        None), read from the log, so also from a resumed session (spec OUT4): JSON data, or
+        an `output_type`. Raises `LookupError` when that run gave none."""
+        found = results_of(await self.get_events())
+        key = message_id if message_id is not None else next(reversed(found), None)
+        if key is None or key not in found:
+            raise LookupError(f"no result of the run of {message_id or 'any message'}")
+        result = found[key]
+        return result.value if output_type is None else value_of(output_type, result)
 
     async def pending_messages(self) -> list[QueuedMessage]:
         """The messages waiting behind the run in progress, oldest first (spec K9): sent
@@ -592,6 +751,76 @@ class Session:
         request_id = new_id()
         await self._runner.enqueue_command(valid_text(command), display, request_id)
         return request_id
+
+    async def move_pending(self, item_id: str, position: int) -> bool:
+        """Move the waiting message or command `item_id` to `position` of the queue (0: the
+        next to run; past either end: that end), spec K18; whether its place changed.
+        Raises `QueueEditError` (`item_not_waiting`) when no waiting item has that id: its
+        run may have begun meanwhile."""
+        self._open()
+        return await self._runner.move(item_id, _position(position))
+
+    async def insert_pending(
+        self,
+        position: int,
+        prompt: str,
+        *,
+        request_headers: Mapping[str, str] | None = None,
+        images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
+    ) -> str:
+        """Queue `prompt` at `position` of the queue (spec K18) and return its message id, as
+        `send` does (which queues at the end); an idle session runs it at once."""
+        _text("prompt", prompt)
+        position = _position(position)
+        self._open()
+        if self._hooks:
+            prompt = valid_text(await self._prompt(prompt))
+        pending = Pending(
+            prompt,
+            new_id(),
+            appended=False,
+            parent=self.tracing.parent(),
+            headers=_headers(request_headers),
+            attached=_attached(images, attachments),
+        )
+        await self._runner.insert(position, pending)
+        return pending.message_id
+
+    async def update_pending(self, message_id: str, prompt: str) -> bool:
+        """Give the waiting message `message_id` a new prompt (spec K18), through the
+        `userPromptSubmitted` hook as a sent one; whether its prompt changed. Raises
+        `QueueEditError` when no message of that id waits."""
+        _text("prompt", prompt)
+        self._open()
+        if self._hooks:
+            prompt = await self._prompt(prompt)
+        return await self._runner.reword(message_id, valid_text(prompt))
+
+    async def duplicate_pending(self, item_id: str) -> str:
+        """Queue a copy of the waiting message or command `item_id` right after it (spec
+        K18); the copy's id."""
+        self._open()
+        copy_id = new_id()
+        await self._runner.duplicate(item_id, copy_id)
+        return copy_id
+
+    @property
+    def drain_paused(self) -> bool:
+        """Waiting messages and commands do not start (spec K19)."""
+        return self._runner.drain_paused
+
+    async def set_drain_paused(self, paused: bool) -> None:
+        """Pause the queue (no waiting message or command starts; new sends wait too) or go
+        on with it (spec K19). A pause is this runtime's, until `set_drain_paused(False)`
+        from anyone or the session's end here. Raises `QueueEditError`
+        (`queue_already_paused`) to pause a paused queue."""
+        self._open()
+        await self._runner.set_drain_paused(bool(paused))
+
+    def _open(self) -> None:
+        if self.closed:
+            raise TrimtabError(f"session {self.session_id} is disconnected")
 
     def respond_to_command(self, request_id: str, *, handled: bool = True) -> bool:
         """A host's answer to the queued command whose turn came (`command.queued`): the
@@ -740,6 +969,26 @@ class SendOptions(TypedDict, total=False):
     images: Sequence[Image | Mapping[str, str]]
     attachments: Sequence[Mapping[str, Any]]
     mode: SendMode
+    max_invalid_outputs: int
+    budget: Budget | Mapping[str, Any] | None
+
+
+def _result(end: RunEnd) -> OutputResult:
+    """The result of a typed run that ended without error."""
+    if end.output is None:
+        why = "it was aborted" if end.aborted else "no result was given (a rejected call?)"
+        raise TrimtabError(f"the run ended without a result: {why}")
+    return end.output
+
+
+def _budget(given: Budget | Mapping[str, Any] | None) -> Budget | None:
+    """A budget as given (a `Budget` or its fields), checked (U3)."""
+    if given is None or isinstance(given, Budget):
+        return given
+    try:
+        return Budget.model_validate(given)
+    except ValidationError as exc:
+        raise ValueError(f"invalid budget: {exc}") from None
 
 
 def _text(what: str, value: object) -> str:
@@ -755,6 +1004,13 @@ def _text(what: str, value: object) -> str:
 _SEND_REFUSED = FRAMING | {"host"}
 """Per-send headers the HTTP client sets, and `host`: sent with a send, it would route the
 provider's credentials to another virtual host of the provider's address."""
+
+
+def _position(position: int) -> int:
+    """A place in the queue, as given (past either end means that end)."""
+    if isinstance(position, bool) or not isinstance(position, int):
+        raise ValueError(f"a position in the queue is an integer, not {position!r}")
+    return position
 
 
 def _headers(given: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -796,7 +1052,7 @@ def _attached(
         pydantic_core.to_json(described)  # what the log can store
         # Built now, as the run will build it: an input that waits in the inbox must not
         # fail there, where nobody hears it (its message would block the inbox).
-        attached.message("-", "-")
+        UserMessageData(content="-", **attached.fields())
     except (pydantic_core.PydanticSerializationError, ValidationError):
         raise ValueError("attachments must be JSON objects (text keys) of valid text") from None
     return attached

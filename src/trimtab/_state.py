@@ -13,10 +13,12 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import TypeAlias
 
 from pydantic import BaseModel, ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from trimtab import _calibration
 from trimtab._permissions import APPROVED_FOR_SESSION
@@ -28,11 +30,13 @@ from trimtab.events import (
     AssistantTurnStartEvent,
     AssistantUsageData,
     AssistantUsageEvent,
+    Budget,
     Event,
     ExternalToolCompletedEvent,
     ExternalToolRequestedData,
     ExternalToolRequestedEvent,
     Message,
+    OutputSpec,
     PermissionCompletedEvent,
     PermissionRequestedData,
     PermissionRequestedEvent,
@@ -40,6 +44,7 @@ from trimtab.events import (
     SessionConfigData,
     SessionContextClearedEvent,
     SessionErrorEvent,
+    SessionLimitsChangedEvent,
     SessionMode,
     SessionModeChangedEvent,
     SessionModelChangeEvent,
@@ -49,6 +54,7 @@ from trimtab.events import (
     SessionTitleChangedEvent,
     SessionTruncatedEvent,
     SessionWarningEvent,
+    Spending,
     ToolExecutionCompleteEvent,
     ToolExecutionStartData,
     ToolExecutionStartEvent,
@@ -57,15 +63,31 @@ from trimtab.events import (
 )
 from trimtab.providers import Usage
 
-__all__ = ["Batch", "SessionState", "StateSnapshot", "Wait", "state_of"]
+__all__ = [
+    "RUN_BUDGET",
+    "SESSION_BUDGET",
+    "Batch",
+    "CurrentRun",
+    "SessionState",
+    "StateSnapshot",
+    "Wait",
+    "state_of",
+]
+
+RUN_BUDGET = "run_budget"
+SESSION_BUDGET = "session_budget"
+"""The `warning_type` of the one `session.warning` a budget's `warn_at` brings (spec U4)."""
+
+_SAME_RUN = frozenset({"agent_stop", "output"})
+"""Sources of user messages that go on with the run in progress, under its message id."""
 
 Wait: TypeAlias = PermissionRequestedData | ExternalToolRequestedData
 """What an unfinished call waits for from outside its run: a permission decision, or the
 result of a call a client runs."""
 
-_SAME_RUN = frozenset({"hook", "immediate"})
-"""Sources of user messages that go on with the run in progress: a hook's note (D13), a
-steering message (X6)."""
+_ASIDE = frozenset({"hook", "immediate"})
+"""Sources of user messages that go on with the run in progress, which keeps its message id:
+a hook's note (D13), a steering message (X6)."""
 
 _NOTHING: frozenset[str] = frozenset()
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
@@ -86,18 +108,42 @@ class Batch(BaseModel):
     """The calls of terminal tools (their `tool.execution_start` says so)."""
     cleared: bool = False
     """A clear committed in this turn: the seeded run follows (spec C8)."""
+    expects_output: bool = False
+    """The run must end with a typed result (spec OUT1)."""
+    answered: bool = False
+    """The reply is the run's result (native structured output, OUT6)."""
 
     def ends_run(self) -> bool | None:
-        """Whether the run ends with this turn: the model answered without calls, a terminal
-        call succeeded (T1, T3) or a call was rejected (O2), and no clear committed (C8).
-        None when the model never answered: an error or an abort follows and ends the run."""
+        """Whether the run ends with this turn: the model answered without calls (with the
+        result, when the run must give one: OUT3), a terminal call succeeded (T1, T3) or a
+        call was rejected (O2), and no clear committed (C8). None when the model never
+        answered: an error or an abort follows and ends the run."""
         if self.calls is None:
             return None
         if self.cleared:
             return False
-        if not self.calls or "rejected" in self.outcomes.values():
+        if not self.calls:
+            return self.answered or not self.expects_output
+        if "rejected" in self.outcomes.values():
             return True
         return any(self.outcomes.get(call_id) == "success" for call_id in self.terminal)
+
+
+@pydantic_dataclass(slots=True, config=ConfigDict(defer_build=True))
+class CurrentRun:
+    """The run in progress as its budget and its typed result see it (spec U2, OUT3)."""
+
+    started: datetime
+    """When its message was logged: its wall time counts from there."""
+    output: OutputSpec | None = None
+    budget: Budget | None = None
+    spent: Spending = field(default_factory=Spending)
+    invalid_outputs: int = 0
+    """Invalid results so far: output calls with invalid arguments, replies without one."""
+    output_error: str | None = None
+    """Why the latest output call's result was invalid."""
+    warned: bool = False
+    """Its budget's `warn_at` was crossed (the one warning is logged)."""
 
 
 class StateSnapshot(BaseModel):
@@ -112,7 +158,11 @@ class StateSnapshot(BaseModel):
     epoch: int
     turns: int
     conversation: list[Message]
-    tokens: tuple[int, int] | None
+    spent: Spending
+    epoch_spent: Spending
+    runs_seconds: float
+    budget_warned: bool
+    run: CurrentRun | None
     unfinished_calls: list[ToolExecutionStartData]
     open_turn: str | None
     run_id: str | None = None
@@ -141,8 +191,16 @@ class SessionState:
     """`estimate_tokens(base)` (see `window_tokens`)."""
     projection: Projection = field(default_factory=Projection, repr=False, compare=False)
     """The conversation since the base."""
-    tokens: tuple[int, int] | None = field(default=None, repr=False)
-    """Input and output tokens summed over every `assistant.usage`; None before the first."""
+    spent: Spending = field(default_factory=Spending, repr=False)
+    """Every `assistant.usage` summed (spec U2; a clear keeps it, C9)."""
+    epoch_spent: Spending = field(default_factory=Spending, repr=False)
+    """The same since the latest clear."""
+    runs_seconds: float = 0.0
+    """The wall time of the runs that ended (spec U3: a session's `wall_seconds`)."""
+    budget_warned: bool = False
+    """The session budget's `warn_at` was crossed since the budget was last set (U4)."""
+    run: CurrentRun | None = None
+    """The run in progress's spending and typed result; None between runs."""
     unfinished_calls: Mapping[str, ToolExecutionStartData] = field(
         default_factory=lambda: _NO_CALLS
     )
@@ -185,6 +243,7 @@ class SessionState:
             case SessionStartEvent():
                 self.config = _shared(event.data.config)
             case SessionResumeEvent() if event.data.config is not None:
+                self.budget_warned &= event.data.config.budget == self.config.budget
                 self.config = _shared(event.data.config)
             case SessionModelChangeEvent() | SessionTitleChangedEvent() | SessionModeChangedEvent():
                 self._setting(event)
@@ -200,13 +259,8 @@ class SessionState:
                 self._rebase(tuple(event.data.base))
                 # Runs only between runs: what it finds in progress is a run a crash left,
                 # which the rewound window no longer holds. It is over (it had no idle).
-                self.run_id = self.batch = self.pending_seed = None
+                self.run_id = self.batch = self.pending_seed = self.run = None
             case AssistantUsageEvent():
-                used_in, used_out = self.tokens or (0, 0)
-                self.tokens = (
-                    used_in + (event.data.input_tokens or 0),
-                    used_out + (event.data.output_tokens or 0),
-                )
                 self._calibrate(event)
             case SessionWarningEvent() if event.data.warning_type == "context_length":
                 self._calibrate(event)
@@ -216,6 +270,7 @@ class SessionState:
                     self.approved_tools |= {start.tool_name}
             case _:
                 pass
+        self._account(event)
         if self.unfinished_calls:
             self._track_waits(event)
         return self._track_run(event)
@@ -235,6 +290,28 @@ class SessionState:
                 self.name, self.name_auto = event.data.title, bool(event.data.auto)
             case SessionModeChangedEvent():
                 self.mode = event.data.new_mode
+
+    def _account(self, event: Event) -> None:
+        """Follow what the session spends and may spend (spec U2-U4)."""
+        match event:
+            case AssistantUsageEvent():
+                self.spent = self.spent.plus(event.data)
+                self.epoch_spent = self.epoch_spent.plus(event.data)
+                if self.run is not None:
+                    self.run.spent = self.run.spent.plus(event.data)
+            case SessionContextClearedEvent():
+                self.epoch_spent = Spending()
+            case SessionLimitsChangedEvent():
+                update = {"budget": event.data.budget}
+                self.config = _shared(self.config.model_copy(update=update))
+                self.budget_warned = False
+            case SessionWarningEvent() if event.data.warning_type == SESSION_BUDGET:
+                self.budget_warned = True
+            case SessionWarningEvent() if event.data.warning_type == RUN_BUDGET:
+                if self.run is not None:
+                    self.run.warned = True
+            case _:
+                pass
 
     def _track_waits(self, event: Event) -> None:
         """Follow the questions the unfinished calls wait on (`waiting`)."""
@@ -261,12 +338,15 @@ class SessionState:
                 self._message(event)
             case AssistantTurnStartEvent():
                 self.turns += 1
-                self.open_turn, self.batch = event.data.turn_id, Batch()
+                expects = self.run is not None and self.run.output is not None
+                self.open_turn, self.batch = event.data.turn_id, Batch(expects_output=expects)
             case AssistantMessageEvent():
                 self.pending_seed = None
+                self._answered(event)
                 if batch is not None:
                     requests = event.data.tool_requests or ()
                     batch.calls = {r.tool_call_id: r.name for r in requests}
+                    batch.answered = event.data.output is not None
             case ToolExecutionStartEvent():
                 call_id = event.data.tool_call_id
                 self.unfinished_calls = {**self.unfinished_calls, call_id: event.data}
@@ -274,6 +354,7 @@ class SessionState:
                     batch.terminal = [*batch.terminal, call_id]
             case ToolExecutionCompleteEvent():
                 self._call_ended(event.data.tool_call_id)
+                self._output_call(event)
                 if batch is not None:
                     batch.outcomes[event.data.tool_call_id] = event.data.outcome
             case SessionContextClearedEvent() if batch is not None:
@@ -281,11 +362,11 @@ class SessionState:
             case AssistantTurnEndEvent():
                 self.open_turn, self.batch = None, None
                 if batch is not None and batch.ends_run():
-                    return self._end_run()
+                    return self._end_run(event.timestamp)
             case SessionErrorEvent() if event.data.logged:
                 pass  # a note written with `Session.log`, not the end of a run
             case SessionErrorEvent() | AbortEvent():
-                return self._end_run()
+                return self._end_run(event.timestamp)
             case _:
                 pass
         return False
@@ -308,9 +389,9 @@ class SessionState:
         if source == "context_cleared":
             self.seed_recorded = True
             if self.run_id is None:
-                self.run_id = event.data.message_id or event.id
-        elif source not in _SAME_RUN:
-            self.run_id = event.data.message_id or event.id
+                self._run_message(event)
+        elif source not in _ASIDE:
+            self._run_message(event)
 
     def _calibrate(self, event: AssistantUsageEvent | SessionWarningEvent) -> None:
         """Fold a model call's size, or a refusal as too long, into the model's ratio (X1)."""
@@ -324,6 +405,32 @@ class SessionState:
                 self.ratios, data.model or "", data.estimated_tokens, data.token_limit
             )
 
+    def _run_message(self, event: UserMessageEvent) -> None:
+        """A message that starts a run, or goes on with the run in progress (an `agentStop`
+        hook's, D10; a result's retry, OUT3)."""
+        data = event.data
+        if self.run is None or data.source not in _SAME_RUN:
+            self.run = CurrentRun(started=event.timestamp, output=data.output, budget=data.budget)
+        self.run_id = data.message_id or event.id
+
+    def _answered(self, event: AssistantMessageEvent) -> None:
+        """A reply of a run that must give a typed result with neither a call nor the result
+        is an invalid result (spec OUT3)."""
+        run = self.run
+        if run is not None and run.output is not None:
+            if not event.data.tool_requests and event.data.output is None:
+                run.invalid_outputs += 1
+                run.output_error = None
+
+    def _output_call(self, event: ToolExecutionCompleteEvent) -> None:
+        """A call of the run's output tool whose arguments are not a valid result (OUT3)."""
+        run, data = self.run, event.data
+        if run is None or run.output is None or data.outcome != "invalid_arguments":
+            return
+        if data.tool_name == run.output.tool_name:
+            run.invalid_outputs += 1
+            run.output_error = data.error.message if data.error is not None else None
+
     def _call_ended(self, call_id: str) -> None:
         if call_id in self.unfinished_calls:
             calls = {k: v for k, v in self.unfinished_calls.items() if k != call_id}
@@ -332,10 +439,18 @@ class SessionState:
             waits = {k: w for k, w in self.waiting.items() if k != call_id}
             self.waiting = waits or _NO_WAITS
 
-    def _end_run(self) -> bool:
+    def _end_run(self, at: datetime) -> bool:
         ended = self.run_id is not None
-        self.run_id = self.batch = self.pending_seed = None
+        if self.run is not None:
+            self.runs_seconds += max(0.0, (at - self.run.started).total_seconds())
+        self.run_id = self.batch = self.pending_seed = self.run = None
         return ended
+
+    def seconds(self, now: datetime) -> tuple[float, float]:
+        """The wall time of the run in progress (0 between runs) and of all runs (U3)."""
+        run = self.run
+        current = max(0.0, (now - run.started).total_seconds()) if run is not None else 0.0
+        return current, self.runs_seconds + current
 
     def _rebase(self, base: tuple[Message, ...]) -> None:
         self.base, self.projection = base, Projection()
@@ -344,9 +459,14 @@ class SessionState:
     @property
     def usage(self) -> Usage:
         """Tokens used by every model call of the session (spec C9: survives clears)."""
-        if self.tokens is None:
+        spent = self.spent
+        if not spent.model_calls:
             return Usage()
-        return Usage(input_tokens=self.tokens[0], output_tokens=self.tokens[1])
+        return Usage(
+            input_tokens=spent.input_tokens,
+            output_tokens=spent.output_tokens,
+            cache_read_tokens=spent.cache_read_tokens or None,
+        )
 
     def window(self) -> list[Message]:
         """The messages of the next model call: system, developer, the start context (D13),
@@ -388,7 +508,11 @@ class SessionState:
             epoch=self.epoch,
             turns=self.turns,
             conversation=self.conversation(),
-            tokens=self.tokens,
+            spent=self.spent,
+            epoch_spent=self.epoch_spent,
+            runs_seconds=self.runs_seconds,
+            budget_warned=self.budget_warned,
+            run=self.run,
             unfinished_calls=list(self.unfinished_calls.values()),
             open_turn=self.open_turn,
             run_id=self.run_id,
@@ -414,7 +538,11 @@ class SessionState:
             turns=snapshot.turns,
             base=base,
             base_tokens=estimate_tokens(base),
-            tokens=snapshot.tokens,
+            spent=snapshot.spent,
+            epoch_spent=snapshot.epoch_spent,
+            runs_seconds=snapshot.runs_seconds,
+            budget_warned=snapshot.budget_warned,
+            run=snapshot.run,
             unfinished_calls={c.tool_call_id: c for c in snapshot.unfinished_calls} or _NO_CALLS,
             open_turn=snapshot.open_turn,
             run_id=snapshot.run_id,

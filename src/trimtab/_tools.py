@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trimtab._durations import check_seconds
 from trimtab._errors import ToolError, contained
 from trimtab._results import ClearContextResult, CompactResult, TruncateResult
-from trimtab.events import Event, PermissionRequestData, ToolDefinition, ToolOutcome
+from trimtab.events import Event, OutputResult, PermissionRequestData, ToolDefinition, ToolOutcome
 
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
@@ -128,6 +128,8 @@ class CallOutcome(NamedTuple):
     """What the model sees."""
     references: tuple[str, ...] = ()
     """Deferred tools a successful call made callable."""
+    output: OutputResult | None = None
+    """The run's typed result, which a successful call of its output tool gave (OUT4)."""
 
 
 class Tool:

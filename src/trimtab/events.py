@@ -12,8 +12,9 @@ import os
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeAlias, cast, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, TypeAdapter
 from pydantic.alias_generators import to_camel
+from pydantic.dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_MAX_TURNS",
@@ -27,6 +28,7 @@ __all__ = [
     "AssistantTurnStartEvent",
     "AssistantUsageData",
     "AssistantUsageEvent",
+    "Budget",
     "CodeChanges",
     "CommandCompletedData",
     "CommandCompletedEvent",
@@ -55,6 +57,8 @@ __all__ = [
     "ModelMetric",
     "ModelRequests",
     "ModelTokens",
+    "OutputResult",
+    "OutputSpec",
     "PendingMessagesModifiedData",
     "PendingMessagesModifiedEvent",
     "PermissionCompletedData",
@@ -79,6 +83,9 @@ __all__ = [
     "SessionIdleData",
     "SessionIdleEvent",
     "SessionInfoEvent",
+    "SessionLimits",
+    "SessionLimitsChangedData",
+    "SessionLimitsChangedEvent",
     "SessionModeChangedEvent",
     "SessionMode",
     "SessionModelChangeEvent",
@@ -106,6 +113,7 @@ __all__ = [
     "ToolOutcome",
     "ToolRequest",
     "ShutdownData",
+    "Spending",
     "TitleChangedData",
     "ToolSearch",
     "ToolResultContent",
@@ -141,6 +149,12 @@ def new_id() -> str:
 def now() -> datetime:
     """The current time, timezone-aware (UTC)."""
     return datetime.now(UTC)
+
+
+_WIRE_DATACLASS = ConfigDict(
+    alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, defer_build=True
+)
+"""A wire-visible dataclass's config (`WireModel`'s, for what must be small in memory)."""
 
 
 class WireModel(BaseModel):
@@ -259,6 +273,88 @@ ContextOverflow = Literal["compact", "drop", "fail"]
 """What a model call refused as longer than the model's context does (spec X2): compact the
 window and retry once, drop its oldest turns and retry once, or end the run."""
 
+PositiveCount = Annotated[int, Strict(), Field(gt=0)]
+"""A count given by a caller: an int above 0 (not True, nor 2.0)."""
+PositiveAmount = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class Budget(WireModel):
+    """What a run, or a whole session, may spend (spec U3): each limit left out (None) is no
+    limit. Token and call counts are those the provider reported (`assistant.usage`); `cost`
+    is in the unit of the provider's price table (`ProviderConfig.prices`); `wall_seconds`
+    is the time runs took. Spending that reaches a limit ends the run before its next model
+    call (`budget_exceeded`); `warn_at` of a limit first brings one `session.warning`."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt limit must not be no limit
+
+    input_tokens: PositiveCount | None = None
+    output_tokens: PositiveCount | None = None
+    total_tokens: PositiveCount | None = None
+    """Input and output tokens together."""
+    cost: PositiveAmount | None = None
+    model_calls: PositiveCount | None = None
+    """Answered model calls, a compaction's summary included."""
+    wall_seconds: PositiveAmount | None = None
+    warn_at: float | None = Field(default=0.8, gt=0, lt=1)
+    """The share of a limit whose crossing warns once (`session.warning` of type
+    `run_budget` or `session_budget`); None: no warning."""
+
+
+@dataclass(frozen=True, slots=True, config=_WIRE_DATACLASS)
+class Spending:
+    """What model calls spent, summed from their `assistant.usage` events (spec U2).
+
+    A slotted dataclass, not a model: every session holds two (its total, its epoch's), and
+    an idle session's memory is budgeted (docs/performance.md)."""
+
+    model_calls: int = 0
+    input_tokens: int = 0
+    """Every input token, those read from the provider's cache included."""
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cost: float = 0.0
+    """The calls' cost by the provider's price table; a call of a model it has no price for
+    counts 0 (and in `unpriced_calls`)."""
+    unpriced_calls: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def plus(self, usage: AssistantUsageData) -> Spending:
+        """This spending and one more call's."""
+        cost = usage.cost
+        return Spending(
+            self.model_calls + 1,
+            self.input_tokens + (usage.input_tokens or 0),
+            self.output_tokens + (usage.output_tokens or 0),
+            self.cache_read_tokens + (usage.cache_read_tokens or 0),
+            self.cost + (cost or 0.0),
+            self.unpriced_calls + (cost is None),
+        )
+
+
+class OutputSpec(WireModel):
+    """The typed result a run must end with (spec OUT1): stored with the run's message, so
+    that whoever continues the run (a resume, a takeover) asks for the same."""
+
+    tool_name: str
+    """The terminal tool the model gives the result with (tool mode)."""
+    json_schema: dict[str, Any]
+    """The result's JSON Schema: the tool's parameters, or the reply's format (native)."""
+    wrapped: bool = False
+    """The result is not an object: the model gives `{"result": <value>}`."""
+    max_invalid: int = Field(default=3, ge=1)
+    """Invalid results the run may see; the last one ends it in `invalid_output`."""
+    native: bool = False
+    """The provider's own structured output (its reply is the result) instead of the tool."""
+
+
+class OutputResult(WireModel):
+    """A run's validated result, as JSON data (spec OUT4)."""
+
+    value: Any = None
+
 
 DEFAULT_MAX_TURNS = 100
 """Model calls per run before it is stopped: far more than a task needs, and a bound on a model
@@ -292,6 +388,11 @@ class SessionConfigData(WireModel):
     """The handoff policy (spec X5); None: off."""
     recall: Recall | None = None
     """The built-in `recall` tool (spec X7); None: off."""
+    budget: Budget | None = None
+    """What the whole session may spend (spec U3); changed by `session.session_limits_changed`."""
+    structured_output: Literal["tool", "native"] = "tool"
+    """How runs give a typed result: the `final_result` tool, or the provider's own structured
+    output where it has one (spec OUT6)."""
 
 
 class SessionStartData(WireModel):
@@ -334,8 +435,13 @@ class UserMessageData(WireModel):
     source: str | None = None
     """`"user"`, `"context_cleared"` for the seed of a cleared window (spec C8),
     `"agent_stop"` for what an `agentStop` hook made the run go on with (spec D10), or
-    `"hook"` for what a tool call's hooks added to the conversation (spec D13): the last
-    two belong to the run in progress."""
+    `"hook"` for what a tool call's hooks added to the conversation (spec D13), or `"output"`
+    for what the run tells a model whose result was not valid (spec OUT3): the last three
+    belong to the run in progress."""
+    output: OutputSpec | None = None
+    """The typed result this run must end with (spec OUT1)."""
+    budget: Budget | None = None
+    """What this run may spend (spec U3)."""
 
 
 class TurnData(WireModel):
@@ -359,6 +465,8 @@ class AssistantMessageData(WireModel):
     turn_id: str | None = None
     model: str | None = None
     reasoning_text: str | None = None
+    output: OutputResult | None = None
+    """The run's validated result, when the reply is it (native structured output, OUT6)."""
 
 
 class AssistantMessageDeltaData(WireModel):
@@ -378,6 +486,11 @@ class AssistantUsageData(WireModel):
     estimated_tokens: int | None = None
     """The request's size by the window's estimate, uncalibrated: set beside
     `input_tokens`, it calibrates the estimate for this model (spec X1)."""
+    cache_read_tokens: int | None = None
+    """Of the input tokens, those the provider read from its prompt cache."""
+    cost: float | None = None
+    """The call's cost by the provider's price table (spec U1); None when it has no price
+    for the model."""
 
 
 class ToolExecutionStartData(WireModel):
@@ -409,6 +522,8 @@ class ToolExecutionCompleteData(WireModel):
     """What the model sees of any other outcome (`code` is the outcome)."""
     tool_name: str | None = None
     turn_id: str | None = None
+    output: OutputResult | None = None
+    """The run's validated result, given by this call of its output tool (spec OUT4)."""
 
 
 class ExternalToolRequestedData(WireModel):
@@ -683,7 +798,7 @@ class CommandCompletedData(WireModel):
 class ModelRequests(WireModel):
     count: int = 0
     cost: float = 0.0
-    """Premium-request cost: always 0, trimtab has no billing."""
+    """The calls' cost by the provider's price table (spec U1); 0 without prices."""
 
 
 class ModelTokens(WireModel):
@@ -725,6 +840,27 @@ class UsageInfoData(WireModel):
     token_limit: int
     current_tokens: int
     messages_length: int
+    run_spending: Spending | None = None
+    """What the run has spent, this call included (spec U2)."""
+    epoch_spending: Spending | None = None
+    """What the session has spent since its latest clear."""
+    session_spending: Spending | None = None
+    """What the session has spent in all."""
+
+
+class SessionLimits(WireModel):
+    """The Copilot protocol's `sessionLimits` (1 AI credit is 0.01 of the price table's
+    unit, USD by convention: spec U6)."""
+
+    max_ai_credits: float | None = None
+
+
+class SessionLimitsChangedData(WireModel):
+    """The session's budget was set (`Session.set_budget`); None: no budget."""
+
+    session_limits: SessionLimits | None = None
+    """The budget's cost in AI credits, as Copilot clients read it."""
+    budget: Budget | None = None
 
 
 class AbortData(WireModel):
@@ -876,6 +1012,11 @@ class SessionModeChangedEvent(EventBase):
     data: ModeChangedData
 
 
+class SessionLimitsChangedEvent(EventBase):
+    type: Literal["session.session_limits_changed"] = "session.session_limits_changed"
+    data: SessionLimitsChangedData
+
+
 class SessionTitleChangedEvent(EventBase):
     type: Literal["session.title_changed"] = "session.title_changed"
     data: TitleChangedData
@@ -977,6 +1118,7 @@ Event: TypeAlias = Annotated[
     | SessionPermissionsChangedEvent
     | CommandQueuedEvent
     | CommandCompletedEvent
+    | SessionLimitsChangedEvent
     | PendingMessagesModifiedEvent
     | SessionShutdownEvent
     | SessionUsageInfoEvent
@@ -1018,6 +1160,7 @@ EventType: TypeAlias = Literal[
     "session.permissions_changed",
     "command.queued",
     "command.completed",
+    "session.session_limits_changed",
     "pending_messages.modified",
     "session.shutdown",
     "session.usage_info",

@@ -102,6 +102,32 @@ def processes_in_group(group: int) -> list[int]:
     return found
 
 
+def processes_running(text: str) -> list[int]:
+    """The live processes whose command line contains `text`, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in argv:  # a zombie's command line is empty
+            found.append(int(entry))
+    return found
+
+
+async def none_running(text: str, within: float = 10.0) -> bool:
+    """Whether no process whose command line contains `text` is left, waiting up to `within`
+    seconds (a killed process takes a moment to die)."""
+    deadline = time.monotonic() + within
+    while processes_running(text):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
 async def written_pid(pid_file: Path, within: float = 30.0) -> int:
     """The process id a command wrote to `pid_file` (another process writes it: there is
     no event to wait on)."""

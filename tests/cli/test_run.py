@@ -72,6 +72,7 @@ def test_demo_calculator_and_clock_report_results_and_failures(cli: Cli) -> None
             {"name": "calculator", "arguments": {"expression": "(2 + 5) * 6"}},
             {"name": "calculator", "arguments": {"expression": "1 / 0"}},
             {"name": "calculator", "arguments": {"expression": "__import__('os')"}},
+            {"name": "calculator", "arguments": {"expression": "2 (3)"}},
             {"name": "current_time", "arguments": {"timezone": "UTC"}},
             {"name": "current_time", "arguments": {"timezone": "Mars/Olympus"}},
         ]
@@ -94,10 +95,13 @@ def test_demo_calculator_and_clock_report_results_and_failures(cli: Cli) -> None
         done[c]["result"]["content"] if done[c]["success"] else done[c]["error"]["message"]
         for c in asked
     ]
-    unsupported = "unsupported in arithmetic: \"__import__('os')\""
-    assert texts[:3] == ["42", "division by zero", unsupported]
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \(\w+day, UTC\)", texts[3])
-    assert texts[4] == "unknown time zone 'Mars/Olympus'"
+    # Code is refused by the argument's pattern before it is read; what fits the pattern but
+    # is not arithmetic, by the evaluator.
+    assert texts[:2] == ["42", "division by zero"]
+    assert texts[2].startswith("Invalid tool arguments:\nexpression: String should match pattern")
+    assert texts[3] == "unsupported in arithmetic: '2(3)'"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \(\w+day, UTC\)", texts[4])
+    assert texts[5] == "unknown time zone 'Mars/Olympus'"
 
 
 def test_run_without_yes_in_a_pipe_denies_tools_and_says_so(cli: Cli) -> None:
@@ -124,3 +128,45 @@ def test_unused_script_steps_are_noted(cli: Cli) -> None:
     assert result.returncode == 0
     assert "2 step(s) of the --script file were not used" in result.stderr
     assert no_traceback(result)
+
+
+def test_out8_run_output_schema_prints_the_result_as_json(cli: Cli) -> None:
+    schema = cli.cwd / "city.json"
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+                "required": ["city", "population"],
+            }
+        )
+    )
+    steps = cli.scripted(
+        tool_call("final_result", city="Oslo"),
+        tool_call("final_result", city="Oslo\u001b", population=7),
+    )
+    result = cli("run", "--output-schema", str(schema), *steps, "A city.")
+
+    assert result.returncode == 0, result.stderr
+    # One line of JSON on stdout, control characters escaped (L5); the calls on stderr.
+    assert result.stdout == '{"city": "Oslo\\u001b", "population": 7}\n'
+    assert json.loads(result.stdout) == {"city": "Oslo\x1b", "population": 7}
+    assert "invalid_arguments" in result.stderr and no_traceback(result)
+
+
+def test_out8_run_output_schema_refuses_a_bad_schema_and_fails_a_run_without_result(
+    cli: Cli,
+) -> None:
+    bad = cli.cwd / "bad.json"
+    bad.write_text('{"type": "nothing-real"}')
+    refused = cli("run", "--output-schema", str(bad), *cli.scripted("hi"), "x")
+    assert refused.returncode == 2 and "not a valid JSON Schema" in refused.stderr
+    missing = cli("run", "--output-schema", "no-such.json", *cli.scripted("hi"), "x")
+    assert missing.returncode == 2 and "cannot read --output-schema" in missing.stderr
+
+    schema = cli.cwd / "int.json"
+    schema.write_text('{"type": "integer"}')
+    replies = cli.scripted("one", "two", "three")
+    failed = cli("run", "--output-schema", str(schema), *replies, "A number.")
+    assert failed.returncode == 1 and failed.stdout == ""
+    assert "invalid_output" in failed.stderr and no_traceback(failed)

@@ -17,7 +17,7 @@ from tests.conftest import clear_tool, echo_tool, open_session
 from tests.inspect.conftest import ASK, SEED, require_extra, seed_scenario, visible
 from trimtab import Client, ProviderError, Session, SessionError, define_tool
 from trimtab.events import SessionStartData, SessionStartEvent, UserMessageData, UserMessageEvent
-from trimtab.providers import ModelRequest
+from trimtab.providers import ModelRequest, ProviderConfig
 from trimtab.store import Store
 from trimtab.testing import ScriptedModel, ScriptStep, tool_call
 
@@ -68,10 +68,10 @@ async def test_issue19_index_lists_sessions_with_status_model_tokens_and_activit
         assert f'href="{url(session_id)}"' in html
     record = await store.get(seeded.session_id)
     assert row(html, seeded.session_id) == (
-        f"{seeded.session_id} {escape(ASK)} idle scripted 241 5 2 16"
+        f"{seeded.session_id} {escape(ASK)} idle scripted 241 5 0.0000 2 16"
         f" {record.updated_at:%Y-%m-%d %H:%M:%S}"
     )
-    assert " Hi failed - 0 0 1 5 " in row(html, failing.session_id)
+    assert " Hi failed - 0 0 0.0000 1 5 " in row(html, failing.session_id)
     assert " interrupted " in row(html, "crashed")
     assert " running " in row(html, "busy")
 
@@ -531,3 +531,35 @@ async def test_x8_a_pruned_session_shows_what_was_pruned_and_counts_as_before(
     assert f"The window of model call {last} of {last}" in window
     listed = row(await page(inspector, "/"), session.session_id)
     assert listed.split()[-4] == facts[0]
+
+
+class PricedModel(ScriptedModel):
+    """A scripted model whose config names prices, as a built provider's does (spec U1)."""
+
+    def __init__(self, steps: list[ScriptStep]) -> None:
+        super().__init__(steps)
+        prices = {"priced": {"input": 1000.0, "output": 3000.0}}
+        self.config = ProviderConfig(type="openai", prices=prices)
+
+
+async def test_u2_the_session_page_sums_the_cost_per_run_per_segment_and_per_session(
+    client: Client, inspector: httpx.AsyncClient
+) -> None:
+    model = PricedModel([tool_call("clear_context", {"prompt": SEED}), "FRESH_CONTEXT", "again"])
+    session = await open_session(client, model, clear_tool(), model="priced")
+    await session.send_and_wait(ASK)
+    await session.send_and_wait("Once more")
+    costs = [e.data.cost or 0.0 for e in await session.get_events() if e.type == "assistant.usage"]
+    assert len(costs) == 3 and all(costs)
+
+    html = await page(inspector, url(session.session_id))
+
+    text = visible(html)
+    assert re.search(r'<dd id="cost">\s*' + re.escape(f"{sum(costs):,.4f}"), html)
+    # Runs: the clearing run, its seeded run, the last run; each with what it spent.
+    runs = re.findall(r'class="run-spent">[\d,]+ tokens, cost ([\d.,]+)', html)
+    assert runs == [f"{cost:,.4f}" for cost in costs]
+    # Segments: the epoch before the clear, and the one after it (what the clear saved shows
+    # in their sums: the second epoch's calls read a fresh window).
+    segments = re.findall(r"spent: ([\d,]+) tokens in, [\d,]+ out, cost ([\d.,]+)", text)
+    assert [cost for _, cost in segments] == [f"{costs[0]:,.4f}", f"{costs[1] + costs[2]:,.4f}"]

@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from tests.conftest import ClearArgs, Recorder, clear_tool
-from tests.requirements import require_llama_cpp
+from tests.requirements import require_llama_cpp, require_weights
 from trimtab import Client, PermissionHandler, Session, SessionError, Tool, define_tool
 from trimtab.providers import ModelRequest, ProviderConfig, ProviderEvent
 from trimtab.providers.local import LocalProvider
@@ -36,6 +36,7 @@ class Recording:
     """The shared model, recording each request; closing it leaves the model loaded."""
 
     name = "local"
+    native_output = True
 
     def __init__(self, provider: LocalProvider) -> None:
         self._provider = provider
@@ -158,6 +159,39 @@ async def test_unnamed_tool_choice_is_a_reply_or_a_valid_call(model: Recording) 
     assert len(model.requests) == 1 + len(rec.of("tool.execution_start"))
     assert reply is not None and reply.data.content.strip()
     assert rec.types.count("session.idle") == 1
+
+
+class Sum(BaseModel):
+    a: int
+    b: int
+    total: int
+
+
+@pytest.mark.parametrize("mode", ["tool", "native"])
+async def test_out2_out6_the_embedded_model_gives_a_typed_result_at_its_first_try(
+    model: Recording, mode: str
+) -> None:
+    """Its grammar makes the result valid: the output tool's arguments (a call is required,
+    and the lone tool is called without asking) or the reply (native) follow the schema."""
+    require_weights()
+    async with Client(store="memory") as client:
+        session = await client.create_session(
+            provider=model, system_message=SYSTEM, structured_output=mode
+        )
+        result = await session.send_and_wait("Add 2 and 3.", output_type=Sum)
+        log = await session.get_events()
+
+    assert isinstance(result, Sum)
+    assert len(model.requests) == 1  # valid at once: no retry
+    [request] = model.requests
+    if mode == "tool":
+        assert request.tool_choice == "required" and [t.name for t in request.tools] == [
+            "final_result"
+        ]
+        assert [e.data.outcome for e in log if e.type == "tool.execution_complete"] == ["success"]
+    else:
+        assert request.output_schema is not None and not request.tools
+        assert [e for e in log if e.type == "assistant.message"][-1].data.output is not None
 
 
 async def test_abort_stops_the_generation_without_waiting_for_it(model: Recording) -> None:
@@ -303,7 +337,7 @@ def test_a_long_first_prompt_is_answered_in_a_process_of_its_own() -> None:
     code = (
         "import asyncio\n"
         "from trimtab.providers import Message, ModelRequest, ProviderConfig\n"
-        "from trimtab.providers.local import LocalProvider\n"
+        "from trimtab.providers.local import LocalProvider, default_model_path\n"
         "async def main():\n"
         "    provider = LocalProvider(ProviderConfig(type='local'))\n"
         "    text = 'Tell me a long story about a cat and a dog who become friends. ' * 12\n"
@@ -319,3 +353,58 @@ def test_a_long_first_prompt_is_answered_in_a_process_of_its_own() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "ModelResponse"
+
+
+def test_em1_a_texts_score_is_its_tokens_log_probability(local_provider: LocalProvider) -> None:
+    """The one-pass score of a message equals the sum, token by token, of the log-probability
+    the model gives each of its tokens (and the turn's end) after those before it."""
+    import numpy as np
+
+    engine = local_provider._load()
+    text = "What time is it in Tokyo?"
+    chat = [{"role": "system", "content": "Tells the time."}, {"role": "user", "content": text}]
+    [score] = engine.likelihoods([chat], text).log_likelihoods
+
+    llama = engine._llama
+    rendered = engine._template.render(chat)
+    tokens = engine._tokens(rendered)
+    before = engine._tokens(rendered[: rendered.rindex(text)])
+    start = len(before)
+    assert tokens[:start] == before  # the message starts a token of its own
+    expected = 0.0
+    with engine.lock:
+        for position in range(start, len(tokens)):
+            llama.reset()
+            llama._ctx.kv_cache_seq_rm(0, -1, -1)
+            llama.eval(tokens[:position])
+            logits = np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(llama.n_vocab(),))
+            values = logits.astype(np.float64)
+            top = values.max()
+            expected += values[tokens[position]] - top - np.log(np.exp(values - top).sum())
+        llama.reset()  # the engine's saved states stay valid: the model holds nothing now
+        llama._ctx.kv_cache_seq_rm(0, -1, -1)
+    assert score == pytest.approx(expected, abs=1e-2)
+    assert len(tokens) - start > 5  # the message's tokens were scored, not just its end
+
+
+@pytest.mark.parametrize(
+    ("message", "tool"),
+    [
+        ("What time is it in Tokyo?", "current_time"),
+        ("Quelle heure est-il ?", "current_time"),
+        ("What is 17 * 23?", "calculator"),
+        ("What is the capital of France?", None),
+    ],
+)
+async def test_em1_an_unnamed_tool_is_called_when_its_description_explains_the_message(
+    model: Recording, message: str, tool: str | None
+) -> None:
+    from trimtab.cli.demo_tools import demo_tools
+
+    async with Client(store="memory") as client:
+        session = await open_local(client, model, *demo_tools())
+        rec = Recorder(session)
+        await session.send_and_wait(message)
+    assert [start.data.tool_name for start in rec.of("tool.execution_start")][:1] == (
+        [tool] if tool else []
+    )

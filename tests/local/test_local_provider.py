@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,12 @@ from trimtab import Client, SessionError
 from trimtab.events import ToolCall, ToolDefinition
 from trimtab.providers import Message, ModelRequest, ProviderConfig, make_provider
 from trimtab.providers._install import install_command
+from trimtab.providers._local_calls import (
+    TEXT_CHARS,
+    arguments_instruction,
+    grammar_schema,
+    quoted_spans,
+)
 from trimtab.providers.local import (
     LocalProvider,
     _chat,
@@ -135,3 +142,76 @@ def test_a_tool_is_named_only_when_the_message_names_exactly_one(
 )
 def test_arguments_must_be_an_object_with_every_required_key(text: str, valid: bool) -> None:
     assert (_valid_arguments(text, SCHEMA) is not None) == valid
+
+
+@pytest.mark.parametrize(
+    ("text", "spans"),
+    [
+        ("Call clear_context with prompt 'Say hello.'", ["Say hello."]),
+        ('Use it on "2 ** 10", then on \u00ab 8 * 7 \u00bb', ["2 ** 10", "8 * 7"]),
+        # A quote inside a quoted text is part of it.
+        (
+            "The prompt is \"Translate 'good morning' into Spanish.\"",
+            ["Translate 'good morning' into Spanish."],
+        ),
+        ("Traduis \u00ab merci \u00bb, it's \u201cfine\u201d", ["merci", "fine"]),
+        # Apostrophes are not quotes.
+        ("What's the time? Compte jusqu'\u00e0 dix, s'il te pla\u00eet.", []),
+        ("the students' books and 'the cat'", ["the cat"]),
+        ("prompt='Do it.' and prompt=\"\"", ["Do it."]),
+        ("an 'unclosed quote", []),
+    ],
+)
+def test_em2_quoted_texts_are_found_and_apostrophes_are_not_quotes(
+    text: str, spans: list[str]
+) -> None:
+    assert quoted_spans(text) == spans
+
+
+CLEAR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"prompt": {"type": "string", "description": "The task"}},
+    "required": ["prompt"],
+}
+
+
+def test_em2_a_quoted_text_is_the_only_value_of_the_one_text_parameter() -> None:
+    schema = grammar_schema(CLEAR_SCHEMA, "Call it with prompt 'Say hello.' or \"Hi\"")
+    assert schema["properties"]["prompt"] == {"enum": ["Say hello.", "Hi"]}
+    # Without a quote the text is free, but bounded.
+    free = grammar_schema(CLEAR_SCHEMA, "Call it with prompt Say hello.")
+    assert free["properties"]["prompt"]["maxLength"] == TEXT_CHARS
+    assert CLEAR_SCHEMA["properties"]["prompt"] == {"type": "string", "description": "The task"}
+
+
+def test_em2_quoted_texts_must_fit_the_parameters_pattern_and_type() -> None:
+    zone = {"anyOf": [{"type": "string", "pattern": "^[A-Za-z_/]+$"}, {"type": "null"}]}
+    schema = {"type": "object", "properties": {"zone": zone}}
+    forced = grammar_schema(schema, "In 'Europe/Paris', not 'the Eiffel tower'")
+    assert forced["properties"]["zone"]["anyOf"] == [{"enum": ["Europe/Paris"]}, {"type": "null"}]
+    unfit = grammar_schema(schema, "Near 'the Eiffel tower'")
+    assert unfit["properties"]["zone"]["anyOf"][0]["pattern"] == "^[A-Za-z_/]+$"
+    # Numbers and enums are left to the schema; two text parameters are the model's to fill.
+    other = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "number"},
+            "unit": {"type": "string", "enum": ["a", "b"]},
+            "path": {"type": "string"},
+            "content": {"type": "string"},
+        },
+    }
+    loose = grammar_schema(other, "Write 'hi' to 'notes.txt'")
+    assert loose["properties"]["n"] == {"type": "number"}
+    assert loose["properties"]["unit"] == {"type": "string", "enum": ["a", "b"]}
+    assert "enum" not in loose["properties"]["path"]
+    assert "enum" not in loose["properties"]["content"]
+
+
+def test_em2_the_arguments_prompt_names_the_parameters_and_quotes_the_message_last() -> None:
+    tool = ToolDefinition(name="clear_context", description="Clear it", parameters=CLEAR_SCHEMA)
+    text = arguments_instruction(tool, "Call clear_context with 'x'")
+    assert "The tool clear_context: Clear it.\nIts parameters:\n- prompt (string)\n" in text
+    assert "The task" not in text  # a description's examples are what a small model copies
+    assert '"type"' not in text  # no JSON schema
+    assert text.index("Message: \"Call clear_context with 'x'\"") > text.index("- prompt")

@@ -35,7 +35,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
         "toolRequests": [{"toolCallId": "c1", "name": "echo", "arguments": {"text": "x"}}],
         "originatingMessageId": "m1",
     },
-    "assistant.usage": {"model": "test-model"},
+    "assistant.usage": {"model": "test-model", "cacheReadTokens": 3, "cost": 0.25},
     "assistant.turn_end": {"turnId": "0"},
     "tool.execution_start": {"toolCallId": "c1", "toolName": "echo", "arguments": "not json"},
     "tool.execution_complete": {
@@ -87,6 +87,10 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "session.permissions_changed": {"mode": "allow-all", "previousMode": "manual"},
     "command.queued": {"requestId": "r1", "command": "/deploy prod"},
     "command.completed": {"requestId": "r1"},
+    "session.session_limits_changed": {
+        "sessionLimits": {"maxAiCredits": 40.0},
+        "budget": {"cost": 0.4, "modelCalls": 10},
+    },
     "session.mode_changed": {"newMode": "plan", "previousMode": "interactive"},
     "pending_messages.modified": {},
     "session.shutdown": {

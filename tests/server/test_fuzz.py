@@ -160,14 +160,23 @@ def expectation(body: bytes) -> tuple[str, Any]:
 
 
 class Peer:
-    def __init__(self, port: int) -> None:
+    """Authenticated on every connection: the fuzz is of what a client may send, and a server
+    closes a connection that presents no token in time (spec S10)."""
+
+    def __init__(self, port: int, token: str | None) -> None:
         self.port = port
+        self.token = token
         self.sentinels = itertools.count()
         self.connect()
 
     def connect(self) -> None:
         self.sock = socket.create_connection(("127.0.0.1", self.port), timeout=15)
         self.stream = self.sock.makefile("rb")
+        if self.token is not None:
+            body = {"jsonrpc": "2.0", "id": "auth", "method": "connect"}
+            self.send(encode_frame(json.dumps({**body, "params": {"token": self.token}}).encode()))
+            answer = self.read()
+            assert answer is not None and "result" in answer, answer
 
     def reconnect(self) -> None:
         self.sock.close()
@@ -240,9 +249,9 @@ def check_frame(peer: Peer, body: bytes, expected: tuple[str, Any]) -> None:
         assert answers[0]["error"]["code"] in (PARSE_ERROR, INVALID_REQUEST)
 
 
-def fuzz(port: int) -> int:
+def fuzz(port: int, token: str | None) -> int:
     """Run the examples against the server on `port`; returns how many ran."""
-    peer = Peer(port)
+    peer = Peer(port, token)
     ids = itertools.count(1_000_000)
     seen = [0]
 
@@ -296,7 +305,7 @@ async def test_fuzz_frames_shapes_and_params(start_server: StartServer) -> None:
         )
         received: list[dict[str, Any]] = []
         session.on(lambda event: received.append(event.to_dict()))
-        fuzzing = asyncio.create_task(asyncio.to_thread(fuzz, server.port))
+        fuzzing = asyncio.create_task(asyncio.to_thread(fuzz, server.port, server.token))
         runs = 0
         while runs < turns and (not fuzzing.done() or runs < 3):
             reply = await session.send_and_wait(f"Message {runs}", timeout=30)

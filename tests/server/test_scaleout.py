@@ -240,6 +240,33 @@ async def test_r1_two_servers_racing_for_one_session_run_it_once_at_a_time(
         ]
 
 
+async def test_r2_a_client_of_another_server_sees_the_owners_run_from_its_resume_on(
+    servers: Callable[[], ServerProcess], backend: str
+) -> None:
+    twice = conversation(user("Say hi"), assistant("Hi!"), user("Again"), assistant("Hi!"))
+    async with ReplayServer([twice]) as model:
+        a, b = servers(), servers()
+        model.stall_next(2)
+        async with a.remote() as on_a, b.remote() as on_b:
+            session = await on_a.create_session(provider=provider(model))
+            await session.send("Say hi")
+            await until(lambda: len(model.requests) == 1)
+            # B's first follower: its listener connects (PostgreSQL) before the resume returns.
+            followed = await on_b.resume_session(session.session_id, provider=provider(model))
+            mine, seen = Recorder(session), Recorder(followed)  # type: ignore[arg-type]
+            await session.send("Again")  # at once, A busy: the queue's change is live only
+            await mine.wait_for("session.idle", 2, timeout=20)
+            await seen.wait_for("session.idle", 2, timeout=10)
+
+    live = [e.type for e in mine.events if e.ephemeral]
+    assert "pending_messages.modified" in live and "session.usage_info" in live
+    if backend == "postgres":
+        assert seen.types == mine.types
+    else:  # live events reach only the owner's own process: the log's, and each run's idle
+        stored = [e.type for e in mine.events if not e.ephemeral or e.type == "session.idle"]
+        assert seen.types == stored
+
+
 async def test_e1_a_client_reconnecting_mid_run_finds_the_run_finished_once(
     servers: Callable[[], ServerProcess], backend: str
 ) -> None:

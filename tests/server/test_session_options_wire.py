@@ -29,7 +29,16 @@ PROVIDER = {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key": "k
 """Never called: these sessions only open."""
 
 EXTENSIONS = frozenset(
-    {"developerMessages", "maxTurns", "modelLimits", "contextOverflow", "handoff", "recall"}
+    {
+        "developerMessages",
+        "maxTurns",
+        "modelLimits",
+        "contextOverflow",
+        "handoff",
+        "recall",
+        "budget",
+        "structuredOutput",
+    }
 )
 """trimtab's own fields of `session.create` and `session.resume` (spec D15)."""
 
@@ -53,10 +62,11 @@ CLAIMED = frozenset(
         "mcpServers",
         "workingDirectory",
         "requestUserInput",
+        "sessionLimits",
     }
 )
 """The official client's fields the spec says trimtab honours (D1, D9, D10, D12, D15, MCP9,
-B8, B9)."""
+B8, B9, U6)."""
 
 NOT_TAKEN = frozenset(
     {
@@ -95,7 +105,6 @@ NOT_TAKEN = frozenset(
         "reasoningSummary",
         "isExperimentalMode",
         "autopilot",
-        "sessionLimits",
         # Questions the runtime may ask the client, and UI extensions.
         "askUserVariant",
         "requestElicitation",

@@ -27,8 +27,14 @@ from copilot.generated.rpc import (
     PermissionsSetModeRequest,
     QueuedCommandHandled,
     QueuedCommandNotHandled,
+    QueueDuplicateAtRequest,
+    QueueInsertAtRequest,
+    QueueInsertMessage,
+    QueueMoveItemRequest,
     QueuePendingItemsKind,
     QueueRemoveAtRequest,
+    QueueSetDrainPausedRequest,
+    QueueUpdateTextRequest,
     QueueWithdrawMessageRequest,
     RegisterEventInterestParams,
     ReleaseEventInterestParams,
@@ -817,6 +823,87 @@ async def test_k9_queue_items_are_removed_by_id_newest_first_or_withdrawn(
         prompts = [e.data.content for e in logged if isinstance(e.data, UserMessageData)]
         assert prompts == ["first", "keep"]
         assert (await session.rpc.queue.remove_most_recent()).removed is False
+        await session.disconnect()
+
+
+def ran(*prompts: str) -> list[dict[str, Any]]:
+    """The model's side of runs of `prompts`, one after another, each answered "Done."."""
+    return [m for p in prompts for m in (user(p), assistant("Done."))]
+
+
+async def prompts_logged(session: CopilotSession) -> list[str]:
+    return [
+        e.data.content for e in await session.get_events() if isinstance(e.data, UserMessageData)
+    ]
+
+
+async def test_k18_queue_items_are_moved_inserted_reworded_and_duplicated_in_place(
+    client: CopilotClient,
+) -> None:
+    held = Held()
+    runs = ran("c", "new", "a", "a", "b, reworded")
+    async with ReplayServer([conversation(*HELD, *runs)]) as model:
+        session = await held.open(client, model)
+        changes = Seen(session, "pending_messages.modified")
+        idle = Seen(session, "session.idle")
+        a, b, c = [await session.send(p) for p in ("a", "b", "c")]
+        await changes.wait_for(3)
+        queue = session.rpc.queue
+
+        assert (await queue.move_item(QueueMoveItemRequest(id=c, to_position=-5))).changed
+        assert not (await queue.move_item(QueueMoveItemRequest(id=c, to_position=0))).changed
+        new = QueueInsertAtRequest(position=1, message=QueueInsertMessage(prompt="new"))
+        inserted = (await queue.insert_at(new)).id
+        reword = QueueUpdateTextRequest(id=b, prompt="b, reworded")
+        assert (await queue.update_text(reword)).updated is True
+        assert (await queue.update_text(reword)).updated is False
+        copy = (await queue.duplicate_at(QueueDuplicateAtRequest(id=a))).id
+        pending = (await queue.pending_items()).items
+        assert [(i.id, i.display_text) for i in pending] == [
+            (c, "c"),
+            (inserted, "new"),
+            (a, "a"),
+            (copy, "a"),
+            (b, "b, reworded"),
+        ]
+        with pytest.raises(JsonRpcError) as refused:
+            await queue.move_item(QueueMoveItemRequest(id="nothing-waits", to_position=0))
+        assert refused.value.data == {"code": "item_not_waiting"}
+        await changes.wait_for(3 + 4)  # each edit that changed the queue told its watchers
+        assert len(changes) == 7
+
+        held.release.set()
+        await idle.wait_for(6)
+        assert await prompts_logged(session) == ["first", "c", "new", "a", "a", "b, reworded"]
+        # Taken by its run meanwhile: no longer waiting, nothing changed (K18).
+        with pytest.raises(JsonRpcError) as taken:
+            await queue.update_text(QueueUpdateTextRequest(id=b, prompt="too late"))
+        assert taken.value.data == {"code": "item_not_waiting"}
+        await session.disconnect()
+
+
+async def test_k19_a_paused_queue_starts_nothing_until_it_goes_on(client: CopilotClient) -> None:
+    async with ReplayServer([conversation(*ran("edited"))]) as model:
+        session = await open_session(client, model)
+        idle = Seen(session, "session.idle")
+        queue = session.rpc.queue
+        await queue.set_drain_paused(QueueSetDrainPausedRequest(paused=True))
+        with pytest.raises(JsonRpcError) as twice:
+            await queue.set_drain_paused(QueueSetDrainPausedRequest(paused=True))
+        assert twice.value.data == {"code": "queue_already_paused"}
+
+        sent = await session.send("queued while paused")  # idle, yet it waits
+        assert [i.id for i in (await queue.pending_items()).items] == [sent]
+        assert (await session.rpc.metadata.is_processing()).processing is False
+        edit = QueueUpdateTextRequest(id=sent, prompt="edited")
+        assert (await queue.update_text(edit)).updated is True
+        assert await prompts_logged(session) == []
+
+        await queue.set_drain_paused(QueueSetDrainPausedRequest(paused=False))
+        await queue.set_drain_paused(QueueSetDrainPausedRequest(paused=False))  # unowned, idle
+        await idle.wait_for(1)
+        assert await prompts_logged(session) == ["edited"]
+        assert (await queue.pending_items()).items == []
         await session.disconnect()
 
 

@@ -403,7 +403,8 @@ class World:
             runtime.store.timeout = 0.0  # its appends give up at once, with no sleep
             self.crashes.append((runtime.store.writes, runtime.store.durable))
             runner = runtime.session._runner
-            for task in (runner._worker, runner._current, ownership_of(runtime.session)._follower):
+            follower = ownership_of(runtime.session)._follower
+            for task in (runner._worker, runner._current, follower and follower[0]):
                 if task is not None:
                     task.cancel()
 

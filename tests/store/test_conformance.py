@@ -254,6 +254,7 @@ UNKNOWN_SESSION_CALLS: dict[str, Callable[[Store], Awaitable[object]]] = {
     "enqueue_input": lambda s: s.enqueue_input("nope", "hi", "m1"),
     "pending_inputs": lambda s: s.pending_inputs("nope"),
     "discard_inputs": lambda s: s.discard_inputs("nope", ["m1"]),
+    "rewrite_inputs": lambda s: s.rewrite_inputs("nope", [], [("hi", "m1")]),
 }
 
 
@@ -615,6 +616,63 @@ async def test_k9_discarding_removes_pending_inputs_only_never_a_claimed_one(
     assert await store.discard_inputs("s", []) == []
 
 
+async def test_k18_an_edit_of_the_queue_moves_rewords_and_adds_inputs_at_once(
+    store: Store,
+) -> None:
+    await make(store, "s", "t")
+    for n in range(3):
+        await store.enqueue_input("s", f"prompt {n}", f"m{n}")
+    await store.enqueue_input("t", "elsewhere", "mt")
+    edit = [("new", "n1"), ("prompt 2", "m2"), ("prompt 0", "m0"), ("reworded ✓ \x00", "m1")]
+
+    assert await store.rewrite_inputs("s", ["m0", "m1", "m2"], edit)
+
+    assert await store.pending_inputs("s") == edit
+    assert await store.pending_inputs("t") == [("elsewhere", "mt")]
+    # An input queued after the edit comes after the edited ones; a claim finds a moved one.
+    await store.enqueue_input("s", "later", "m3")
+    await store.append("s", [message("prompt 2", "m2")], lease=None)
+    assert await store.pending_inputs("s") == [*edit[:1], *edit[2:], ("later", "m3")]
+    assert await store.sessions_with_inputs() == {"s", "t"}
+
+
+async def test_k18_an_edit_of_a_queue_that_changed_meanwhile_changes_nothing(
+    store: Store,
+) -> None:
+    await store.create("s")
+    for n in range(3):
+        await store.enqueue_input("s", f"prompt {n}", f"m{n}")
+    await store.append("s", [message("prompt 0", "m0")], lease=None)  # its run began
+    before = await store.pending_inputs("s")
+
+    # The edit was made from the queue as it was: m0, now claimed, is no longer waiting.
+    moved = [("prompt 2", "m2"), ("prompt 1", "m1"), ("prompt 0", "m0")]
+    assert not await store.rewrite_inputs("s", ["m0", "m1", "m2"], moved)
+    assert not await store.rewrite_inputs("s", ["m2", "m1"], moved[:2])  # another order
+
+    assert await store.pending_inputs("s") == before
+    assert await store.rewrite_inputs("s", ["m1", "m2"], moved[:2])
+    assert await store.pending_inputs("s") == moved[:2]
+
+
+async def test_k18_an_edit_never_drops_or_doubles_an_input(store: Store) -> None:
+    await store.create("s")
+    for n, prompt in enumerate(["zero", "one", "two"]):
+        await store.enqueue_input("s", prompt, f"m{n}")
+    await store.append("s", [message("zero", "m0")], lease=None)  # claimed
+    before = await store.pending_inputs("s")
+
+    with pytest.raises(ValueError, match="drop"):
+        await store.rewrite_inputs("s", ["m1", "m2"], [("two", "m2")])
+    with pytest.raises(ValueError, match="twice"):
+        await store.rewrite_inputs("s", ["m1", "m2"], [("one", "m1"), ("two", "m2")] * 2)
+    if not isinstance(store, MemoryStore):  # its ids are never reused: it keeps no claimed ones
+        with pytest.raises(ValueError, match="queued before"):
+            await store.rewrite_inputs("s", ["m1", "m2"], [*before, ("again", "m0")])
+
+    assert await store.pending_inputs("s") == before
+
+
 async def test_inputs_keep_their_text_unchanged(store: Store) -> None:
     await store.create("s")
     prompt = 'nul \x00, quotes " \\ and ✓\n'
@@ -762,6 +820,24 @@ async def test_published_ephemeral_events_come_in_their_place_and_are_not_stored
         # before it was published, nor lets one stored after it go first.
         assert labels(await reader) == ["b", "~1", "~2", "c", "~3"]
     assert contents(await store.read("s")) == ["a", "b", "c"]
+
+
+async def test_e6_a_subscription_hears_every_event_published_once_it_is_ready(
+    store: Store,
+) -> None:
+    await store.create("s")
+    await store.append("s", [user("a")], lease=None)
+    ready = asyncio.Event()
+
+    async with aclosing(store.subscribe("s", after=1, ready=ready)) as events:
+        reader = asyncio.create_task(take(events, 2))
+        async with asyncio.timeout(5):
+            await ready.wait()
+        # At once: no turn of the event loop for a subscription still getting ready.
+        await store.publish("s", delta("1"), after=1)
+        await store.append("s", [user("b")], lease=None)
+
+        assert labels(await reader) == ["~1", "b"]
 
 
 async def test_publishing_without_subscribers_is_harmless(store: Store) -> None:

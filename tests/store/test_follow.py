@@ -49,3 +49,34 @@ async def test_e3_a_wake_up_told_before_the_first_read_lets_no_stored_event_over
                     break
 
     assert [e.id for e in got] == [log[0].id, delta.id, log[1].id]
+
+
+async def test_e6_an_event_published_while_the_first_read_runs_keeps_its_place() -> None:
+    # Ready, the subscription reads the log while the owner goes on: it publishes an
+    # ephemeral event after the first stored event, then stores a second one, which that
+    # read already sees. Handed over as read, the second would come before the ephemeral.
+    listener = Listener(asyncio.get_running_loop())
+    log = [_stored("first")]
+    delta = AssistantMessageDeltaEvent(
+        data=AssistantMessageDeltaData(message_id="m", delta_content="live")
+    )
+
+    async def read(after: int) -> list[Event]:
+        if len(log) == 1:  # the owner goes on meanwhile
+            listener.tell((1, delta))
+            log.append(_stored("second"))
+            listener.tell((2, None))
+        return log[after:]
+
+    got: list[Event] = []
+    ready = asyncio.Event()
+    events = follow(listener, read, 0, closed=lambda: False, poll=None, ready=ready)
+    async with aclosing(events):
+        async with asyncio.timeout(5):
+            async for event in events:
+                got.append(event)
+                if len(got) == 3:
+                    break
+
+    assert ready.is_set()
+    assert [e.id for e in got] == [log[0].id, delta.id, log[1].id]

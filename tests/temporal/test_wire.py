@@ -48,11 +48,9 @@ ECHO_CONVERSATION = conversation(
 @pytest.fixture
 def engine_server(pg_dsn: str, temporal_server: str, task_queue: str, tmp_path: Path) -> Any:
     """`trimtab serve --engine` on the test's task queue and store."""
-    from copilot import RuntimeConnection
-
     url = f"temporal://{temporal_server}/default?task_queue={task_queue}"
     server = ServerProcess(pg_dsn, "--engine", url, log=tmp_path / "server.log")
-    yield server, RuntimeConnection.for_uri(f"127.0.0.1:{server.port}")
+    yield server, server.connection()  # with the server's token
     assert server.stop() == 0, server.log.read_text()
 
 

@@ -116,9 +116,16 @@ def cli() -> None:
 @click.argument("prompt", required=False)
 @click.option("--yes", "-y", is_flag=True, help="Approve every tool call.")
 @click.option("--json", "as_json", is_flag=True, help="Print every event as one JSON line.")
+@click.option(
+    "--output-schema",
+    metavar="FILE",
+    help="A JSON Schema file: the run ends with a result that follows it, printed as JSON.",
+)
 @_provider_options
 @_common_options
-def run(prompt: str | None, yes: bool, as_json: bool, **settings: Any) -> int:
+def run(
+    prompt: str | None, yes: bool, as_json: bool, output_schema: str | None, **settings: Any
+) -> int:
     """Run one prompt in a new session and print the reply.
 
     PROMPT '-' or none reads the prompt from stdin. Exits 1 if the run ends in an error.
@@ -126,7 +133,8 @@ def run(prompt: str | None, yes: bool, as_json: bool, **settings: Any) -> int:
     """
     from trimtab.cli.commands import run_once
 
-    return run_once(_resolve(settings), prompt, yes=yes, as_json=as_json)
+    resolved = _resolve(settings)
+    return run_once(resolved, prompt, yes=yes, as_json=as_json, output_schema=output_schema)
 
 
 @cli.command()

@@ -6,7 +6,6 @@ A session the chat created and left without a message in it (opened, then /new, 
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -192,7 +191,7 @@ class Chat:
             try:
                 cleared = self._send(
                     f"Call the {CLEAR_CONTEXT} tool now with exactly this prompt:"
-                    f" {json.dumps(prompt, ensure_ascii=False)}. Do nothing else."
+                    f" {_quoted(prompt)}. Do nothing else."
                 )
             finally:
                 self._bridge.approver.requested_clear = None
@@ -249,6 +248,19 @@ class Chat:
 
     def _exit(self, _: str) -> bool:
         return False
+
+
+_QUOTE_PAIRS = (('"', '"'), ("\u201c", "\u201d"), ("\u00ab", "\u00bb"), ("'", "'"))
+
+
+def _quoted(text: str) -> str:
+    """`text` in quotes it does not contain, so that where it ends is plain to a model (the
+    embedded one copies a quoted text as the argument: a quote inside it would cut it short).
+    Not JSON: a small model does not read its escapes."""
+    for opening, closing in _QUOTE_PAIRS:
+        if opening not in text and closing not in text:
+            return f"{opening}{text}{closing}"
+    return f'"{text}"'
 
 
 def _line_editing(home: Path) -> Callable[[], None] | None:

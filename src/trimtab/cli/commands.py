@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 from trimtab.cli.config import Resolved
 from trimtab.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CliError, read_input
@@ -23,14 +24,24 @@ from trimtab.cli.select import choose_provider
 __all__ = ["run_once", "show_config"]
 
 
-def run_once(resolved: Resolved, prompt: str | None, *, yes: bool, as_json: bool) -> int:
+def run_once(
+    resolved: Resolved,
+    prompt: str | None,
+    *,
+    yes: bool,
+    as_json: bool,
+    output_schema: str | None = None,
+) -> int:
     """One prompt in a new session; the exit code is 1 if the run ended in `session.error`,
     or stopped because a tool call was rejected (spec O2).
 
     On stdout: the reply (streamed on a terminal, whole into a pipe), or with `as_json` every
-    event as a JSON line. Tool calls and notices go to stderr.
+    event as a JSON line; with `output_schema` (a JSON Schema file), the run's typed result
+    as one line of JSON instead of the reply (spec OUT8). Tool calls and notices go to
+    stderr.
     """
     term = Terminal.detect()
+    schema = _schema(output_schema) if output_schema is not None else None
     text = _prompt(prompt)
     mode: ApprovalMode = "yes" if yes else "ask" if sys.stdin.isatty() else "deny"
     live = term.out.isatty()
@@ -48,7 +59,7 @@ def run_once(resolved: Resolved, prompt: str | None, *, yes: bool, as_json: bool
             # session.start was logged before the bridge listened: print it from the log.
             for event in host.events(session.session_id):
                 renderer.render(event)
-        outcome = bridge.drive(text)
+        outcome = bridge.drive(text, output_schema=schema)
     if outcome.error is not None:
         error = outcome.error
         term.error(f"{error.error_type}: {error.message}", session_error_hint(error, provider))
@@ -59,10 +70,49 @@ def run_once(resolved: Resolved, prompt: str | None, *, yes: bool, as_json: bool
         # The run ends after a rejected call's batch (spec O2): no answer is coming.
         term.note(f"trimtab: the run stopped because the {outcome.rejected} call was rejected")
         return EXIT_ERROR
+    if schema is not None:
+        if outcome.output is None:  # (an abort, or a rejected call: reported above)
+            return EXIT_ERROR
+        if not as_json:  # (the events carry it: `output`)
+            result = json.dumps(outcome.output.value, ensure_ascii=False)
+            term.line(printable(result, json=True))
+        return 0
     reply = outcome.reply.data.content if outcome.reply else ""
     if not as_json and not live and reply:
         term.line(printable(reply, keep="\n\t"))
     return 0
+
+
+def _schema(path: str) -> dict[str, Any]:
+    """The JSON Schema of `--output-schema`, checked before any session starts."""
+    from trimtab._output import checked_schema
+
+    try:
+        with open(path, "rb") as file:
+            text = read_input(file, f"--output-schema {path}")
+    except OSError as exc:
+        raise CliError(
+            f"cannot read --output-schema {path}: {exc.strerror or exc}",
+            hint="name a JSON Schema file",
+            exit_code=EXIT_USAGE,
+        ) from None
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise CliError(
+            f"--output-schema {path} is not JSON: {exc}", hint="fix it", exit_code=EXIT_USAGE
+        ) from None
+    if not isinstance(schema, dict):
+        raise CliError(
+            f"--output-schema {path} is not a JSON Schema (an object)",
+            hint='such as {"type": "object", "properties": {...}}',
+            exit_code=EXIT_USAGE,
+        )
+    try:
+        checked_schema(schema, taken=(), max_invalid=1, native=False)
+    except ValueError as exc:
+        raise CliError(str(exc), hint="fix the schema", exit_code=EXIT_USAGE) from None
+    return schema
 
 
 def _prompt(given: str | None) -> str:

@@ -44,7 +44,10 @@ class CalculatorArgs(BaseModel):
     """Arguments of `calculator`."""
 
     expression: str = Field(
-        description="Arithmetic with + - * / // % ** and parentheses, such as (2 + 3) * 4.5"
+        description="Arithmetic with + - * / // % ** and parentheses, such as (2 + 3) * 4.5",
+        # The shape in the schema too: a model whose output a grammar keeps to it (the
+        # embedded one) can write nothing else, and no more of it than this.
+        pattern=r"^[0-9.+*/%() -]{1,200}$",
     )
 
 
@@ -54,6 +57,7 @@ class CurrentTimeArgs(BaseModel):
     timezone: str | None = Field(
         default=None,
         description="An IANA time zone such as Europe/Paris; default: this computer's zone",
+        pattern=r"^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$",  # Area/Location
     )
 
 

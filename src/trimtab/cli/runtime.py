@@ -34,6 +34,7 @@ from trimtab.cli.render import Terminal, printable
 from trimtab.events import (
     AbortEvent,
     AssistantMessageEvent,
+    OutputResult,
     PermissionRequestData,
     SessionContextClearedEvent,
     SessionErrorData,
@@ -247,6 +248,8 @@ class TurnOutcome:
     """The tool whose call was rejected, which stopped the run (spec O2)."""
     prompt_event: str | None = None
     """The id of the run's own `user.message`, where an interrupted exchange starts."""
+    output: OutputResult | None = None
+    """The run's typed result, when it was asked for one and gave it (spec OUT8)."""
 
 
 class TerminalBridge:
@@ -288,10 +291,11 @@ class TerminalBridge:
         self._session = session
         self._unsubscribe = self._portal.call(_subscribe(session, self._inbox.put))
 
-    def drive(self, prompt: str) -> TurnOutcome:
-        """Send `prompt` and render the run until it ends. Ctrl-C aborts the run."""
+    def drive(self, prompt: str, *, output_schema: dict[str, Any] | None = None) -> TurnOutcome:
+        """Send `prompt` (asking for a result that follows `output_schema`, if given) and
+        render the run until it ends. Ctrl-C aborts the run."""
         session = self.session
-        future = self._portal.submit(session.send_and_wait(prompt))
+        future = self._portal.submit(_reply(session, prompt, output_schema))
         future.add_done_callback(lambda _: self._inbox.put(_DONE))
         outcome = TurnOutcome()
         interrupted = False
@@ -336,11 +340,25 @@ class TerminalBridge:
                 outcome.cleared = True
             case ToolExecutionCompleteEvent() if event.data.outcome == "rejected":
                 outcome.rejected = event.data.tool_name or "tool"
+            case ToolExecutionCompleteEvent() | AssistantMessageEvent() if event.data.output:
+                outcome.output = event.data.output
             case UserMessageEvent() if event.data.source != "context_cleared":
                 outcome.prompt_event = outcome.prompt_event or event.id
             case _:
                 pass  # only these change how the turn ended
         self._render(event)
+
+
+async def _reply(
+    session: Session, prompt: str, output_schema: dict[str, Any] | None
+) -> AssistantMessageEvent | None:
+    """The run's last message; with `output_schema`, its result is read from its events."""
+    if output_schema is None:
+        return await session.send_and_wait(prompt)
+    end = await session.run(prompt, output_schema=output_schema)
+    if end.error is not None:
+        raise SessionError(end.error.data.error_type, end.error.data.message)
+    return end.last_message
 
 
 async def _subscribe(session: Session, handler: Callable[[Event], object]) -> Callable[[], None]:

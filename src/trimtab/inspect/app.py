@@ -82,12 +82,18 @@ def _environment() -> Environment:
         count=lambda number: f"{number:,}",
         times=lambda number, noun: f"{number:,} {noun}{'' if number == 1 else 's'}",
         pretty=_pretty,
+        cost=_cost,
     )
     return env
 
 
 def _when(moment: datetime | None) -> str:
     return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _cost(value: float) -> str:
+    """A cost in the price table's unit: cents and below still show (spec U1)."""
+    return f"{value:,.2f}" if value >= 100 else f"{value:,.4f}"
 
 
 def _pretty(value: Any) -> str:

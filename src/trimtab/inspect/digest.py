@@ -27,6 +27,7 @@ from trimtab.events import (
     SessionResumeEvent,
     SessionStartEvent,
     SessionTruncatedEvent,
+    Spending,
     UserMessageEvent,
 )
 
@@ -48,6 +49,8 @@ class Summary:
     the window pages number them. A compaction's summary call is not one."""
     input_tokens: int
     output_tokens: int
+    spent: Spending
+    """What its model calls spent (spec U2): tokens, cached tokens, cost."""
     clears: int
     compactions: int
     truncations: int
@@ -161,6 +164,7 @@ class Digest:
             model_calls=self.model_calls,
             input_tokens=usage.input_tokens or 0,
             output_tokens=usage.output_tokens or 0,
+            spent=self.state.spent,
             clears=self.state.epoch,
             compactions=self.compactions,
             truncations=self.truncations,

@@ -32,6 +32,7 @@ from trimtab.events import (
     SessionStartEvent,
     SessionTruncatedEvent,
     SessionWarningEvent,
+    Spending,
     ToolExecutionCompleteEvent,
     ToolExecutionStartEvent,
     UserMessageEvent,
@@ -134,9 +135,14 @@ class Run:
     epoch: int
     prompt: str
     seeded: bool
+    spent: Spending = field(default_factory=Spending)
+    """What its model calls spent (spec U2)."""
 
 
 Entry: TypeAlias = Run | Turn | Op | Call
+
+_GOES_ON = frozenset({"hook", "agent_stop", "output"})
+"""Messages of the run in progress (a hook's, a typed result's retry): it spends on."""
 """What the timeline lists: a `Call` only when it happened outside any turn."""
 
 
@@ -152,6 +158,8 @@ class Segment:
     first_call: int | None = None
     last_call: int | None = None
     closed_by: Op | None = None
+    spent: Spending = field(default_factory=Spending)
+    """What its model calls spent: what a clear or a compaction saved shows between two."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +186,8 @@ class Timeline:
         self._calls: dict[str, Call] = {}
         """The open turn's calls by id (emptied when it ends: ids are unique per turn)."""
         self._runs = 0
+        self._run: Run | None = None
+        """The run whose model calls the next usage counts for."""
 
     def add(self, event: Event) -> None:
         """Fold the next persisted event."""
@@ -190,7 +200,10 @@ class Timeline:
                 seeded = event.data.source == "context_cleared"
                 self._runs += not seeded
                 prompt = event.data.content
-                self._entry(Run(self._runs, seq, event.timestamp, epoch, prompt, seeded))
+                run = Run(self._runs, seq, event.timestamp, epoch, prompt, seeded)
+                self._entry(run)
+                if event.data.source not in _GOES_ON:
+                    self._run = run
             case AssistantTurnStartEvent():
                 # Numbered as the digest counts model calls: every page says the same.
                 turn = Turn(self.digest.model_calls, seq, event.data.turn_id, epoch,
@@ -210,6 +223,9 @@ class Timeline:
                     ).arguments = request.arguments
             case AssistantUsageEvent():
                 usage = event.data
+                if self._run is not None:
+                    self._run.spent = self._run.spent.plus(usage)
+                self.segments[-1].spent = self.segments[-1].spent.plus(usage)
                 number = self._turn.number if self._turn is not None else None
                 self.usage.append(
                     UsagePoint(usage.input_tokens or 0, usage.output_tokens or 0, number)

@@ -12,9 +12,12 @@ from trimtab._errors import (
     ClearContextErrorCode,
     PolicyRefusedError,
     PromptBlockedError,
+    QueueEditError,
+    QueueEditErrorCode,
     SessionError,
     SessionNotFoundError,
     TrimtabError,
+    session_error,
 )
 from trimtab.protocol.jsonrpc import INVALID_PARAMS, RpcError
 
@@ -43,6 +46,7 @@ POLICY_REFUSED = -32005
 (-32004 is the connection's: too many requests in flight.)"""
 
 _CLEAR_CODES: frozenset[str] = frozenset(get_args(ClearContextErrorCode))
+_QUEUE_CODES: frozenset[str] = frozenset(get_args(QueueEditErrorCode))
 
 
 def rpc_error(exc: Exception) -> RpcError | None:
@@ -56,6 +60,8 @@ def rpc_error(exc: Exception) -> RpcError | None:
         case ClearContextError():
             code = INVALID_PARAMS if exc.code in ("empty_prompt", "invalid_prompt") else RUN_FAILED
             return RpcError(code, str(exc), {"code": exc.code})
+        case QueueEditError():
+            return RpcError(RUN_FAILED, str(exc), {"code": exc.code})
         case SessionNotFoundError():
             return _not_found(str(exc.args[0]), "not stored")
         case PolicyRefusedError():
@@ -84,6 +90,9 @@ def error_from_rpc(exc: RpcError) -> Exception:
     code = data.get("code")
     if code in _CLEAR_CODES:
         return ClearContextError(cast(ClearContextErrorCode, code), exc.message)
+    if code in _QUEUE_CODES:
+        message = exc.message.removeprefix(f"{code}: ")
+        return QueueEditError(cast(QueueEditErrorCode, code), message)
     if code == "session_not_found":
         return SessionNotFoundError(data.get("sessionId", exc.message))
     if code == "policy_refused":
@@ -95,7 +104,7 @@ def error_from_rpc(exc: RpcError) -> Exception:
         return PromptBlockedError(exc.message.removeprefix("prompt_blocked: "))
     if "errorType" in data:
         message = str(data.get("message", exc.message))
-        return SessionError(str(data["errorType"]), message, status_code=data.get("statusCode"))
+        return session_error(str(data["errorType"]), message, status_code=data.get("statusCode"))
     if exc.code == INVALID_PARAMS:
         return ValueError(exc.message)
     return TrimtabError(exc.message)

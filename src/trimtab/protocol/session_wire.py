@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from trimtab.events import CodeChanges, ModelMetric, SessionMode
-from trimtab.protocol.wire import SessionParams, Text, Wire
+from trimtab.protocol.wire import MAX_ATTACHMENTS, Attachment, SessionParams, Text, Wire
 
 __all__ = [
     "ActivityResult",
@@ -280,6 +280,62 @@ class QueueRemovedResult(Wire):
     """`session.queue.removeAt`, `.removeMostRecent`."""
 
     removed: bool
+
+
+class QueueMoveParams(SessionParams):
+    """`session.queue.moveItem`: past either end of the queue means that end."""
+
+    id: str
+    to_position: int
+
+
+class QueueMoveResult(Wire):
+    """`session.queue.moveItem`: false when the item was at that place already."""
+
+    changed: bool
+
+
+class QueueInsertMessage(Wire):
+    """`session.queue.insertAt`'s message: a `session.send`'s prompt, attachments and
+    headers (its other fields, the reference runtime's scheduling and provenance, are
+    ignored: the position places it)."""
+
+    prompt: Text
+    attachments: list[Attachment] | None = Field(default=None, max_length=MAX_ATTACHMENTS)
+    request_headers: dict[str, str] | None = None
+
+
+class QueueInsertParams(SessionParams):
+    """`session.queue.insertAt`."""
+
+    position: int
+    message: QueueInsertMessage
+
+
+class QueueNewItemResult(Wire):
+    """`session.queue.insertAt`, `.duplicateAt`: the new item's id."""
+
+    id: str
+
+
+class QueueUpdateTextParams(SessionParams):
+    """`session.queue.updateText`: trimtab shows a message's prompt, so `displayPrompt` is
+    ignored."""
+
+    id: str
+    prompt: Text
+
+
+class QueueUpdateTextResult(Wire):
+    """`session.queue.updateText`: whether the stored text changed."""
+
+    updated: bool
+
+
+class QueueDrainPausedParams(SessionParams):
+    """`session.queue.setDrainPaused`."""
+
+    paused: bool
 
 
 class WithdrawParams(SessionParams):

@@ -17,7 +17,14 @@ from pydantic.alias_generators import to_camel
 
 from trimtab._options import SessionOptions, in_process_only, system_text
 from trimtab._tools import TOOL_NAME
-from trimtab.events import Event, InfiniteSessions, ToolDefinition
+from trimtab.events import (
+    Budget,
+    Event,
+    InfiniteSessions,
+    OutputResult,
+    SessionLimits,
+    ToolDefinition,
+)
 from trimtab.providers import ProviderConfig
 from trimtab.store import SessionRecord
 
@@ -55,6 +62,7 @@ __all__ = [
     "ToolResultAnswer",
     "TruncateParams",
     "TruncateResultWire",
+    "UpdateOptionsParams",
     "WireTool",
     "dump",
     "event_payload",
@@ -257,6 +265,9 @@ class SessionOptionsParams(SessionParams):
     hooks: StrictBool = False  # not "yes"
     mcp_servers: Json | None = None
     """`{name: config}` in the Copilot SDK's shapes (`cwd` for the working directory)."""
+    session_limits: SessionLimits | None = None
+    """Copilot's limits: `maxAiCredits` is the session budget's `cost` in AI credits (0.01
+    of the price table's unit, spec U6), unless `budget` names a cost."""
 
     def options(self) -> SessionOptions:
         """The options for `Client.create_session` / `resume_session`, but for tools, the
@@ -281,6 +292,11 @@ class SessionOptionsParams(SessionParams):
             from trimtab.mcp import wire_servers
 
             given["mcp_servers"] = wire_servers(self.mcp_servers)
+        credits = self.session_limits.max_ai_credits if self.session_limits else None
+        if credits is not None:
+            budget = Budget.model_validate(given.get("budget") or {})
+            if budget.cost is None:
+                given["budget"] = {**budget.model_dump(exclude_none=True), "cost": credits / 100}
         return SessionOptions.model_validate(given)
 
     def offers(self, tool_name: str) -> bool:
@@ -452,6 +468,19 @@ class SendParams(SessionParams):
     traceparent: str | None = None
     """The sender's W3C trace context: the run's span is its child (spec OT5)."""
     tracestate: str | None = None
+    output_schema: Json | None = None
+    """trimtab's: the JSON Schema of the typed result the run must end with (spec OUT7)."""
+    max_invalid_outputs: int | None = Field(default=None, ge=1)
+    """trimtab's: invalid results the run may see (`send`'s, default 3)."""
+    budget: Budget | None = None
+    """trimtab's: what the run may spend (spec U3)."""
+
+    def run_options(self) -> dict[str, Any]:
+        """The `send` keywords of the typed result and the budget that were given."""
+        options: dict[str, Any] = {"output_schema": self.output_schema, "budget": self.budget}
+        if self.max_invalid_outputs is not None:
+            options["max_invalid_outputs"] = self.max_invalid_outputs
+        return options
 
 
 class SendAndWaitResult(Wire):
@@ -463,6 +492,16 @@ class SendAndWaitResult(Wire):
     """The run's `session.idle`, also sent as a notification before this result."""
     response: dict[str, Any] | None = None
     """The run's last `assistant.message` event."""
+    output: OutputResult | None = None
+    """trimtab's: the run's typed result, when it was asked for one (spec OUT7)."""
+
+
+class UpdateOptionsParams(SessionParams):
+    """`session.options.update`: of the options the protocol lets a client change on an open
+    session, the limits: Copilot's `sessionLimits` and trimtab's `budget` (spec U6)."""
+
+    session_limits: SessionLimits | None = None
+    budget: Budget | None = None
 
 
 class SessionMetadata(Wire):

@@ -8,7 +8,7 @@ failure to a typed `ProviderError`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -46,11 +46,20 @@ class ModelRequest(_Frozen):
     reasoning_effort: str | None = None
     """The effort asked of a reasoning model (`low`, `medium`, `high`...), sent as given to
     the providers whose API has it (spec D12); None: the model's default."""
+    tool_choice: Literal["required"] | None = None
+    """`required`: the answer must call a tool (a run that must give a typed result, spec
+    OUT2); None: the model chooses."""
+    output_schema: dict[str, Any] | None = None
+    """The JSON Schema the reply's text must follow, for providers with native structured
+    output (`Provider.native_output`, spec OUT6); the text is checked all the same."""
 
 
 class Usage(_Frozen):
     input_tokens: int | None = None
+    """Every input token, those read from a prompt cache included."""
     output_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    """Of the input tokens, those the provider read from its prompt cache (billed less)."""
 
 
 class TextDelta(_Frozen):
@@ -87,6 +96,10 @@ class Provider(Protocol):
 
     name: str
     """A short label for logs and the persisted config, such as `"openai"`."""
+
+    # Optional, read with a default of False (a provider written before it has none):
+    # `native_output: bool`, the provider sends `ModelRequest.output_schema` as its API's own
+    # structured output (spec OUT6).
 
     def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
         """Answer one request; raise `ProviderError` on any failure."""

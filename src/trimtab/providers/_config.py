@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "MAX_REDIRECTS",
+    "ModelPrice",
     "ProviderConfig",
     "credentials_environment",
     "make_provider",
@@ -64,6 +65,35 @@ about four and a half minutes."""
 
 _SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|password|credential|signature", re.I)
 """Header names that (probably) carry a credential."""
+
+
+class ModelPrice(BaseModel):
+    """What one model's tokens cost, per million, in the unit the table's author chose (USD
+    by convention: spec U1)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        defer_build=True,
+    )
+
+    input: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(ge=0, allow_inf_nan=False)
+    cached_input: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """Input tokens read from the provider's prompt cache; None: the `input` price."""
+
+    def cost(self, input_tokens: int, cache_read_tokens: int, output_tokens: int) -> float:
+        """The cost of one call; cached tokens are a part of its input tokens."""
+        cached = min(cache_read_tokens, input_tokens)
+        cached_price = self.input if self.cached_input is None else self.cached_input
+        per_million = (
+            (input_tokens - cached) * self.input
+            + cached * cached_price
+            + output_tokens * self.output
+        )
+        return per_million / 1_000_000
 
 
 class ProviderConfig(BaseModel):
@@ -111,6 +141,10 @@ class ProviderConfig(BaseModel):
     """Local: the path of the model weights."""
     headers: dict[str, str] | None = Field(default=None, repr=False)
     """Extra HTTP headers sent with every request; hidden like the key, as they often carry one."""
+    prices: dict[str, ModelPrice] | None = None
+    """What each model's tokens cost, by the session's model name (spec U1): `{"gpt-4.1":
+    {"input": 2.0, "cached_input": 0.5, "output": 8.0}}` per million tokens. None (the
+    default): no call has a cost. Logged with the configuration (prices are no secret)."""
 
     def deadline(self, *, stream: bool) -> float:
         """Seconds a call may wait for its answer, retries included: for a streamed call until

@@ -184,6 +184,8 @@ def _body(request: ModelRequest, model: str) -> dict[str, Any]:
             | ({"description": t.description} if t.description else {})
             for t in request.tools
         ]
+        if request.tool_choice == "required":
+            body["tool_choice"] = {"type": "any"}
     return body
 
 
@@ -267,11 +269,22 @@ def _parse_message(message: Any) -> ModelResponse:
         content="".join(text),
         tool_calls=tuple(calls),
         reasoning="".join(reasoning) or None,
-        usage=Usage(
-            input_tokens=getattr(usage, "input_tokens", None),
-            output_tokens=getattr(usage, "output_tokens", None),
-        ),
+        usage=_usage(usage, getattr(usage, "output_tokens", None)),
         finish_reason=_finish_reason(getattr(message, "stop_reason", None)),
+    )
+
+
+def _usage(usage: Any, output_tokens: int | None) -> Usage:
+    """A call's usage, its input tokens counted in full: Messages counts apart those read
+    from the prompt cache and those written to it (each a part of the input, U1)."""
+    read = getattr(usage, "cache_read_input_tokens", None)
+    written = getattr(usage, "cache_creation_input_tokens", None)
+    given = getattr(usage, "input_tokens", None)
+    parts = [n for n in (given, read, written) if isinstance(n, int)]
+    return Usage(
+        input_tokens=sum(parts) if parts else None,
+        output_tokens=output_tokens,
+        cache_read_tokens=read if isinstance(read, int) else None,
     )
 
 
@@ -299,7 +312,8 @@ class _StreamState:
     def __init__(self) -> None:
         self.blocks: dict[int, dict[str, Any]] = {}
         """Content blocks by index: their type, text, and for tool_use id, name and JSON."""
-        self.input_tokens: int | None = None
+        self.input: Any = None
+        """The usage of `message_start`: the input tokens, those of the cache included."""
         self.output_tokens: int | None = None
         self.stop_reason: str | None = None
         self.stopped = False
@@ -347,8 +361,10 @@ class _StreamState:
         return []
 
     def _add_usage(self, usage: Any) -> None:
-        # message_start carries the input tokens; message_delta the output tokens so far.
-        self.input_tokens = getattr(usage, "input_tokens", None) or self.input_tokens
+        # message_start carries the input tokens; message_delta the output tokens so far
+        # (and, from newer servers, the input tokens again).
+        if getattr(usage, "input_tokens", None):
+            self.input = usage
         self.output_tokens = getattr(usage, "output_tokens", None) or self.output_tokens
 
     def response(self) -> ModelResponse:
@@ -370,7 +386,7 @@ class _StreamState:
             content="".join("".join(b["parts"]) for b in blocks if b["type"] == "text"),
             tool_calls=calls,
             reasoning=reasoning or None,
-            usage=Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens),
+            usage=_usage(self.input, self.output_tokens),
             finish_reason=_finish_reason(self.stop_reason),
         )
 

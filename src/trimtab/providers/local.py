@@ -15,7 +15,11 @@ the runtime decides and the model only fills in what grammars keep it honest abo
    the model replies in text instead.
 
 After a tool result the model always replies in text, so one user message leads to at most one
-tool call and a run cannot loop on tools. Decoding is greedy with a fixed seed and every
+tool call and a run cannot loop on tools; unless the request requires a call (a run that must
+give a typed result through its terminal `final_result` tool: then `reply` is no choice, a
+lone tool is called without asking, and its arguments are the result, under its schema's
+grammar). A reply that must be a typed result (native structured output) is written under its
+schema's grammar too. Decoding is greedy with a fixed seed and every
 generation is bounded. The chat is rendered with the model's own template (GGUF metadata),
 with tool calls and results as plain text messages, so the model sees them:
 llama-cpp-python's `chatml-function-calling` format is not used, as it drops tool results and
@@ -62,6 +66,12 @@ from trimtab.providers._base import (
 from trimtab.providers._common import tool_call
 from trimtab.providers._config import ProviderConfig
 from trimtab.providers._install import install_command
+from trimtab.providers._local_calls import (
+    REPLY,
+    REPLY_DESCRIPTION,
+    arguments_instruction,
+    grammar_schema,
+)
 
 if TYPE_CHECKING:
     # Only with the `local` extra; the ignore keeps mypy quiet for contributors without it.
@@ -91,31 +101,19 @@ _REPLY_REPEAT_PENALTY = 1.1
 """Greedy decoding of a small model falls into loops ("la Femme, la Femme, ..."); a mild
 penalty stops most of them and is just as deterministic. Tool steps use none: JSON repeats
 quotes and braces by design."""
-_REPLY = "reply"
-"""The action that answers in text, offered next to the tool names."""
 _SAVED_STATES_BYTES = 256 * 1024 * 1024
 """The most memory the saved states of interrupted conversations take (~13k tokens of
 SmolLM2-135M's, fewer of a bigger model's): beyond it the least recently used go."""
 
-_CHOOSE_INSTRUCTION = (
-    f"Choose the next step:\n- {_REPLY}: answer the user directly, in text\n{{tools}}\n\n"
-    "Answer with the name of one step."
-)
-"""Listing `reply` as a step like the tools, with what it does, is what made SmolLM2 pick it for
-plain questions: 21 of 22 trial prompts went the right way, against 18 when only the tools
-were listed (which picked `add` for "What is the capital of France?")."""
-_INSTRUCTED_MESSAGE = 'Message: "{message}"\n\n{instruction}'
-"""A step's prompt ends with the user's message and the step's instruction, in one user turn
-(see `_instructed`). Tried with SmolLM2-135M on 22 one-message prompts (12 questions, 10
-asking for a sum) and 5 four-turn conversations: this placement picked right for 22 and 14 of
-20 turns, against 18 and 14 with the instruction in the system message (which called `add`
-for "Why is the sky blue?"), and 13 to 20 and 10 to 12 for the other placements tried (the
-instruction first, a system turn of its own); its arguments were right for 11 of 12 sums (12
-in the system message)."""
-_ARGUMENTS_INSTRUCTION = (
-    "Call the tool {name}{description}\nIts parameters, as a JSON schema: {schema}\n"
-    "Answer with only the arguments as a JSON object, taking their values from the conversation."
-)
+_CHOICE_CHARS = 2_000
+"""The most of a message (and of a tool's description) the choice of a tool reads: it is read
+once per option, and its start says what it asks for."""
+_TOOL_MARGIN = 1.0
+"""How much likelier (in nats: a factor e) a tool's description must make the message than a
+plain answer's, for the tool to be called: a call the message did not ask for does more harm
+than a reply, and a person can name the tool. Chosen on `bench/local_arguments.py` with
+SmolLM2-135M: margins 0, 1 and 2 got 47, 50 and 44 of its 56 choices right (22 of 24
+arithmetic requests, 22 of 22 for the time and 6 of 10 plain questions, at 1)."""
 
 
 class LocalProvider:
@@ -127,6 +125,8 @@ class LocalProvider:
     """
 
     name = "local"
+    native_output = True
+    """A reply whose `ModelRequest.output_schema` is given is written under its grammar."""
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
@@ -286,11 +286,14 @@ class _Job:
     schema: dict[str, Any] | None = None
     """A JSON schema the output must match (turned into a grammar)."""
     repeat_penalty: float = 1.0
+    reply: bool = False
+    """A reply under a schema (native structured output, spec OUT6), which the conversation
+    keeps as it keeps a free one."""
 
     @property
     def is_reply(self) -> bool:
-        """A reply in free text, which the conversation keeps (not a constrained step)."""
-        return self.grammar is None and self.schema is None
+        """A reply, which the conversation keeps (not a step that decides a tool call)."""
+        return self.reply or (self.grammar is None and self.schema is None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +304,16 @@ class _Generation:
     input_tokens: int
     output_tokens: int
     finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Scores:
+    """What one `_Engine.likelihoods` found."""
+
+    log_likelihoods: list[float]
+    """Per chat, in natural log units."""
+    input_tokens: int
+    """The prompt tokens of all the chats (some of them reused, not read)."""
 
 
 @dataclass(slots=True)
@@ -315,6 +328,8 @@ class _Counters:
     """Generations that started from a saved state."""
     saved: int = 0
     """States saved before another conversation replaced them."""
+    scored: int = 0
+    """Texts scored (`_Engine.likelihoods`), which are not generations."""
     recent: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=64))
     """The latest generations' prompt tokens and tokens read."""
 
@@ -385,6 +400,34 @@ class _Engine:
             finally:
                 self._states.finished(reply=job.is_reply)
             return _Generation("".join(parts), len(prompt), counter.count, finish_reason)
+
+    def likelihoods(self, chats: Sequence[list[dict[str, str]]], text: str) -> _Scores:
+        """How likely the model finds `text` as each chat's last message: the log-probability
+        of its tokens and of the template's end of that turn, after the rest of the chat."""
+        from trimtab.providers._local_scoring import log_likelihood
+
+        scores: list[float] = []
+        input_tokens = 0
+        with self.lock:
+            for chat in chats:
+                rendered = self._template.render(chat)
+                # The end of the turn is scored too: that the message stops there tells.
+                tokens = self._tokens(rendered)
+                before = self._tokens(rendered[: rendered.rindex(text)])
+                # Where the text's tokens start: where the two tokenizations part (a text
+                # that merges with what precedes it is scored from the token they share).
+                start = next(
+                    (i for i, (a, b) in enumerate(zip(tokens, before, strict=False)) if a != b),
+                    min(len(before), len(tokens) - 1),
+                )
+                self._states.prepare(tokens[: max(start, 1)])
+                try:
+                    scores.append(log_likelihood(self._llama, tokens, max(start, 1)))
+                finally:
+                    self._states.finished(reply=False)
+                input_tokens += len(tokens)
+            self.counters.scored += len(chats)
+        return _Scores(scores, input_tokens)
 
     def _count(self, prompt: int, read: int, restored: bool, saved: bool) -> None:
         counters = self.counters
@@ -534,15 +577,20 @@ async def _respond(engine: _Engine, request: ModelRequest) -> AsyncIterator[Prov
     """The events of one request: a tool call when one is decided and valid, else a reply."""
     chat = _chat(request.messages)
     tally = _Tally()
-    if request.tools and request.messages and request.messages[-1].role == "user":
-        call = await _tool_call(engine, request, chat, tally)
+    required = request.tool_choice == "required" and bool(request.tools)
+    if request.tools and request.messages and (required or request.messages[-1].role == "user"):
+        call = await _tool_call(engine, request, chat, tally, required=required)
         if call is not None:
             yield ModelResponse(tool_calls=(call,), usage=tally.usage(), finish_reason="tool_calls")
             return
+    schema = request.output_schema
     job = _Job(
         chat,
         max_tokens=request.max_tokens or _REPLY_TOKENS,
-        repeat_penalty=_REPLY_REPEAT_PENALTY,
+        # A reply that is a typed result is written under its schema's grammar (OUT6).
+        schema=schema,
+        repeat_penalty=_REPLY_REPEAT_PENALTY if schema is None else 1.0,
+        reply=True,
     )
     async for item in _run(engine, job):
         if isinstance(item, str):
@@ -556,17 +604,26 @@ async def _respond(engine: _Engine, request: ModelRequest) -> AsyncIterator[Prov
 
 
 async def _tool_call(
-    engine: _Engine, request: ModelRequest, chat: list[dict[str, str]], tally: _Tally
+    engine: _Engine,
+    request: ModelRequest,
+    chat: list[dict[str, str]],
+    tally: _Tally,
+    *,
+    required: bool = False,
 ) -> ToolCall | None:
-    """The call to make, or None to reply in text (no tool chosen, or invalid arguments)."""
-    tool = _named_tool(request) or await _choose_tool(engine, request.tools, chat, tally)
+    """The call to make, or None to reply in text (no tool chosen, or invalid arguments).
+    `required`: the answer must call a tool (a run that gives a typed result, OUT2)."""
+    message = request.messages[-1].content
+    tool = _named_tool(request) or await _choose_tool(
+        engine, request.tools, message, tally, required=required
+    )
     if tool is None:
         return None
-    description = f": {tool.description}" if tool.description else ""
-    instruction = _ARGUMENTS_INSTRUCTION.format(
-        name=tool.name, description=description, schema=json.dumps(tool.parameters)
+    job = _Job(
+        _instructed(chat, message, arguments_instruction(tool, message)),
+        max_tokens=_ARGUMENT_TOKENS,
+        schema=grammar_schema(tool.parameters, message),
     )
-    job = _Job(_instructed(chat, instruction), max_tokens=_ARGUMENT_TOKENS, schema=tool.parameters)
     generation = tally.add(await _complete(engine, job))
     arguments = _valid_arguments(generation.text, tool.parameters)
     return None if arguments is None else tool_call(None, tool.name, arguments)
@@ -586,31 +643,43 @@ def _named_tool(request: ModelRequest) -> ToolDefinition | None:
 async def _choose_tool(
     engine: _Engine,
     tools: Sequence[ToolDefinition],
-    chat: list[dict[str, str]],
+    message: str,
     tally: _Tally,
+    *,
+    required: bool = False,
 ) -> ToolDefinition | None:
-    """The model's pick among `reply` and the tools, under a grammar allowing only those.
+    """The tool whose description makes the model find `message` likeliest, if it beats a
+    plain answer's by `_TOOL_MARGIN`; None for a reply.
 
     Terminal tools cannot be picked: they end the run (`clear_context` wipes the conversation),
     so they are called only when the user names them, never on a small model's guess. This also
-    keeps a seeded run from clearing again, and again, on its own.
+    keeps a seeded run from clearing again, and again, on its own. When a call is `required`
+    (the run gives a typed result through its terminal output tool), every tool may be picked
+    and `reply` may not; a lone tool is picked without asking.
     """
-    choices = {t.name: t for t in tools if t.name != _REPLY and not t.is_terminal}
-    if not choices:
-        return None
-    # Every tool is listed, the terminal ones too: the prompt then reads the same whichever
-    # tools may be picked (a 135M model's pick shifts with the wording of the list).
-    listing = "\n".join(f"- {t.name}: {t.description or t.name}" for t in tools)
-    options = " | ".join(json.dumps(name) for name in (_REPLY, *choices))
-    job = _Job(
-        _instructed(chat, _CHOOSE_INSTRUCTION.format(tools=listing)),
-        # A name takes a few tokens; the bound only guards against a runaway grammar.
-        max_tokens=32,
-        suffix="Next step: ",
-        grammar=f"root ::= {options}",
-    )
-    generation = tally.add(await _complete(engine, job))
-    return choices.get(generation.text.strip())
+    choices = [t for t in tools if t.name != REPLY and (required or not t.is_terminal)]
+    if required and len(choices) == 1:
+        return choices[0]
+    text = message[:_CHOICE_CHARS].strip()
+    if not choices or not text:
+        return choices[0] if required and choices else None
+    conditions = [REPLY_DESCRIPTION, *(_condition(tool) for tool in choices)]
+    chats = [
+        [{"role": "system", "content": condition}, {"role": "user", "content": text}]
+        for condition in conditions
+    ]
+    scores = await asyncio.to_thread(engine.likelihoods, chats, text)
+    tally.input_tokens += scores.input_tokens
+    reply, *per_tool = scores.log_likelihoods
+    best = max(range(len(choices)), key=lambda i: per_tool[i])
+    return choices[best] if required or per_tool[best] > reply + _TOOL_MARGIN else None
+
+
+def _condition(tool: ToolDefinition) -> str:
+    """What a tool's option is conditioned on: its description (its name, if it has none), as
+    a sentence."""
+    text = (tool.description or tool.name)[:_CHOICE_CHARS].strip()
+    return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
 def _valid_arguments(text: str, schema: dict[str, Any]) -> str | None:
@@ -711,14 +780,16 @@ def _turn(message: Message, names: dict[str, str]) -> tuple[str, str]:
             assert_never(message.role)
 
 
-def _instructed(chat: list[dict[str, str]], instruction: str) -> list[dict[str, str]]:
-    """`chat` with `instruction` put before the text of its last message (a user's).
+def _instructed(chat: list[dict[str, str]], message: str, step: str) -> list[dict[str, str]]:
+    """`chat` with the user's `message` at its end replaced by `step`, a step's prompt that
+    quotes it.
 
     Not in the system message: the conversation before that message then reads the same in
     every step's prompt and in the next turn's, so that the model reads it once.
     """
-    if not chat or chat[-1]["role"] != "user":  # the message was empty
-        return [*chat, {"role": "user", "content": instruction}]
+    if not chat or chat[-1]["role"] != "user" or not chat[-1]["content"].endswith(message):
+        return [*chat, {"role": "user", "content": step}]  # the message was empty
     *history, last = chat
-    content = _INSTRUCTED_MESSAGE.format(instruction=instruction, message=last["content"])
+    # What came before the message in its turn (a tool's result) stays.
+    content = last["content"][: len(last["content"]) - len(message)] + step
     return [*history, {"role": "user", "content": content}]

@@ -49,6 +49,8 @@ class OpenAIProvider:
     """
 
     name = "openai"
+    native_output = True
+    """`ModelRequest.output_schema` goes as `response_format` (spec OUT6)."""
 
     def __init__(
         self,
@@ -116,6 +118,15 @@ def _body(request: ModelRequest, model: str) -> bytes:
         fields["max_tokens"] = request.max_tokens
     if request.reasoning_effort is not None:
         fields["reasoning_effort"] = request.reasoning_effort
+    if request.tool_choice is not None and request.tools:
+        fields["tool_choice"] = request.tool_choice
+    if request.output_schema is not None:
+        # Not `strict`: it refuses schemas that are not closed (`additionalProperties`), and
+        # the reply is checked here in any case (spec OUT6).
+        fields["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "result", "schema": request.output_schema},
+        }
     messages = ",".join([_message(m) for m in request.messages])
     # `fields` is never empty, so its JSON goes on after its opening brace.
     return f'{{"messages":[{messages}],{_json(fields)[1:]}'.encode()
@@ -295,6 +306,10 @@ def _reasoning(part: dict[str, Any]) -> str | None:
 def _usage(usage: dict[str, Any] | None) -> Usage:
     if usage is None:
         return Usage()
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
-        input_tokens=usage.get("prompt_tokens"), output_tokens=usage.get("completion_tokens")
+        input_tokens=usage.get("prompt_tokens"),
+        output_tokens=usage.get("completion_tokens"),
+        cache_read_tokens=cached,
     )

@@ -55,6 +55,8 @@ class OpenAIResponsesProvider:
     """A `Provider` speaking the OpenAI Responses API through the official `openai` client."""
 
     name = "openai-responses"
+    native_output = True
+    """`ModelRequest.output_schema` goes as the `text.format` (spec OUT6)."""
 
     def __init__(
         self,
@@ -120,6 +122,12 @@ def _body(request: ModelRequest, model: str) -> dict[str, Any]:
         body["max_output_tokens"] = request.max_tokens
     if request.reasoning_effort is not None:
         body["reasoning"] = {"effort": request.reasoning_effort}
+    if request.tool_choice is not None and request.tools:
+        body["tool_choice"] = request.tool_choice
+    if request.output_schema is not None:
+        # Not `strict`, as for Chat Completions: the reply is checked here (spec OUT6).
+        fmt = {"type": "json_schema", "name": "result", "schema": request.output_schema}
+        body["text"] = {"format": {**fmt, "strict": False}}
     return body
 
 
@@ -208,6 +216,7 @@ def _response(
     text: str, calls: tuple[ToolCall, ...], reasoning: str, response: Response
 ) -> ModelResponse:
     usage = getattr(response, "usage", None)
+    details = getattr(usage, "input_tokens_details", None)
     return ModelResponse(
         content=text,
         tool_calls=calls,
@@ -215,6 +224,7 @@ def _response(
         usage=Usage(
             input_tokens=getattr(usage, "input_tokens", None),
             output_tokens=getattr(usage, "output_tokens", None),
+            cache_read_tokens=getattr(details, "cached_tokens", None),
         ),
         finish_reason=_finish_reason(response, bool(calls)),
     )

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar, cast, overload
+from typing import Any, Literal, TypeVar, Unpack, cast, overload
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from trimtab import (
     ClearContextResult,
@@ -25,12 +26,15 @@ from trimtab import (
     TruncateResult,
 )
 from trimtab._durations import check_seconds
+from trimtab._output import value_of
 from trimtab._permissions import PermissionHandlerFn, decide
+from trimtab._runs import results_of
 from trimtab._subscribers import EventHandler, Subscribers
 from trimtab._tools import CallOutcome
 from trimtab._tracing import outgoing, remote_parent
 from trimtab.events import (
     AssistantMessageEvent,
+    Budget,
     Event,
     EventAdapter,
     EventType,
@@ -57,9 +61,11 @@ from trimtab.protocol.wire import (
     SendParams,
     SendResult,
     SessionParams,
+    SuccessResult,
     ToolResultAnswer,
     TruncateParams,
     TruncateResultWire,
+    UpdateOptionsParams,
     dump,
 )
 
@@ -68,6 +74,7 @@ __all__ = ["RemoteHistory", "RemoteSession"]
 log = logging.getLogger("trimtab.remote")
 
 _Result = TypeVar("_Result", bound=BaseModel)
+_T = TypeVar("_T")
 
 _RESULT_TYPES: dict[ToolOutcome, ResultType] = {
     "success": "success",
@@ -176,6 +183,10 @@ class RemoteSession:
         images: Sequence[Image | Mapping[str, str]] = (),
         attachments: Sequence[Mapping[str, Any]] = (),
         mode: Literal["enqueue", "immediate"] = "enqueue",
+        output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
+        max_invalid_outputs: int | None = None,
+        budget: Budget | Mapping[str, Any] | None = None,
     ) -> str:
         """Queue `prompt` and return its message id at once, as `Session.send` (`mode`:
         spec X6).
@@ -183,29 +194,86 @@ class RemoteSession:
         `attachments` are the Copilot protocol's (`{"type": "file", "path": ...}`, a
         `directory`, a `selection` or a `blob`): the server reads them and puts their text
         after the prompt (spec D11), where an in-process session only records its own.
+        `output_type` goes as its JSON Schema: the server checks results against it
+        (spec OUT7); `output` reads the result back as an `output_type`.
         """
-        params = self._send_params(prompt, request_headers, images, attachments)
+        params = self._send_params(
+            prompt,
+            request_headers,
+            images,
+            attachments,
+            _schema(output_type, output_schema),
+            max_invalid_outputs,
+            budget,
+        )
         if mode != "enqueue":
             params = params.model_copy(update={"mode": mode})
         return (await self._call("session.send", params, SendResult)).message_id
 
+    @overload
     async def send_and_wait(
         self,
         prompt: str,
         *,
+        output_type: None = None,
+        output_schema: None = None,
         timeout: float | None = None,
-        request_headers: Mapping[str, str] | None = None,
-        images: Sequence[Image | Mapping[str, str]] = (),
-        attachments: Sequence[Mapping[str, Any]] = (),
-    ) -> AssistantMessageEvent | None:
-        """Send `prompt` and wait for its run to end, as `Session.send_and_wait`.
+        **options: Unpack[RemoteSendOptions],
+    ) -> AssistantMessageEvent | None: ...
+    @overload
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: type[_T],
+        output_schema: None = None,
+        timeout: float | None = None,
+        **options: Unpack[RemoteSendOptions],
+    ) -> _T: ...
+    @overload
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: None = None,
+        output_schema: Mapping[str, Any],
+        timeout: float | None = None,
+        **options: Unpack[RemoteSendOptions],
+    ) -> Any: ...
+    async def send_and_wait(
+        self,
+        prompt: str,
+        *,
+        output_type: Any = None,
+        output_schema: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        **options: Unpack[RemoteSendOptions],
+    ) -> Any:
+        """Send `prompt` and wait for its run to end, as `Session.send_and_wait`: with
+        `output_type` (or `output_schema`), its typed result.
 
         Raises `SessionError` if the run ended in `session.error`, and `TimeoutError` after
         `timeout` seconds (the run goes on).
         """
         check_seconds("timeout", timeout, bounded=False)  # before anything is sent
-        params = self._send_params(prompt, request_headers, images, attachments)
+        schema = _schema(output_type, output_schema)
+        params = self._send_params(
+            prompt,
+            options.get("request_headers"),
+            options.get("images", ()),
+            options.get("attachments", ()),
+            schema,
+            options.get("max_invalid_outputs"),
+            options.get("budget"),
+        )
         result = await self._call("session.sendAndWait", params, SendAndWaitResult, timeout=timeout)
+        if schema is not None:
+            if result.output is None:
+                why = "it was aborted" if result.aborted else "no result was given"
+                raise TrimtabError(f"the run ended without a result: {why}")
+            return (
+                result.output.value if output_type is None else value_of(output_type, result.output)
+            )
         if result.response is None:
             return None
         event = EventAdapter.validate_python(result.response)
@@ -213,16 +281,44 @@ class RemoteSession:
             raise TrimtabError(f"the server answered with a {event.type} event")
         return event
 
+    async def output(self, message_id: str | None = None, *, output_type: Any = None) -> Any:
+        """The typed result of the run of `message_id` (the latest when None), read from the
+        session's log, as `Session.output`."""
+        found = results_of(await self.get_events())
+        key = message_id if message_id is not None else next(reversed(found), None)
+        if key is None or key not in found:
+            raise LookupError(f"no result of the run of {message_id or 'any message'}")
+        return found[key].value if output_type is None else value_of(output_type, found[key])
+
+    async def set_budget(self, budget: Budget | Mapping[str, Any] | None) -> None:
+        """Set what the whole session may spend, as `Session.set_budget` (spec U6)."""
+        try:
+            checked = None if budget is None else Budget.model_validate(budget)
+        except ValidationError as exc:
+            raise ValueError(f"invalid budget: {exc}") from None
+        params = UpdateOptionsParams(session_id=self.session_id, budget=checked)
+        answer = {**dump(params), "budget": dump(checked) if checked is not None else None}
+        try:
+            result = await self._conn.request("session.options.update", answer)
+        except RpcError as exc:
+            raise error_from_rpc(exc) from None
+        if not SuccessResult.model_validate(result).success:
+            raise TrimtabError("the server did not take the budget")
+
     def _send_params(
         self,
         prompt: str,
         request_headers: Mapping[str, str] | None,
         images: Sequence[Image | Mapping[str, str]],
         attachments: Sequence[Mapping[str, Any]],
+        output_schema: dict[str, Any] | None = None,
+        max_invalid_outputs: int | None = None,
+        budget: Budget | Mapping[str, Any] | None = None,
     ) -> SendParams:
         """A send on the wire: its images as blob attachments (spec D14), its attachments
         checked here as the server checks them (D11: a bad one is a `ValueError` and nothing
-        is sent), and its headers as `requestHeaders` (D9)."""
+        is sent), its headers as `requestHeaders` (D9), its typed result's schema and its
+        budget as trimtab's `outputSchema` and `budget` (OUT7, U6)."""
         blobs: list[Any] = [
             BlobAttachment(type="blob", data=image.data, mime_type=image.mime_type)
             for image in (Image.model_validate(i) for i in images)
@@ -233,6 +329,9 @@ class RemoteSession:
                 prompt=prompt,
                 attachments=[*blobs, *attachments] or None,
                 request_headers=dict(request_headers) if request_headers else None,
+                output_schema=output_schema,
+                max_invalid_outputs=max_invalid_outputs,
+                budget=budget,
                 **outgoing(),
             )
         except ValidationError as exc:
@@ -380,3 +479,27 @@ class RemoteSession:
             arguments=arguments,
             session=session,
         )
+
+
+class RemoteSendOptions(TypedDict, total=False):
+    """What `RemoteSession.send` takes beside its prompt and its output type."""
+
+    request_headers: Mapping[str, str] | None
+    images: Sequence[Image | Mapping[str, str]]
+    attachments: Sequence[Mapping[str, Any]]
+    max_invalid_outputs: int | None
+    budget: Budget | Mapping[str, Any] | None
+
+
+def _schema(output_type: Any, output_schema: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON Schema a send's typed result goes with: `output_schema`, or `output_type`'s."""
+    if output_type is not None and output_schema is not None:
+        raise ValueError("give output_type or output_schema, not both")
+    if output_schema is not None:
+        return dict(output_schema)
+    if output_type is None:
+        return None
+    try:
+        return TypeAdapter(output_type).json_schema()
+    except Exception as exc:
+        raise TypeError(f"output_type {output_type!r} has no JSON Schema: {exc}") from None

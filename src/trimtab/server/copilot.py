@@ -280,6 +280,7 @@ class CopilotConnection:
             message_id=message_id,
             completion_event_id=idle,
             response=event_payload(run.last_message) if run.last_message is not None else None,
+            output=run.output,
         )
 
     async def _submit(self, params: dict[str, Any]) -> tuple[SharedSession, str]:
@@ -297,6 +298,7 @@ class CopilotConnection:
                 images=composed.images,
                 attachments=composed.attachments,
                 mode=request.mode or "enqueue",
+                **request.run_options(),
             )
         return shared, message_id
 

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trimtab import QueuedCommand, QueuedMessage, Session, SessionNotFoundError
-from trimtab.events import SessionCompactionCompleteEvent
+from trimtab.events import Budget, SessionCompactionCompleteEvent
 from trimtab.mcp import McpTool
 from trimtab.protocol.errors import SESSION_NOT_FOUND
 from trimtab.protocol.jsonrpc import Connection, RpcError
@@ -52,10 +52,17 @@ from trimtab.protocol.session_wire import (
     PermissionModeParams,
     PermissionModeResult,
     PermissionModeSetResult,
+    QueueDrainPausedParams,
+    QueueInsertParams,
     QueueItem,
     QueueItemParams,
+    QueueMoveParams,
+    QueueMoveResult,
+    QueueNewItemResult,
     QueuePendingResult,
     QueueRemovedResult,
+    QueueUpdateTextParams,
+    QueueUpdateTextResult,
     ReasoningEffortParams,
     ReasoningEffortResult,
     RespondToCommandParams,
@@ -68,7 +75,8 @@ from trimtab.protocol.session_wire import (
     WithdrawParams,
     WithdrawResult,
 )
-from trimtab.protocol.wire import SessionParams, SuccessResult
+from trimtab.protocol.wire import SessionParams, SuccessResult, UpdateOptionsParams
+from trimtab.server.attachments import with_attachments
 from trimtab.server.event_log import EventLogRpc
 from trimtab.server.hub import SessionHub, SharedSession
 from trimtab.server.workspace_rpc import workspace_methods
@@ -103,6 +111,11 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.queue.removeAt": rpc.remove_at,
         "session.queue.removeMostRecent": rpc.remove_most_recent,
         "session.queue.withdrawMessage": rpc.withdraw_message,
+        "session.queue.moveItem": rpc.move_item,
+        "session.queue.insertAt": rpc.insert_at,
+        "session.queue.updateText": rpc.update_text,
+        "session.queue.duplicateAt": rpc.duplicate_at,
+        "session.queue.setDrainPaused": rpc.set_drain_paused,
         "session.permissions.setMode": rpc.set_permission_mode,
         "session.metadata.contextInfo": rpc.context_info,
         "session.metadata.getContextHeaviestMessages": rpc.heaviest_messages,
@@ -119,6 +132,7 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.metadata.getContextAttribution": rpc.context_attribution,
         "session.metadata.isProcessing": rpc.is_processing,
         "session.metadata.activity": rpc.activity,
+        "session.options.update": rpc.update_options,
     }
 
 
@@ -156,6 +170,27 @@ class _SessionRpc:
         model = self._shared(params).session.config.model
         entries = [] if model is None else [ModelEntry(id=model, name=model)]
         return ModelListResult(list=entries)
+
+    # --- options ---------------------------------------------------------------------------
+
+    async def update_options(self, params: dict[str, Any]) -> SuccessResult:
+        """The session's budget (spec U6): trimtab's `budget` as given (null: none), else
+        its `cost` set from Copilot's `sessionLimits` (`maxAiCredits` or the limits null: no
+        cost limit). The protocol's other options of an open session are not served: a
+        request with neither is answered `success: false`."""
+        request = UpdateOptionsParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        if "budget" not in params and "sessionLimits" not in params:
+            return SuccessResult(success=False, error="trimtab changes only the session's limits")
+        budget = request.budget
+        if "budget" not in params:
+            credits = request.session_limits.max_ai_credits if request.session_limits else None
+            kept = session.budget.model_dump(exclude_none=True) if session.budget else {}
+            kept.pop("cost", None)
+            cost = {} if credits is None else {"cost": credits / 100}
+            budget = Budget.model_validate({**kept, **cost}) if kept or cost else None
+        await session.set_budget(budget)
+        return SuccessResult(success=True)
 
     # --- name ------------------------------------------------------------------------------
 
@@ -314,6 +349,44 @@ class _SessionRpc:
         if waiting is None or waiting != request.expected_prompt:
             return WithdrawResult(removed=False)
         return WithdrawResult(removed=bool(await session.remove_pending([request.message_id])))
+
+    async def move_item(self, params: dict[str, Any]) -> QueueMoveResult:
+        request = QueueMoveParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueMoveResult(changed=await session.move_pending(request.id, request.to_position))
+
+    async def insert_at(self, params: dict[str, Any]) -> QueueNewItemResult:
+        request = QueueInsertParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        message = request.message
+        composed = await with_attachments(
+            message.prompt, message.attachments or [], opener=self._hub.policy.open
+        )
+        message_id = await session.insert_pending(
+            request.position,
+            composed.prompt,
+            request_headers=message.request_headers,
+            images=composed.images,
+            attachments=composed.attachments,
+        )
+        return QueueNewItemResult(id=message_id)
+
+    async def update_text(self, params: dict[str, Any]) -> QueueUpdateTextResult:
+        request = QueueUpdateTextParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueUpdateTextResult(
+            updated=await session.update_pending(request.id, request.prompt)
+        )
+
+    async def duplicate_at(self, params: dict[str, Any]) -> QueueNewItemResult:
+        request = QueueItemParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueNewItemResult(id=await session.duplicate_pending(request.id))
+
+    async def set_drain_paused(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = QueueDrainPausedParams.model_validate(params)
+        await self._hub.get(self._conn, request.session_id).session.set_drain_paused(request.paused)
+        return {}
 
     async def enqueue_command(self, params: dict[str, Any]) -> EnqueueCommandResult:
         request = EnqueueCommandParams.model_validate(params)

@@ -164,9 +164,17 @@ class LiveFeed(Protocol):
         """
         ...
 
-    def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after`, then each new one as it is stored, by any process,
         with the published ephemeral events in their places.
+
+        Like any generator it starts on its first `anext`: `ready`, if given, is set once
+        it listens, and every ephemeral event published from then on is delivered (spec E6).
+        Wait for it with a bound: it is never set for a subscription that cannot listen
+        (PostgreSQL: its listener did not connect within the store's timeout; such a
+        subscription still reads the stored events, by polling).
 
         Never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
@@ -257,6 +265,22 @@ class Inbox(Protocol):
 
         An input already claimed (its `user.message` appended) is never removed: its run has
         begun. Unknown ids are ignored.
+        """
+        ...
+
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        """Make the pending inputs `inputs` (`(prompt, message_id)` pairs, in their new
+        order), in one atomic step, provided they are `expected` now (message ids, oldest
+        first); else change nothing and return False (spec K18).
+
+        An edit of the queue in place: it moves inputs, changes their prompts and adds new
+        ones, never removes one (`discard_inputs` does). `inputs` must hold each id of
+        `expected`, and no id twice, else `ValueError`; a new id must be one never queued.
+        An input keeps its identity through the edit: an append that claims it either came
+        first (this returns False) or claims it, moved, after it. A crash leaves the inputs
+        as they were before the edit or after it, never between.
         """
         ...
 
@@ -358,6 +382,16 @@ def position_of(event: Event, before: int) -> int:
     """The position of a stored event read right after position `before`: the next one,
     unless it is a prune's marker, which stands at its own (spec X8)."""
     return event.data.position if isinstance(event, SessionPrunedEvent) else before + 1
+
+
+def check_rewrite(expected: Sequence[str], inputs: Sequence[tuple[str, str]]) -> None:
+    """Raise `ValueError` unless `inputs` keeps every input of `expected`, each once
+    (`Inbox.rewrite_inputs`): an edit of the queue never drops or doubles an input."""
+    ids = [message_id for _, message_id in inputs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("an edit of the queue names an input twice")
+    if missing := set(expected) - set(ids):
+        raise ValueError(f"an edit of the queue may not drop inputs: {sorted(missing)}")
 
 
 def check_persistable(events: Sequence[Event]) -> None:
@@ -490,6 +524,48 @@ class Listeners:
                 listener.loop.call_soon_threadsafe(listener.tell, notice)
 
 
+class _Ahead:
+    """A subscription's events read from the log, held back behind an ephemeral event, with
+    their positions (a prune's marker stands at its own, X8)."""
+
+    __slots__ = ("_closed", "_events", "_listener", "_read")
+
+    def __init__(
+        self,
+        listener: Listener,
+        read: Callable[[int], Awaitable[list[Event]]],
+        closed: Callable[[], bool],
+    ) -> None:
+        self._listener, self._read, self._closed = listener, read, closed
+        self._events: list[tuple[int, Event]] = []
+
+    def end(self) -> int:
+        """The position of the last event read (or delivered)."""
+        return self._events[-1][0] if self._events else self._listener.position
+
+    async def more(self) -> bool:
+        """Read on from the log; False once the store is closed."""
+        at = self.end()
+        try:
+            events = await self._read(at)
+        except RuntimeError:
+            if self._closed():
+                return False
+            raise
+        for event in events:
+            at = position_of(event, at)
+            self._events.append((at, event))
+        return True
+
+    def through(self, seq: int | None) -> list[tuple[int, Event]]:
+        """Take the events read up to position `seq` (all of them: None)."""
+        held = self._events
+        count = len(held) if seq is None else sum(1 for at, _ in held if at <= seq)
+        taken = held[:count]
+        del held[:count]
+        return taken
+
+
 async def follow(
     listener: Listener,
     read: Callable[[int], Awaitable[list[Event]]],
@@ -497,41 +573,34 @@ async def follow(
     *,
     closed: Callable[[], bool],
     poll: float | None,
+    ready: asyncio.Event | None = None,
 ) -> AsyncGenerator[Event, None]:
     """A subscription's events: the log after `after`, then stored and ephemeral events as
     `listener` is told of them, each ephemeral one in its place among the stored ones.
 
+    `listener` is told of the session's changes already: `ready` (see `LiveFeed.subscribe`)
+    is set as this begins, before its first read, and every notice told from then on counts.
     `read(n)` returns the stored events after the first `n`. Without any announcement for
     `poll` seconds the log is read anyway (other processes' appends may not ring here).
     """
     listener.position = max(after, 0)
-    # Read from the log, held back behind an ephemeral event: (position, event).
-    ahead: list[tuple[int, Event]] = []
-
-    async def through(seq: int | None) -> list[tuple[int, Event]]:
-        end = ahead[-1][0] if ahead else listener.position
-        if seq is None or seq > end:
-            for event in await read(end):
-                end = position_of(event, end)
-                ahead.append((end, event))
-        count = len(ahead) if seq is None else sum(1 for at, _ in ahead if at <= seq)
-        taken = ahead[:count]
-        del ahead[:count]
-        return taken
-
+    ahead = _Ahead(listener, read, closed)
     # Wake-ups told before the first read are covered by it. Read again later, once more is
     # stored, they would let a stored event overtake ephemeral ones published before it.
     listener.notices = [notice for notice in listener.notices if notice[1] is not None]
-    notices: list[Notice] = [(None, None)]  # catch up first
+    if ready is not None:
+        ready.set()
+    # The log first, held back until the ephemeral events told while it was read are in
+    # their places: that read may have seen events stored after them.
+    if not await ahead.more():
+        return
+    notices: list[Notice] = [*listener.notices, (ahead.end(), None)]
+    listener.notices = []
     while not closed():
         for seq, ephemeral in notices:
-            try:
-                stored = await through(seq)
-            except RuntimeError:
-                if closed():
-                    return
-                raise
-            for position, event in stored:
+            if (seq is None or seq > ahead.end()) and not await ahead.more():
+                return
+            for position, event in ahead.through(seq):
                 listener.position = position  # (delivered: a prune may not take it, X8)
                 yield event
             if ephemeral is not None:

@@ -6,6 +6,7 @@ test passing against it says something about the durable backends too.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from trimtab.store._base import (
     SessionRecord,
     check_persistable,
     check_prune,
+    check_rewrite,
     claimed_input,
     follow,
     holds_lease,
@@ -164,9 +166,11 @@ class MemoryStore:
         """Hand an ephemeral event to the session's subscribers (see `Store`)."""
         self._listeners.post(session_id, after, event)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        the published ephemeral events in their places.
+        the published ephemeral events in their places (`ready`: see `Store`).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session.
@@ -179,6 +183,7 @@ class MemoryStore:
                 after,
                 closed=lambda: self._closed,
                 poll=None,
+                ready=ready,
             )
             async for event in events:
                 yield event
@@ -291,6 +296,17 @@ class MemoryStore:
         """Remove the named inputs still pending (see `Store`)."""
         inputs = self._session(session_id).inputs
         return [m for m in dict.fromkeys(message_ids) if inputs.pop(m, None) is not None]
+
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        """Reorder, reword and add pending inputs in one step (see `Store`)."""
+        check_rewrite(expected, inputs)
+        session = self._session(session_id)
+        if list(session.inputs) != list(expected):
+            return False
+        session.inputs = {message_id: prompt for prompt, message_id in inputs}
+        return True
 
     async def close(self) -> None:
         """Drop every session and end subscriptions; the store is unusable afterwards."""

@@ -36,6 +36,7 @@ from trimtab.store._base import (
     SessionRecord,
     check_persistable,
     check_prune,
+    check_rewrite,
     claimed_input,
     follow,
     holds_lease,
@@ -390,9 +391,11 @@ class SqliteStore:
         other processes sharing the file see the stored events only."""
         self._listeners.post(session_id, after, event)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        this process's published ephemeral events in their places.
+        this process's published ephemeral events in their places (`ready`: see `Store`).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session. Appends through this
@@ -409,7 +412,12 @@ class SqliteStore:
 
         with self._listeners.listening_to(session_id) as listener:
             events = follow(
-                listener, read, after, closed=lambda: self._db is None, poll=SUBSCRIBE_POLL
+                listener,
+                read,
+                after,
+                closed=lambda: self._db is None,
+                poll=SUBSCRIBE_POLL,
+                ready=ready,
             )
             async for event in events:
                 yield event
@@ -610,6 +618,44 @@ class SqliteStore:
             ]
 
         return await self._run(delete)
+
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        """Reorder, reword and add pending inputs in one transaction (see `Store`). Each
+        input keeps its row, renumbered past every input so far in its new order."""
+        check_rewrite(expected, inputs)
+
+        def rewrite(db: sqlite3.Connection) -> bool:
+            _require(db, session_id)
+            pending = db.execute(
+                "SELECT message_id FROM inputs"
+                " WHERE session_id = ? AND claimed_seq IS NULL ORDER BY id",
+                (session_id,),
+            ).fetchall()
+            if [m for (m,) in pending] != list(expected):
+                return False
+            (top,) = db.execute("SELECT COALESCE(MAX(id), 0) FROM inputs").fetchone()
+            kept = set(expected)
+            try:
+                for n, (prompt, message_id) in enumerate(inputs, start=top + 1):
+                    if message_id in kept:
+                        db.execute(
+                            "UPDATE inputs SET id = ?, prompt = ?"
+                            " WHERE session_id = ? AND message_id = ?",
+                            (n, prompt, session_id, message_id),
+                        )
+                    else:
+                        db.execute(
+                            "INSERT INTO inputs (id, session_id, prompt, message_id)"
+                            " VALUES (?, ?, ?, ?)",
+                            (n, session_id, prompt, message_id),
+                        )
+            except sqlite3.IntegrityError:
+                raise ValueError("an edit of the queue adds an input queued before") from None
+            return True
+
+        return await self._run(rewrite)
 
     async def close(self) -> None:
         """Close the connection and end subscriptions; the store is unusable afterwards.

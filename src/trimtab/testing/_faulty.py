@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from trimtab._errors import StoreUnavailableError
@@ -27,8 +28,8 @@ class FaultyStore:
 
     Args:
         inner: The store that holds what is durable.
-        crash_at_write: Crash on this write (1-based): a `create` or an `append` (a batch
-            counts once).
+        crash_at_write: Crash on this write (1-based): a `create`, an `append` (a batch
+            counts once) or a `rewrite_inputs` (an edit of the queue).
         durable: Whether that write is stored before the crash: the writer never hears
             back either way, as when a process dies between a commit and its return.
         pause: Awaited before every call (e.g. `asyncio.sleep(0)` a few times) to let
@@ -50,7 +51,7 @@ class FaultyStore:
         self.durable = durable
         self.pause = pause
         self.writes = 0
-        """Writes (creates, appends and prunes) tried so far."""
+        """Writes (creates, appends, prunes and edits of the queue) tried so far."""
         self.crashed = False
 
     def crash(self) -> None:
@@ -99,9 +100,11 @@ class FaultyStore:
         await self._enter()
         return await self.inner.read(session_id, after=after)
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         await self._enter()
-        events = self.inner.subscribe(session_id, after=after)
+        events = self.inner.subscribe(session_id, after=after, ready=ready)
         try:
             async for event in events:
                 if self.crashed:
@@ -161,6 +164,14 @@ class FaultyStore:
         removed = await self._write(lambda: self.inner.prune(session_id, marker, lease=lease))
         assert removed is not None
         return removed
+
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        async def write() -> int:
+            return int(await self.inner.rewrite_inputs(session_id, expected, inputs))
+
+        return bool(await self._write(write))
 
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
         await self._enter()

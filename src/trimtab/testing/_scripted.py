@@ -58,7 +58,11 @@ class ScriptedModel:
         *,
         then: Callable[[ModelRequest], ScriptStep] | None = None,
         chunk_size: int = 8,
+        native_output: bool = False,
     ) -> None:
+        self.native_output = native_output
+        """Whether it stands for a provider with native structured output (spec OUT6): its
+        requests then carry `output_schema`, and its replies are the results."""
         self._steps: deque[ScriptStep] = deque(steps)
         self._then = then
         """Answers every request once the steps are used up (for long, generated sessions)."""

@@ -79,6 +79,7 @@ async def _serve_http(transport: str) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen()  # before the port is printed: a client connecting at once is queued, not refused
     app = server.sse_app() if transport == "sse" else server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning")
     print(f"port {sock.getsockname()[1]}", flush=True)

@@ -253,6 +253,42 @@ DISCARD_INPUTS = """
     SELECT g.message_id FROM sessions s LEFT JOIN gone g ON true WHERE s.session_id = %(s)s
 """
 
+# An edit of the queue in place (`rewrite_inputs`), in one transaction: the session's row
+# locked first (an append updates it, an enqueue's foreign key check shares it: both wait),
+# then its pending inputs read, then each renumbered in its new order past every input so
+# far, from the inputs' own sequence, or added. Rows are updated, never deleted and added
+# again, so that an append that claims one (by message id) claims it wherever it moved.
+LOCK_SESSION = "SELECT FROM sessions WHERE session_id = %s FOR UPDATE"
+
+PENDING_IDS = (
+    "SELECT message_id FROM session_inputs"
+    " WHERE session_id = %s AND claimed_seq IS NULL ORDER BY id"
+)
+
+# `inputs`: `[message_id, body]` per input in its new order, as one JSON text, each body a
+# JSON string (`->>` gives back its exact text: the server refuses `\u0000` in a text);
+# `kept`: the message ids of those pending already.
+REWRITE_INPUTS = """
+    WITH edit AS (
+        SELECT e->>0 AS message_id, (e->>1)::json AS body, n,
+               e->>0 = ANY(%(kept)s) AS kept
+        FROM json_array_elements(%(inputs)s::json) WITH ORDINALITY AS edit (e, n)
+    ),
+    drawn AS (SELECT nextval(pg_get_serial_sequence('session_inputs', 'id')) AS id FROM edit),
+    numbered AS (
+        SELECT edit.*, ranked.id
+        FROM edit JOIN (SELECT id, row_number() OVER (ORDER BY id) AS n FROM drawn) AS ranked
+            USING (n)
+    ),
+    moved AS (
+        UPDATE session_inputs i SET id = numbered.id, body = numbered.body
+        FROM numbered
+        WHERE numbered.kept AND i.session_id = %(s)s AND i.message_id = numbered.message_id
+    )
+    INSERT INTO session_inputs (id, session_id, message_id, body)
+    SELECT id, %(s)s, message_id, body FROM numbered WHERE NOT kept
+"""
+
 SAVE_SNAPSHOT = (
     "INSERT INTO session_snapshots (session_id, event_count, data)"
     " VALUES (%(s)s, %(n)s, %(d)s) ON CONFLICT (session_id)"

@@ -24,6 +24,7 @@ Every call is bounded by the store's `timeout` (`_calls`, spec W1).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Sequence
@@ -47,6 +48,7 @@ from trimtab.store._base import (
     SessionRecord,
     check_persistable,
     check_prune,
+    check_rewrite,
     follow,
     holds_lease,
     owner_of,
@@ -284,9 +286,12 @@ class PostgresStore:
         async with self._calls.connection() as conn:
             await conn.writes.execute(sql.NOTIFY_ALL, (sql.LIVE_CHANNEL, sql.json_text(payloads)))
 
-    async def subscribe(self, session_id: str, *, after: int = 0) -> AsyncGenerator[Event, None]:
+    async def subscribe(
+        self, session_id: str, *, after: int = 0, ready: asyncio.Event | None = None
+    ) -> AsyncGenerator[Event, None]:
         """The events after `after` as they are stored: the log first, then live ones, with
-        the published ephemeral events in their places.
+        the published ephemeral events in their places (`ready`: see `Store`; set once this
+        runtime's listener is up, which a first subscription waits for).
 
         The iterator never ends on its own: it ends when the store is closed, and raises
         `SessionNotFoundError` for an unknown (or deleted) session. Notifications from any
@@ -316,9 +321,16 @@ class PostgresStore:
             # Ephemeral events published before the listener is up would be missed.
             await doorbell.listening(self.timeout)
             # The listener rang every subscriber as it connected, before `listening` returned:
-            # `follow` drops that ring, which its first read covers.
-            poll = _listener.SUBSCRIBE_POLL
-            events = follow(listener, read, after, closed=lambda: self._closed, poll=poll)
+            # `follow` drops that ring, which its first read covers. One that did not connect
+            # within the timeout leaves the subscription polling, not listening: not ready.
+            events = follow(
+                listener,
+                read,
+                after,
+                closed=lambda: self._closed,
+                poll=_listener.SUBSCRIBE_POLL,
+                ready=ready if doorbell.up else None,
+            )
             async for event in events:
                 yield event
 
@@ -441,6 +453,26 @@ class PostgresStore:
             raise SessionNotFoundError(session_id)
         removed = {str(row[0]) for row in rows if row[0] is not None}
         return [m for m in dict.fromkeys(message_ids) if m in removed]
+
+    @bounded
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        """Reorder, reword and add pending inputs in one transaction (see `Store`)."""
+        check_rewrite(expected, inputs)
+        edit = json.dumps([[m, json.dumps({"prompt": p})] for p, m in inputs])
+        async with self._calls.connection() as conn, conn.transaction():
+            if (await conn.execute(sql.LOCK_SESSION, (session_id,))).rowcount == 0:
+                raise SessionNotFoundError(session_id)
+            pending = await (await conn.execute(sql.PENDING_IDS, (session_id,))).fetchall()
+            if [m for (m,) in pending] != list(expected):
+                return False
+            params = {"s": session_id, "inputs": edit, "kept": list(expected)}
+            try:
+                await conn.execute(sql.REWRITE_INPUTS, params)
+            except errors.UniqueViolation:
+                raise ValueError("an edit of the queue adds an input queued before") from None
+        return True
 
     @bounded
     async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
