@@ -60,13 +60,25 @@ async def test_seed_scenario_event_order_and_two_requests(client: Client) -> Non
     model.assert_done()
 
 
-async def test_c1_clear_outside_a_tool_call_is_refused(client: Client) -> None:
-    session = await open_session(client, ScriptedModel())
+async def test_c1_clear_outside_a_tool_call_during_a_run_is_refused(client: Client) -> None:
+    """Outside any tool call, a clear is the host's (X4), which a run in flight refuses."""
+    answering, answer = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Any) -> str:
+        answering.set()
+        await answer.wait()
+        return "done"
+
+    session = await open_session(client, ScriptedModel([slow]))
+    await session.send("hello")
+    await asyncio.wait_for(answering.wait(), 10)
     before = await session.get_events()
     with pytest.raises(ClearContextError) as err:
         await session.history.clear_context(SEED)
-    assert err.value.code == "no_tool_call_in_flight"
+    assert err.value.code == "run_in_flight"
     assert await session.get_events() == before
+    answer.set()
+    await session.wait_idle()
 
 
 async def test_c1_clear_from_another_sessions_tool_is_refused(client: Client) -> None:

@@ -18,6 +18,7 @@ from trimtab import (
     define_tool,
 )
 from trimtab._compaction import COMPACTION_PROMPT, HANDOFF_PROMPT, SUMMARY_PREFIX
+from trimtab._state import state_of
 from trimtab._window import estimate_tokens
 from trimtab.events import ModelLimits
 from trimtab.providers import ModelRequest
@@ -232,9 +233,11 @@ async def test_get_context_usage_info_and_usage_totals(client: Client) -> None:
 
 
 async def test_usage_info_sizes_the_window_each_call_sends(client: Client) -> None:
-    """`current_tokens` is the estimate of the very request the model gets (spec §6, token
-    accounting), across tool turns, a compaction (a new base), a truncation and a resume (the
-    window is kept as a running total, not summed over the conversation at every call)."""
+    """Each call's `assistant.usage` logs the estimate of the very request the model got
+    (spec §6, token accounting; X1), across tool turns, a compaction (a new base), a
+    truncation and a resume (the window is kept as a running total, not summed over the
+    conversation at every call); `session.usage_info` is that estimate, calibrated by what the
+    model reported before the call."""
     model = ScriptedModel(
         [tool_call("echo", {"text": "x" * 50}), "after the tool", "b", "SUMMARY", "c", "d", "e"]
     )
@@ -256,7 +259,16 @@ async def test_usage_info_sizes_the_window_each_call_sends(client: Client) -> No
     ]
     infos = [*rec.of("session.usage_info"), *rec_resumed.of("session.usage_info")]
     assert len(model.requests) == 7
-    assert [e.data.current_tokens for e in infos] == sent
+    log = await resumed.get_events()
+    assert [e.data.estimated_tokens for e in log if e.type == "assistant.usage"] == sent
+    ratios = [
+        state_of(log[:index]).token_ratio(event.data.model)
+        for index, event in enumerate(log)
+        if event.type == "assistant.usage"
+    ]
+    assert [e.data.current_tokens for e in infos] == [
+        round(size * ratio) for size, ratio in zip(sent, ratios, strict=True)
+    ]
 
 
 def test_model_limits_table_and_override() -> None:

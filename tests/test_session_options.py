@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trimtab import Client, PermissionHandler, SessionOptions, define_tool
-from trimtab.events import Budget, InfiniteSessions, ModelLimits, ToolSearch
+from trimtab.events import Budget, Handoff, InfiniteSessions, ModelLimits, Recall, ToolSearch
 from trimtab.protocol.wire import CreateParams, ResumeParams, SystemMessage, WireTool, dump
 from trimtab.providers import ProviderConfig
 from trimtab.testing import ScriptedModel
@@ -37,6 +37,9 @@ def every_option() -> SessionOptions:
         infinite_sessions=InfiniteSessions(enabled=True, threshold=0.5),
         tool_search=ToolSearch(enabled=False, defer_threshold=3),
         max_turns=7,
+        context_overflow="drop",
+        handoff=Handoff(threshold=0.6),
+        recall=Recall(max_results=3),
         budget=Budget(cost=2.5, model_calls=40, warn_at=0.5),
         structured_output="native",
         hooks={"on_session_end": lambda *args: None},

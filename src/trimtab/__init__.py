@@ -8,6 +8,7 @@ from trimtab._errors import (
     PolicyRefusedError,
     PromptBlockedError,
     ProviderError,
+    PruneError,
     QueueEditError,
     SessionError,
     SessionNotFoundError,
@@ -15,7 +16,13 @@ from trimtab._errors import (
     ToolError,
     TrimtabError,
 )
-from trimtab._history import ClearContextResult, CompactResult, History, TruncateResult
+from trimtab._history import (
+    ClearContextResult,
+    CompactResult,
+    History,
+    PruneResult,
+    TruncateResult,
+)
 from trimtab._metrics import SessionMetrics
 from trimtab._options import SessionOptions
 from trimtab._permissions import PermissionDecision, PermissionHandler
@@ -47,6 +54,8 @@ __all__ = [
     "PolicyRefusedError",
     "PromptBlockedError",
     "ProviderError",
+    "PruneError",
+    "PruneResult",
     "QueueEditError",
     "QueuedCommand",
     "QueuedMessage",

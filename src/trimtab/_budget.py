@@ -55,8 +55,10 @@ def usage_of(
     duration: float | None = None,
     finish_reason: str | None = None,
     reasoning_effort: str | None = None,
+    estimated_tokens: int | None = None,
 ) -> AssistantUsageData:
-    """The `assistant.usage` of one model call, with its cost (U1)."""
+    """The `assistant.usage` of one model call, with its cost (U1) and the request's size as
+    estimated, which calibrates the estimate (X1)."""
     price = price_of(config.provider, model)
     reported = usage.input_tokens is not None or usage.output_tokens is not None
     cost = (
@@ -73,6 +75,7 @@ def usage_of(
         duration=duration,
         finish_reason=finish_reason,
         reasoning_effort=reasoning_effort,
+        estimated_tokens=estimated_tokens,
     )
 
 

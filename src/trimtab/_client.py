@@ -23,6 +23,7 @@ from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, chained
 from trimtab._options import SessionOptions, options_of, storable
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._retention import relocated
 from trimtab._session import Session, answer_waiting, ownership_of
 from trimtab._state import SessionState, StateSnapshot, state_of
 from trimtab._toolbox import Toolbox
@@ -478,7 +479,11 @@ class Client:
                 owner=owner,
             )
         )
-        copies = [start, *(event.model_copy(update={"id": new_id()}) for event in events)]
+        copies: list[Event] = [start]
+        copies += (  # (a marker of a pruned log stands where its copy stands, X8)
+            relocated(event.model_copy(update={"id": new_id()}), position)
+            for position, event in enumerate(events, 2)
+        )
         copies += _loop.at_rest(state_of(copies))
         provider = cast("Provider", opts.provider)  # the source's own (`Session.options`)
         return await self._created(session_id, copies, provider, opts, hooks)

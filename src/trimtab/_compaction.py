@@ -9,6 +9,7 @@ never split, so no window holds an orphaned call (spec P3).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -39,6 +40,10 @@ __all__ = [
     "CompactResult",
     "compact",
     "fit_window",
+    "handoff_due",
+    "needs_fitting",
+    "raw_request_tokens",
+    "recover_overflow",
     "request_tokens",
     "summarize_for_handoff",
 ]
@@ -72,32 +77,90 @@ _MESSAGE_CHARS = 4_000
 Trigger = Literal["manual", "threshold"]
 
 
-def request_tokens(ctx: RunContext, state: SessionState) -> int:
-    """The estimated size of the next model request: the window and the tool schemas."""
+def raw_request_tokens(ctx: RunContext, state: SessionState) -> int:
+    """The next model request's size by the window's estimate: the window and the tool
+    schemas, uncalibrated (what `assistant.usage` logs beside the reported tokens, X1)."""
     tools = sum(len(d.model_dump_json()) for d in ctx.shown) // 4
     return state.window_tokens() + tools
 
 
+def request_tokens(ctx: RunContext, state: SessionState) -> int:
+    """The next model request's estimated size in the model's tokens: calibrated by what the
+    model reported so far (spec X1)."""
+    return round(raw_request_tokens(ctx, state) * state.token_ratio(ctx.usage_model))
+
+
 def needs_fitting(ctx: RunContext, state: SessionState, more: int = 0) -> bool:
-    """The next model request, with `more` tokens in the window, passes the threshold of
-    automatic compaction."""
-    return ctx.config.infinite_sessions.enabled and request_tokens(ctx, state) + more > _budget(ctx)
+    """The next model request, with `more` tokens (by the window's estimate) in the window,
+    passes the threshold of automatic compaction, or of the handoff policy (spec X5)."""
+    size = request_tokens(ctx, state) + round(more * state.token_ratio(ctx.usage_model))
+    handoff = ctx.config.handoff
+    return (ctx.config.infinite_sessions.enabled and size > _budget(ctx)) or (
+        handoff is not None and size > _share(ctx, handoff.threshold)
+    )
+
+
+def handoff_due(ctx: RunContext, state: SessionState) -> bool:
+    """The next request passes the handoff policy's threshold (spec X5)."""
+    handoff = ctx.config.handoff
+    return handoff is not None and request_tokens(ctx, state) > _share(ctx, handoff.threshold)
 
 
 async def fit_window(ctx: RunContext, log: Writer) -> None:
     """Before a model call: compact if the request would pass the threshold (auto compaction),
     then, if it still does not fit, drop the oldest whole units and say so."""
-    if not needs_fitting(ctx, log.state):
+    state = log.state
+    if not (ctx.config.infinite_sessions.enabled and request_tokens(ctx, state) > _budget(ctx)):
         return
     await compact(ctx, log, trigger="threshold")
-    overflow = request_tokens(ctx, log.state) - _budget(ctx)
+    await _drop_to(ctx, log, _budget(ctx), "the window was still too large after compaction")
+
+
+async def recover_overflow(ctx: RunContext, log: Writer) -> bool:
+    """After the model refused the request as longer than its context (spec X2): say so in a
+    `context_length` warning, which calibrates the estimate (X1), then make the window fit as
+    the session's policy says. Whether to retry the call (not with `"fail"`)."""
+    policy = ctx.config.context_overflow
+    if policy == "fail":
+        return False
+    state, limit, model = log.state, ctx.limits.context_window, ctx.usage_model
+    raw = raw_request_tokens(ctx, state)
+    remedy = "compacted" if policy == "compact" else "trimmed"
+    warning = WarningData(
+        warning_type="context_length",
+        message=(
+            f"the model refused a request of about {raw} tokens (by the window's estimate) as"
+            f" longer than its context of {limit}: the window is {remedy} and the call retried"
+        ),
+        model=model,
+        estimated_tokens=raw,
+        token_limit=limit,
+    )
+    await emit(log, SessionWarningEvent(data=warning))
+    refused = round(raw * state.token_ratio(model))  # as the warning calibrated it
+    # A refusal the calibration explains: fit the compaction budget. One it cannot (the
+    # ratio is at its bound: the model's context is smaller than its limits say): halve.
+    target = _budget(ctx) if refused > limit else refused // 2
+    if policy == "compact":
+        await compact(ctx, log, trigger="threshold")
+    await _drop_to(ctx, log, target, "the model refused the window as too long")
+    return True
+
+
+async def _drop_to(ctx: RunContext, log: Writer, target: int, reason: str) -> None:
+    overflow = request_tokens(ctx, log.state) - target
     if overflow > 0:
-        await _drop_oldest(log, overflow, "the window was still too large after compaction")
+        ratio = log.state.token_ratio(ctx.usage_model)
+        await _drop_oldest(log, math.ceil(overflow / ratio), reason)
 
 
 def _budget(ctx: RunContext) -> int:
     """The request size automatic compaction keeps under."""
-    return int(ctx.limits.context_window * ctx.config.infinite_sessions.threshold)
+    return _share(ctx, ctx.config.infinite_sessions.threshold)
+
+
+def _share(ctx: RunContext, threshold: float) -> int:
+    return int(ctx.limits.context_window * threshold)
 
 
 async def compact(
@@ -105,7 +168,8 @@ async def compact(
 ) -> CompactResult:
     """Summarise all but the newest units of the conversation into a new window base."""
     groups = units(log.state.conversation())
-    keep = _newest(groups, int(ctx.limits.context_window * KEEP_SHARE))
+    ratio = log.state.token_ratio(ctx.usage_model)
+    keep = _newest(groups, int(ctx.limits.context_window * KEEP_SHARE / ratio))
     older = groups[: len(groups) - len(keep)]
     if not older:
         return CompactResult(success=False)
@@ -140,7 +204,10 @@ async def _summarize_fitting(
 ) -> str | None:
     """Ask the model for a summary of `groups`, leaving out the oldest units that do not fit
     (with a warning); None if the model failed."""
-    budget = ctx.limits.context_window - _summary_tokens(ctx) - estimate_tokens([_system(prompt)])
+    # (In the window's estimate: the model's tokens are that times the ratio, X1.)
+    ratio = log.state.token_ratio(ctx.usage_model)
+    budget = (ctx.limits.context_window - _summary_tokens(ctx)) / ratio
+    budget -= estimate_tokens([_system(prompt)])
     groups = list(groups)
     dropped = 0
     while groups and estimate_tokens([_transcript(groups)]) > budget:
@@ -155,23 +222,34 @@ async def _summarize_fitting(
         messages=(_system(prompt), _transcript(groups)),
         max_tokens=_summary_tokens(ctx),
     )
+    estimated = estimate_tokens(request.messages)
     info = UsageInfoData(
         token_limit=ctx.limits.context_window,
-        current_tokens=estimate_tokens(request.messages),
+        current_tokens=round(estimated * ratio),
         messages_length=len(request.messages),
     )
     try:
-        response = await _ask(ctx, request, info.current_tokens)
+        response = await _ask(ctx, request, estimated)
     except ProviderError as exc:
-        await _warn(
-            log,
-            valid_text(
-                f"summarising failed ({exc.error_type}: {exc.message}); turns dropped instead"
-            ),
-        )
+        text = f"summarising failed ({exc.error_type}: {exc.message}); turns dropped instead"
+        failed = WarningData(warning_type="compaction", message=valid_text(text))
+        if exc.error_type == "context_length":  # what calibrates the estimate, too (X1)
+            failed = failed.model_copy(
+                update={
+                    "warning_type": "context_length",
+                    "model": ctx.usage_model,
+                    "estimated_tokens": estimated,
+                    "token_limit": ctx.limits.context_window,
+                }
+            )
+        await emit(log, SessionWarningEvent(data=failed))
         return None
     usage = usage_of(
-        ctx.config, request.model, response.usage, finish_reason=response.finish_reason
+        ctx.config,
+        ctx.usage_model,
+        response.usage,
+        finish_reason=response.finish_reason,
+        estimated_tokens=estimated,
     )
     # Every model call reports its request's size, and what was spent, summaries too (§6).
     info = usage_info(
@@ -187,22 +265,83 @@ async def _summarize_fitting(
 
 
 async def _drop_oldest(log: Writer, overflow: int, reason: str) -> None:
+    """Drop the oldest whole units until `overflow` tokens (by the window's estimate) are gone;
+    the newest unit is never dropped, but its longest messages are cut when it alone is too
+    large (spec X3). Announced in a warning."""
     groups = units(log.state.conversation())
     dropped: list[list[Message]] = []
     while len(groups) > 1 and overflow > 0:
         unit = groups.pop(0)
         overflow -= estimate_tokens(unit)
         dropped.append(unit)
-    if not dropped:
+    cut = 0
+    if overflow > 0 and groups:
+        groups[-1], cut = _shortened(groups[-1], overflow)
+    if not dropped and not cut:
         return
-    await _warn(log, f"{reason}: the {len(dropped)} oldest turn(s) were dropped from the window.")
+    said = [f"the {len(dropped)} oldest turn(s) were dropped from the window"] if dropped else []
+    said += [f"{cut} characters of its newest turn were cut"] if cut else []
+    await _warn(log, f"{reason}: {' and '.join(said)}.")
     await emit(log, SessionCompactionStartEvent(data=CompactionStartData(trigger="threshold")))
     base = [m for unit in groups for m in unit]
     removed = [m for unit in dropped for m in unit]
     result = CompactResult(
-        success=True, messages_removed=len(removed), tokens_removed=estimate_tokens(removed)
+        success=True,
+        messages_removed=len(removed),
+        tokens_removed=estimate_tokens(removed) + (cut + 3) // 4,
     )
     await _rebase(log, "threshold", base, result)
+
+
+KEPT_CHARS = 2_000
+"""What a text cut to fit the window keeps of itself at least (its beginning)."""
+
+CUT_NOTE = "\n[... {n} characters cut: the context window could not hold them]"
+
+CUT_ARGUMENTS = '{{"cut": "{n} characters of arguments: the context window could not hold them"}}'
+"""What a call's arguments become when they are cut: JSON still (providers parse them)."""
+
+
+def _shortened(unit: list[Message], overflow: int) -> tuple[list[Message], int]:
+    """`unit` with its longest texts (contents, or a call's arguments) cut until `overflow`
+    tokens (by the window's estimate) are gone or every text is down to `KEPT_CHARS`; and how
+    many characters went. Its messages and calls all stay, so a call keeps its result (P3)."""
+    messages = list(unit)
+    total = 0
+    while overflow > 0:
+        index, call, text = max(_texts(messages), key=lambda found: len(found[2]))
+        if call is None:
+            keep = max(KEPT_CHARS, len(text) - 4 * overflow - _NOTE_CHARS)
+            shortened = text[:keep] + CUT_NOTE.format(n=len(text) - keep)
+        else:
+            shortened = CUT_ARGUMENTS.format(n=len(text))
+        if len(text) - len(shortened) <= _NOTE_CHARS:
+            break  # (what is left is the least a message keeps)
+        messages[index] = _replaced(messages[index], call, shortened)
+        total += len(text) - len(shortened)
+        overflow -= (len(text) - len(shortened)) // 4
+    return messages, total
+
+
+def _texts(messages: Sequence[Message]) -> list[tuple[int, int | None, str]]:
+    """Every text of `messages` that counts in the window's size: (message, call, text)."""
+    found: list[tuple[int, int | None, str]] = []
+    for index, message in enumerate(messages):
+        found.append((index, None, message.content))
+        found += [(index, n, c.arguments) for n, c in enumerate(message.tool_calls)]
+    return found
+
+
+def _replaced(message: Message, call: int | None, text: str) -> Message:
+    if call is None:
+        return message.model_copy(update={"content": text})
+    calls = list(message.tool_calls)
+    calls[call] = calls[call].model_copy(update={"arguments": text})
+    return message.model_copy(update={"tool_calls": tuple(calls)})
+
+
+_NOTE_CHARS = len(CUT_NOTE) + 8
+"""The note's length, with room for the count it says."""
 
 
 async def _rebase(
@@ -220,8 +359,9 @@ async def _rebase(
 
 
 def _newest(groups: Sequence[list[Message]], budget: int) -> list[list[Message]]:
-    """The newest units that fit the keep limits; never all of them (something must go),
-    but always a newest user message, whatever its size (spec H1)."""
+    """The newest units that fit the keep limits (`budget`: by the window's estimate); never
+    all of them (something must go), but always a newest user message, whatever its size
+    (spec H1)."""
     kept: list[list[Message]] = []
     count = 0
     if groups and groups[-1][0].role == "user":

@@ -14,6 +14,8 @@ __all__ = [
     "LogTailLostError",
     "PolicyRefusedError",
     "PromptBlockedError",
+    "PruneError",
+    "PruneErrorCode",
     "ProviderError",
     "QueueEditError",
     "QueueEditErrorCode",
@@ -58,16 +60,34 @@ class ToolError(TrimtabError):
 
 
 ClearContextErrorCode: TypeAlias = Literal[
-    "no_tool_call_in_flight", "empty_prompt", "invalid_prompt", "clear_pending", "remote_session"
+    "no_tool_call_in_flight",
+    "empty_prompt",
+    "invalid_prompt",
+    "clear_pending",
+    "remote_session",
+    "run_in_flight",
 ]
 
 
 class ClearContextError(TrimtabError):
-    """A `clear_context` call that was refused; nothing changed (spec C1-C4)."""
+    """A `clear_context` call that was refused; nothing changed (spec C1-C4, X4)."""
 
     def __init__(self, code: ClearContextErrorCode, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code: ClearContextErrorCode = code
+
+
+PruneErrorCode: TypeAlias = Literal[
+    "run_in_flight", "session_open", "follower_behind", "log_changed", "remote_session"
+]
+
+
+class PruneError(TrimtabError):
+    """A prune that was refused; nothing was removed (spec X8)."""
+
+    def __init__(self, code: PruneErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: PruneErrorCode = code
 
 
 QueueEditErrorCode: TypeAlias = Literal[

@@ -14,8 +14,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import compact, summarize_for_handoff
-from trimtab._errors import ClearContextError, TrimtabError
+from trimtab._errors import ClearContextError, PruneError, TrimtabError
 from trimtab._results import ClearContextResult, CompactResult, TruncateResult
+from trimtab._retention import PruneResult, prune_log
 from trimtab._run_context import emit
 from trimtab._runner import Runner
 from trimtab._state import state_of
@@ -23,11 +24,19 @@ from trimtab._tools import SessionHandle, valid_text
 from trimtab._tracing import Tracing
 from trimtab.events import (
     Event,
+    SessionPrunedEvent,
     SessionTruncatedEvent,
     TruncatedData,
 )
 
-__all__ = ["ClearContextResult", "CompactResult", "History", "SessionOwner", "TruncateResult"]
+__all__ = [
+    "ClearContextResult",
+    "CompactResult",
+    "History",
+    "PruneResult",
+    "SessionOwner",
+    "TruncateResult",
+]
 
 T = TypeVar("T")
 S = TypeVar("S", bound=SessionHandle)
@@ -63,13 +72,15 @@ class History(Generic[S]):
         self._loop = asyncio.get_running_loop()
 
     def clear_context(self, prompt: str) -> ClearContextResult:
-        """Stage a clear of the model-facing conversation, seeded with `prompt` (spec C1-C11).
+        """Clear the model-facing conversation, seeded with `prompt` (spec C1-C12, X4).
 
-        Call it from a tool handler. The clear commits when that tool call succeeds, then the
-        session runs `prompt` in the fresh window; if the call fails the clear is discarded.
-        Raises `ClearContextError` (`remote_session`, `empty_prompt`, `invalid_prompt`,
-        `no_tool_call_in_flight` or `clear_pending`) and changes nothing when the clear cannot
-        be accepted.
+        From a tool handler it stages the clear: it commits when that tool call succeeds, then
+        the session runs `prompt` in the fresh window; if the call fails it is discarded. From
+        the host while the session is idle it commits at once (the clear and its seed in one
+        append; awaiting the result waits for that) and `prompt` runs as a `send` would: the
+        result's `message_id` is its run's. Raises `ClearContextError` (`remote_session`,
+        `empty_prompt`, `invalid_prompt`, `no_tool_call_in_flight`, `clear_pending` or
+        `run_in_flight`) and changes nothing when the clear cannot be accepted.
         """
         if not _on_loop(self._loop):
             # A sync handler runs in a worker thread: stage on the loop, in its context.
@@ -95,8 +106,11 @@ class History(Generic[S]):
             call_id = None  # a permission handler or a hook: not a tool handler (C1)
         elif current is None:
             # Called from outside any handler's context (e.g. over JSON-RPC): the earliest
-            # running call of this session is the enclosing one.
+            # running call of this session is the enclosing one; with none, the host clears
+            # between runs (X4).
             call_id = next(iter(state.in_flight), None)
+            if call_id is None:
+                return runner.clear(prompt, runner.log.state.messages_cleared())
         elif current[0] == session_id and current[1] in state.in_flight:
             call_id = current[1]
         else:
@@ -140,6 +154,11 @@ class History(Generic[S]):
                 raise ValueError(
                     f"no event {event_id!r} to truncate at in session {runner.session_id}"
                 )
+            if isinstance(events[cut - 1], SessionPrunedEvent):
+                raise ValueError(
+                    f"the window before event {event_id!r} was pruned (spec X8): truncate at"
+                    " a later event"
+                )
             data = TruncatedData(
                 event_id=event_id,
                 events_removed=len(events) - cut,
@@ -178,6 +197,31 @@ class History(Generic[S]):
                 "summarize it there"
             )
         return await summarize_for_handoff(runner.context(), runner)
+
+    async def prune(self) -> PruneResult:
+        """Remove the log's events before the window's base from the store, keeping what they
+        folded to in one `session.pruned` event (spec X8): the window, the configuration, the
+        usage and the epochs' markers stay; `get_events()` no longer returns those events.
+
+        Refused with `PruneError` (`run_in_flight`) while a run or window operation is in
+        progress or queued, on a remote session (`remote_session`), and while a subscription
+        of this runtime's store still has to read what it would remove
+        (`follower_behind`)."""
+        runner = self._runner
+        _open(runner)
+        if not runner.log.writable:
+            raise PruneError(
+                "remote_session", f"session {runner.session_id} is run by another runtime"
+            )
+        if runner.busy:
+            raise PruneError(
+                "run_in_flight",
+                f"session {runner.session_id} has a run or window operation in progress or"
+                " queued: prune it once it is idle",
+            )
+        log = runner.log
+        async with log.exclusive():  # (no append comes between the read and the prune)
+            return await prune_log(log.store, runner.session_id, lease=log.lease)
 
     async def _between_runs(self, apply: Callable[[], Awaitable[T]]) -> T:
         """Run a window operation between runs, never during one (queued behind them)."""

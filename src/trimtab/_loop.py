@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar
 
 from trimtab._budget import usage_info, usage_of
 from trimtab._budget import verdict as budget_verdict
-from trimtab._compaction import fit_window, request_tokens
+from trimtab._compaction import fit_window, raw_request_tokens, recover_overflow
 from trimtab._errors import LeaseLostError, ProviderError, StoreUnavailableError, contained
+from trimtab._handoff import hand_off
 from trimtab._hooks import SUPPRESSED, Hooks
 from trimtab._permissions import (
     APPROVED,
@@ -59,6 +60,7 @@ from trimtab.events import (
     ExternalToolCompletedEvent,
     ExternalToolRequestedData,
     ExternalToolRequestedEvent,
+    PendingMessagesModifiedEvent,
     PermissionCompletedData,
     PermissionCompletedEvent,
     PermissionRequestData,
@@ -102,6 +104,7 @@ __all__ = [
     "StagedClear",
     "at_rest",
     "cancelled",
+    "cleared",
     "awaited_by",
     "current_tool_call",
     "end_of_failed_run",
@@ -158,6 +161,9 @@ class LoopState:
     """Deferred tools found by `tool_search`, callable for the rest of the window's run.
 
     A frozen set, replaced on change, so that the empty one is shared."""
+    steering: tuple[UserMessageEvent, ...] = ()
+    """Messages sent with `mode="immediate"` while the run is in flight, for its next model
+    call (spec X6): each is an input waiting in the store's inbox until it is logged."""
 
 
 class LoopHost(Writer, Protocol):
@@ -221,17 +227,18 @@ async def run(
         if aborted:
             await _stop_unstarted(host, started)
         step: _Step = await _finish_turn(host, interrupted) if interrupted else "continue"
-        turns, stopped = 0, False
+        turns, stopped, request = 0, False, host.context().prompt
         while step != "end":
             if isinstance(step, _Seed):
                 turns = 0  # the seeded run is a run of its own (C8)
                 trace.start(host.state.epoch, host.state.config.model, seeded=True)
+                request = step.request or step.prompt
                 if not step.recorded:
                     await emit(host, user_message(step.prompt, new_id(), "context_cleared"))
             if (refusal := await _limit(host, turns, message_id, started)) is not None:
                 result.error = refusal
                 break
-            step = await _turn(host, message_id, result, started)
+            step = await _turn(host, message_id, result, started, request)
             turns, started = turns + 1, None
             if step == "end" and result.error is None and hooks:
                 # An `agentStop` hook may keep the run going, as a user message of the same
@@ -354,6 +361,9 @@ class _Seed:
     prompt: str
     recorded: bool
     """Its `user.message` is logged already (a crash came after it, C10)."""
+    request: str | None = None
+    """What the seeded run works on, for a handoff of its own to carry over (X5): the seed
+    itself, unless the seed is a handoff's, which carries the run's request."""
 
 
 _Step = Literal["end", "continue"] | _Seed
@@ -361,13 +371,24 @@ _Step = Literal["end", "continue"] | _Seed
 
 
 async def _turn(
-    host: LoopHost, message_id: str, result: RunEnd, started: str | None = None
+    host: LoopHost,
+    message_id: str,
+    result: RunEnd,
+    started: str | None = None,
+    request: str | None = None,
 ) -> _Step:
     """One model call and its batch, bracketed by turn_start / turn_end (`started`: the
-    turn's start is logged already, with the run's user message)."""
+    turn's start is logged already, with the run's user message). Before it the window is
+    handed off (X5, which makes this the seeded run's turn instead: `request` is what it
+    carries over) or fitted."""
     await host.refresh_tools()  # (started: no tool source, so nothing it could log)
     ctx = host.context()
     if started is None:
+        await _steer(host)
+        handed = await hand_off(ctx, host, request)
+        if handed is not None:
+            host.live.discovered = _NO_TOOLS  # a fresh window, as a new session's (C8)
+            return _Seed(handed[0], recorded=True, request=handed[1])
         await fit_window(ctx, host)
     model = ctx.config.model
     turn_id = started or str(host.state.turns)
@@ -392,6 +413,15 @@ async def _turn(
     return "end" if calls is None else _next_step(host.state)
 
 
+async def _steer(host: LoopHost) -> None:
+    """Log the steering messages sent since the last model call, so that the next one reads
+    them after the batch's results (spec X6); each claims its input in the inbox."""
+    live = host.live
+    if live.steering:
+        messages, live.steering = live.steering, ()
+        await host.emit_all((*messages, PendingMessagesModifiedEvent()))
+
+
 async def _reply(
     ctx: RunContext, log: Writer, result: RunEnd, message_id: str, turn_id: str
 ) -> tuple[ToolCall, ...] | None:
@@ -400,6 +430,8 @@ async def _reply(
     abort during it still stores the end, not to be stored again). The calls it makes, or
     None when the model failed (`result.error` says how)."""
     answer = await _answer(ctx, log, message_id, turn_id)
+    if _too_long(answer) and await recover_overflow(ctx, log):
+        answer = await _answer(ctx, log, message_id, turn_id)  # once (spec X2)
     if isinstance(answer, SessionErrorEvent):
         result.error = answer
         return None
@@ -467,12 +499,15 @@ async def _answer(
     """The model's answer as the events that record it (the reply, its usage and the
     request's size, stored in one append) and the calls it makes; or the error that ends
     the run."""
-    # The window as the request has it; `session.usage_info` is made of it once answered.
-    limit, tokens = ctx.limits.context_window, request_tokens(ctx, log.state)
-    length = len(log.state.window())
+    # The window as the request has it; `session.usage_info` is made of it once answered,
+    # in the model's tokens as calibrated so far (X1).
+    state = log.state
+    limit, estimated = ctx.limits.context_window, raw_request_tokens(ctx, state)
+    tokens = round(estimated * state.token_ratio(ctx.usage_model))
+    length = len(state.window())
     reply_id = new_id()
     try:
-        response, duration = await _call_model(ctx, log, reply_id, tokens)
+        response, duration = await _call_model(ctx, log, reply_id, estimated)
     except ProviderError as exc:
         text = valid_text(exc.message)
         return _error_event(exc.error_type, text, exc.status_code, exc.retryable, message_id)
@@ -502,11 +537,12 @@ async def _answer(
     )
     usage = usage_of(
         ctx.config,
-        model or ctx.provider.name,
+        ctx.usage_model,
         response.usage,
         duration=duration,
         finish_reason=response.finish_reason,
         reasoning_effort=ctx.config.reasoning_effort,
+        estimated_tokens=estimated,
     )
     info = usage_info(log.state, usage, limit=limit, tokens=tokens, length=length)
     events = (
@@ -515,6 +551,11 @@ async def _answer(
         SessionUsageInfoEvent(data=info),
     )
     return events, calls
+
+
+def _too_long(answer: object) -> bool:
+    """The model refused the request as longer than its context (spec X2)."""
+    return isinstance(answer, SessionErrorEvent) and answer.data.error_type == "context_length"
 
 
 def turn_start(turn_id: str, model: str | None) -> AssistantTurnStartEvent:
@@ -918,10 +959,7 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
     ours = staged is not None and staged.tool_call_id == call.id
     if ours and success:
         assert staged is not None
-        data = ContextClearedData(
-            messages_cleared=staged.messages_cleared, initial_message=staged.prompt
-        )
-        events.append(SessionContextClearedEvent(data=data))
+        events.append(cleared(staged.prompt, staged.messages_cleared))
     await host.emit_all(events)
     if ours:
         # Staged until stored: a sibling's clear meanwhile is refused (C4); once stored, the
@@ -930,6 +968,12 @@ async def _complete(host: LoopHost, call: ToolCall, outcome: CallOutcome, turn_i
         if success:
             # The fresh window starts like a new session's: tools found by search are gone.
             live.discovered = _NO_TOOLS
+
+
+def cleared(prompt: str, messages_cleared: int) -> SessionContextClearedEvent:
+    """A committed clear seeded with `prompt` (C6, X4, X5)."""
+    data = ContextClearedData(messages_cleared=messages_cleared, initial_message=prompt)
+    return SessionContextClearedEvent(data=data)
 
 
 def cancelled(call_id: str, tool_name: str) -> ToolExecutionCompleteEvent:

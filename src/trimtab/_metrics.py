@@ -17,6 +17,7 @@ from trimtab.events import (
     ModelMetric,
     ModelRequests,
     ModelTokens,
+    SessionPrunedEvent,
     SessionStartEvent,
     Spending,
     UserMessageEvent,
@@ -58,6 +59,20 @@ def metrics_of(events: Iterable[Event]) -> SessionMetrics:
                 duration += data.duration or 0.0
             case UserMessageEvent() if event.data.source not in _NOT_INPUTS:
                 requests += 1
+            case SessionPrunedEvent() if event.data.metrics:  # what the events it replaced spent
+                pruned = SessionMetrics.model_validate(event.data.metrics)
+                duration, requests = pruned.api_duration_ms, pruned.user_requests
+                last = pruned.last_call_tokens
+                spent = {
+                    model: Spending(
+                        model_calls=m.requests.count,
+                        input_tokens=m.usage.input_tokens,
+                        output_tokens=m.usage.output_tokens,
+                        cache_read_tokens=m.usage.cache_read_tokens,
+                        cost=m.requests.cost,
+                    )
+                    for model, m in pruned.models.items()
+                }
             case _:
                 pass
     models = {

@@ -22,7 +22,16 @@ from trimtab._hooks import SessionHooks
 from trimtab._permissions import PermissionHandlerFn
 from trimtab._tools import Tool
 from trimtab._toolsearch import TOOL_SEARCH
-from trimtab.events import Budget, InfiniteSessions, ModelLimits, SessionConfigData, ToolSearch
+from trimtab.events import (
+    Budget,
+    ContextOverflow,
+    Handoff,
+    InfiniteSessions,
+    ModelLimits,
+    Recall,
+    SessionConfigData,
+    ToolSearch,
+)
 from trimtab.providers import Provider
 
 __all__ = [
@@ -102,6 +111,16 @@ class SessionOptions(BaseModel):
     """Deferred tools: `{"enabled": True, "defer_threshold": 30}` by default."""
     max_turns: Annotated[int, Strict()] | None = None  # not True, nor 2.0
     """Model calls one run may make before it ends in a `max_turns` error (default 100)."""
+    context_overflow: ContextOverflow | None = None
+    """A model call refused as longer than the model's context: `"compact"` (the default)
+    compacts the window and retries once, `"drop"` drops its oldest turns and retries once,
+    `"fail"` ends the run (spec X2)."""
+    handoff: Handoff | None = None
+    """Hand the work to a fresh window past a share of the context instead of compacting:
+    `{"threshold": 0.6}` (spec X5). Off by default."""
+    recall: Recall | None = None
+    """The built-in `recall` tool, to search the session's cleared and compacted history:
+    `{"enabled": True}` (spec X7). Off by default."""
     budget: Budget | None = None
     """What the whole session may spend, across its runs (spec U3): `{"cost": 1.0,
     "total_tokens": 200_000, ...}`; logged, and changed with `Session.set_budget`."""

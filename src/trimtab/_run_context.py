@@ -49,6 +49,9 @@ class RunContext:
     tracing: Tracing
     request_headers: dict[str, str] | None = None
     """The HTTP headers the run's `send` gave for its model requests (spec D9)."""
+    prompt: str | None = None
+    """The run's prompt, as stored: the request a handoff carries over (X5); None when this
+    runtime was not given it (a run a crash interrupted goes on)."""
     output: Output | None = None
     """The typed result the run must end with (spec OUT1): in tool mode its tool is among
     `tools` and `shown`."""
@@ -56,6 +59,12 @@ class RunContext:
     @property
     def session_id(self) -> str:
         return self.session.session_id
+
+    @property
+    def usage_model(self) -> str:
+        """The model a call's `assistant.usage` names, by which the estimate is calibrated
+        (spec X1): the session's model, else its provider's name."""
+        return self.config.model or self.provider.name
 
     def invocation(
         self, call: ToolCall, arguments: object, request_id: str | None = None

@@ -16,12 +16,19 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from trimtab import _loop
 from trimtab._compaction import needs_fitting
-from trimtab._errors import LeaseLostError, LogTailLostError, QueueEditError, TrimtabError
+from trimtab._errors import (
+    ClearContextError,
+    LeaseLostError,
+    LogTailLostError,
+    QueueEditError,
+    TrimtabError,
+)
 from trimtab._hooks import Hooks
 from trimtab._log import SessionLog, Settle
 from trimtab._loop import LoopState
 from trimtab._output import Output, output_of
 from trimtab._permissions import PermissionHandlerFn
+from trimtab._results import ClearContextResult
 from trimtab._run_context import RunContext
 from trimtab._runs import RunEnd, RunLedger
 from trimtab._state import SessionState
@@ -50,6 +57,7 @@ from trimtab.events import (
     UserMessageData,
     UserMessageEvent,
     WarningData,
+    new_id,
 )
 from trimtab.providers import Message, Provider
 from trimtab.providers._limits import limits_for
@@ -99,6 +107,13 @@ class Pending:
     attached: Attached | None = None
     """What the `send` attached: stored with its `user.message`, held here until then (the
     inbox keeps the prompt only, spec D14)."""
+    cleared: int | None = None
+    """Set for a clear the host made between runs (spec X4): the messages it clears, logged
+    with its seed (the prompt) in one append."""
+    stored: asyncio.Future[None] | None = None
+    """Settled once its message is stored (or could not be)."""
+    immediate: bool = False
+    """Sent with `mode="immediate"` (spec X6): the run in flight may take it first."""
     output: Output | None = None
     """The typed result the run must end with (OUT1): the send's (its Python type checks
     it), else the one its logged message names (its JSON Schema does)."""
@@ -246,6 +261,7 @@ class Runner:
             hooks=self.hooks,
             tracing=self.tracing,
             request_headers=running.headers if running is not None else None,
+            prompt=(running.prompt or None) if running is not None else None,
             output=output,
         )
 
@@ -318,11 +334,13 @@ class Runner:
         headers: dict[str, str] | None = None,
         attached: Attached | None = None,
         *,
+        immediate: bool = False,
         output: Output | None = None,
         budget: Budget | None = None,
     ) -> None:
         """Accept an input once it is stored: as the run's `user.message` when idle, else in
-        the store's inbox behind the runs queued before it (spec P4)."""
+        the store's inbox behind the runs queued before it (spec P4). An `immediate` input
+        is also offered to the run in flight, whose next model call takes it (X6)."""
         log_ = self.log
         pending = Pending(
             prompt,
@@ -331,6 +349,7 @@ class Runner:
             parent=self.tracing.parent(),
             headers=headers,
             attached=attached,
+            immediate=immediate,
             output=output,
             budget=budget,
         )
@@ -344,8 +363,24 @@ class Runner:
                 await log_.store.enqueue_input(self.session_id, prompt, message_id)
                 log_.claimed = (log_.claimed or set()) | {message_id}
                 await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
+                if immediate and self._in_flight():
+                    steer = _message(pending, "immediate")
+                    self.live.steering = (*self.live.steering, steer)
             self._queue.append(pending)
             self._start_worker()
+
+    def _in_flight(self) -> bool:
+        """A run is in progress that has not ended in the log: it makes another model call
+        before it ends only if it is to make one anyway (X6)."""
+        current = self._current
+        return current is not None and not current.done() and self.log.state.run_id is not None
+
+    def _steered(self, item: Pending) -> bool:
+        """The input's message was logged by the run it steered (X6): it has no run of its
+        own (an input's message is claimed until it is stored)."""
+        return (
+            item.immediate and not item.appended and item.message_id not in (self.log.claimed or ())
+        )
 
     async def take_inputs(self) -> None:
         """Queue the stored inputs (sent by other runtimes, or left by a crash, spec R1) that
@@ -408,6 +443,8 @@ class Runner:
                 if isinstance(item, Pending) and item.message_id in gone and item.ended:
                     item.ended.set()  # an abort waiting for it to end
             self._queue = [item for item in self._queue if _queue_id(item) not in gone]
+            steering = self.live.steering
+            self.live.steering = tuple(m for m in steering if m.data.message_id not in gone)
             log_.claimed = (log_.claimed or set()) - gone or None
             data = PendingMessagesModifiedData(removed=removed or None)
             await log_.emit_unlocked((PendingMessagesModifiedEvent(data=data),))
@@ -588,6 +625,24 @@ class Runner:
         except Exception:
             log.exception("session %s: command %s failed", self.session_id, request_id)
 
+    def clear(self, prompt: str, messages_cleared: int) -> ClearContextResult:
+        """Commit a clear of the host's between runs (spec X4): `session.context_cleared` and
+        its seed's `user.message` in one append, then the seeded run, as a `send`'s. Refused
+        (`run_in_flight`) while a run or window operation is in progress or queued."""
+        if self._worker is not None:
+            raise ClearContextError(
+                "run_in_flight",
+                "a run or window operation is in progress or queued: clear from a tool handler"
+                " of the run, or once the session is idle",
+            )
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        stored.add_done_callback(_retrieve)  # (the host need not await it)
+        pending = Pending(prompt, new_id(), False, parent=self.tracing.parent(), stored=stored)
+        pending.cleared = messages_cleared
+        self._queue.append(pending)
+        self._start_worker()
+        return ClearContextResult.committing(messages_cleared, pending.message_id, stored)
+
     def go_on(self, interrupted: _loop.Interrupted, message_id: str) -> None:
         """Queue the continuation of a run a crash interrupted (spec P3, C10)."""
         self._queue.append(Pending("", message_id, appended=True, interrupted=interrupted))
@@ -630,6 +685,10 @@ class Runner:
                 if isinstance(item, Command):
                     await self._dispatch(item)
                     continue
+                if self._steered(item):
+                    if item.ended is not None:
+                        item.ended.set()
+                    continue
                 try:
                     await self._run(item)
                 finally:
@@ -644,11 +703,15 @@ class Runner:
             if not item.appended:
                 # From the run's waiter, where no abort cancels: the message is logged
                 # (claiming it in the inbox) before its run can be stopped.
-                await self._store_message(item, self.log.emit_all, queued=True)
+                await self._store_message(item, self.log.emit_all, queued=item.cleared is None)
         except Exception as exc:
             self._running = None
+            if item.stored is not None and not item.stored.done():
+                item.stored.set_exception(exc)
             await self._failed(exc, item.message_id)
             return
+        if item.stored is not None and not item.stored.done():
+            item.stored.set_result(None)
         self._current = asyncio.get_running_loop().create_task(self._body(item))
         # When this waiter is cancelled (close), the run's task may still fail on its own:
         # its failure was already reported by the loop, so it is read here, not left to warn.
@@ -664,6 +727,7 @@ class Runner:
             return
         finally:
             self._current = self._running = None
+            self.live.steering = ()  # not taken by the run: each runs as queued (X6)
         # The run's one idle (E1), from here: an abort cancels the run's task, not this one.
         await self.log.emit(SessionIdleEvent(data=SessionIdleData(aborted=end.aborted or None)))
 
@@ -694,8 +758,15 @@ class Runner:
         message = _message(item)
         if self._interrupted():
             await emit((), first=self._end_of_interrupted_run)
-        start = self._turn_start(message)
-        events: tuple[Event, ...] = (message,) if start is None else (message, start)
+        events: tuple[Event, ...]
+        start = None
+        if item.cleared is not None:
+            # A clear and its seed (X4): never one without the other (C6, C10).
+            seed = _loop.user_message(item.prompt, item.message_id, "context_cleared")
+            events = (_loop.cleared(item.prompt, item.cleared), seed)
+        else:
+            start = self._turn_start(message)
+            events = (message,) if start is None else (message, start)
         if queued:
             events += (PendingMessagesModifiedEvent(),)
         await emit(events, first=self._first())
@@ -898,19 +969,19 @@ def _queue_id(item: Pending | _Operation | Command) -> str | None:
             return None
 
 
-def _retrieve(task: asyncio.Task[RunEnd]) -> None:
+def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
 
 
-def _message(item: Pending) -> UserMessageEvent:
+def _message(item: Pending, source: str = "user") -> UserMessageEvent:
     """An input's `user.message`, with what it attached, its typed result and its budget."""
     if item.attached is None and item.output is None and item.budget is None:
-        return _loop.user_message(item.prompt, item.message_id, "user")
+        return _loop.user_message(item.prompt, item.message_id, source)
     data = UserMessageData(
         content=item.prompt,
         message_id=item.message_id,
-        source="user",
+        source=source,
         output=item.output.spec if item.output is not None else None,
         budget=item.budget,
         **(item.attached.fields() if item.attached is not None else {}),

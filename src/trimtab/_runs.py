@@ -9,6 +9,7 @@ events a session delivers are enough to know each run's end, wherever it ran.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,12 +23,16 @@ from trimtab.events import (
     SessionErrorEvent,
     SessionIdleEvent,
     ToolExecutionCompleteEvent,
+    UserMessageData,
     UserMessageEvent,
 )
 
 __all__ = ["RunEnd", "RunLedger", "results_of"]
 
-_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook", "output"})
+_UNSEEN = ""
+"""The message id of a run whose start a ledger did not see (it began following later)."""
+
+_SAME_RUN = frozenset({"context_cleared", "agent_stop", "hook", "immediate", "output"})
 """Sources of user messages that go on with the run in progress rather than start one."""
 
 
@@ -57,7 +62,7 @@ class RunLedger:
     that cleared (its `user.message` has source `context_cleared`).
     """
 
-    __slots__ = ("_current", "_ended", "_removed", "_waiters")
+    __slots__ = ("_current", "_ended", "_removed", "_steered", "_waiters")
 
     _KEEP = 64
     """Ended runs remembered for a waiter that has not asked yet."""
@@ -68,15 +73,32 @@ class RunLedger:
         self._waiters: dict[str, asyncio.Future[RunEnd]] = {}
         self._removed: OrderedDict[str, None] = OrderedDict()
         """Messages taken off the queue before a waiter asked (a clear right after a send)."""
+        self._steered: list[str] = []
+        """Steering messages the run in progress took (X6): their sends end with it."""
+
+    def _message(self, data: UserMessageData) -> None:
+        """A user message: the start of a run, or a steering message the run took (X6)."""
+        if data.message_id is None:
+            return
+        if data.source not in _SAME_RUN or (
+            # (the seed of a clear the host made between runs starts one, X4)
+            self._current is None and data.source == "context_cleared"
+        ):
+            self._current = RunEnd(data.message_id)
+            self._steered = []
+        elif data.source == "immediate":
+            # (A run whose start this ledger did not see: it follows it from here.)
+            self._current = self._current or RunEnd(_UNSEEN)
+            self._steered.append(data.message_id)
 
     def observe(self, event: Event) -> None:
         """Account for one event of the session, in delivery order."""
         match event:
-            case UserMessageEvent() if event.data.source not in _SAME_RUN:
-                if event.data.message_id is not None:
-                    self._current = RunEnd(event.data.message_id)
+            case UserMessageEvent():
+                self._message(event.data)
             case AssistantMessageEvent() if self._current is not None:
-                if event.data.originating_message_id == self._current.message_id:
+                run = self._current.message_id
+                if event.data.originating_message_id == run or run == _UNSEEN:
                     self._current.last_message = event
                     self._current.output = event.data.output or self._current.output
             case ToolExecutionCompleteEvent() if self._current is not None:
@@ -95,7 +117,9 @@ class RunLedger:
                 if self._current is not None:
                     self._current.idle, self._current.aborted = event, bool(event.data.aborted)
                     self._ended_run(self._current)
-                self._current = None
+                    for message_id in self._steered:
+                        self._ended_run(dataclasses.replace(self._current, message_id=message_id))
+                self._current, self._steered = None, []
             case _:
                 pass
 

@@ -92,6 +92,7 @@ __all__ = [
     "LogLevel",
     "QueuedCommand",
     "QueuedMessage",
+    "SendMode",
     "Session",
     "answer_waiting",
     "ownership_of",
@@ -99,6 +100,8 @@ __all__ = [
 
 LogLevel = Literal["info", "warning", "error"]
 
+SendMode = Literal["enqueue", "immediate"]
+"""How a `send` meets a run in progress: queued behind it, or taken by it (spec X6)."""
 _T = TypeVar("_T")
 
 _log = logging.getLogger("trimtab")
@@ -111,6 +114,9 @@ class QueuedMessage(BaseModel):
 
     message_id: str
     prompt: str
+    immediate: bool = False
+    """Sent with `mode="immediate"`: the run in progress takes it at its next model call
+    (spec X6)."""
 
 
 class QueuedCommand(BaseModel):
@@ -292,7 +298,8 @@ class Session:
     def get_context(self) -> ContextWindow:
         """What the model will see next, with token counts, so a host can inspect its budget."""
         ctx = self._runner.context()
-        return context_window(self.window(), list(ctx.shown), ctx.limits.context_window)
+        ratio = self._log.state.token_ratio(ctx.usage_model)
+        return context_window(self.window(), list(ctx.shown), ctx.limits.context_window, ratio)
 
     async def get_events(self, *, after: int = 0) -> list[Event]:
         """The persisted log, oldest first; with `after`, the events past its first `after`."""
@@ -476,6 +483,7 @@ class Session:
         request_headers: Mapping[str, str] | None = None,
         images: Sequence[Image | Mapping[str, str]] = (),
         attachments: Sequence[Mapping[str, Any]] = (),
+        mode: SendMode = "enqueue",
         output_type: Any = None,
         output_schema: Mapping[str, Any] | None = None,
         max_invalid_outputs: int = DEFAULT_MAX_INVALID,
@@ -504,8 +512,19 @@ class Session:
         `max_invalid_outputs` invalid results end the run in `invalid_output`. `budget`
         (a `Budget`) bounds what this run may spend (U3). Raises `BudgetExceededError`, and
         stores nothing, when the session's own budget is spent (U5).
+
+        With `mode="immediate"` (spec X6) a run in progress takes the message at its next
+        model call, which reads it after the current batch's results, and the `send`'s run
+        is that one; when the run makes no further call, the message runs next as a queued
+        one does. The mode is the sending process's: a remote session's owner, or a crash,
+        leaves the input queued. A steering message takes no typed result or budget: it
+        joins a run that has its own.
         """
         _text("prompt", prompt)
+        if mode not in get_args(SendMode):
+            raise ValueError(f"mode must be 'enqueue' or 'immediate', not {mode!r}")
+        if mode == "immediate" and (output_type, output_schema, budget) != (None, None, None):
+            raise ValueError("a steering message (mode='immediate') takes no output or budget")
         if self.closed:
             raise TrimtabError(f"session {self.session_id} is disconnected")
         output = self._output(output_type, output_schema, max_invalid_outputs)
@@ -525,7 +544,13 @@ class Session:
         message_id = new_id()
         if self._log.writable:
             await self._runner.submit(
-                prompt, message_id, headers, attached, output=output, budget=run_budget
+                prompt,
+                message_id,
+                headers,
+                attached,
+                immediate=mode == "immediate",
+                output=output,
+                budget=run_budget,
             )
         else:
             await self._log.store.enqueue_input(self.session_id, prompt, message_id)
@@ -680,7 +705,8 @@ class Session:
             inputs = await self._runner.pending()
         else:
             inputs = await self._log.store.pending_inputs(self.session_id)
-        return [QueuedMessage(message_id=m, prompt=p) for p, m in inputs]
+        steering = {m.data.message_id for m in self._runner.live.steering}
+        return [QueuedMessage(message_id=m, prompt=p, immediate=m in steering) for p, m in inputs]
 
     async def pending_items(self) -> list[QueuedMessage | QueuedCommand]:
         """The messages and commands waiting behind the run in progress, in the order they
@@ -688,10 +714,11 @@ class Session:
         if not self._log.writable:
             return list(await self.pending_messages())
         runner = self._runner
+        steering = {m.data.message_id for m in runner.live.steering}
         return [
             QueuedCommand(request_id=i.request_id, command=i.command, display_text=i.display_text)
             if isinstance(i, Command)
-            else QueuedMessage(message_id=i[1], prompt=i[0])
+            else QueuedMessage(message_id=i[1], prompt=i[0], immediate=i[1] in steering)
             for i in runner.queued(await runner.pending())
         ]
 
@@ -941,6 +968,7 @@ class SendOptions(TypedDict, total=False):
     request_headers: Mapping[str, str] | None
     images: Sequence[Image | Mapping[str, str]]
     attachments: Sequence[Mapping[str, Any]]
+    mode: SendMode
     max_invalid_outputs: int
     budget: Budget | Mapping[str, Any] | None
 

@@ -20,6 +20,7 @@ from typing import TypeAlias
 from pydantic import BaseModel, ConfigDict
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from trimtab import _calibration
 from trimtab._permissions import APPROVED_FOR_SESSION
 from trimtab._window import Projection, estimate_tokens, head
 from trimtab.events import (
@@ -27,6 +28,7 @@ from trimtab.events import (
     AssistantMessageEvent,
     AssistantTurnEndEvent,
     AssistantTurnStartEvent,
+    AssistantUsageData,
     AssistantUsageEvent,
     Budget,
     Event,
@@ -46,6 +48,7 @@ from trimtab.events import (
     SessionMode,
     SessionModeChangedEvent,
     SessionModelChangeEvent,
+    SessionPrunedEvent,
     SessionResumeEvent,
     SessionStartEvent,
     SessionTitleChangedEvent,
@@ -81,6 +84,10 @@ _SAME_RUN = frozenset({"agent_stop", "output"})
 Wait: TypeAlias = PermissionRequestedData | ExternalToolRequestedData
 """What an unfinished call waits for from outside its run: a permission decision, or the
 result of a call a client runs."""
+
+_ASIDE = frozenset({"hook", "immediate"})
+"""Sources of user messages that go on with the run in progress, which keeps its message id:
+a hook's note (D13), a steering message (X6)."""
 
 _NOTHING: frozenset[str] = frozenset()
 _NO_CALLS: Mapping[str, ToolExecutionStartData] = MappingProxyType({})
@@ -166,6 +173,7 @@ class StateSnapshot(BaseModel):
     name: str | None = None
     name_auto: bool = False
     mode: SessionMode = "interactive"
+    ratios: dict[str, tuple[float, float]] = {}
 
 
 @dataclass(slots=True)
@@ -222,9 +230,13 @@ class SessionState:
     """Whether that name came from a summary (`set_auto_name`), not from the user."""
     mode: SessionMode = "interactive"
     """The agent's mode, as last set (`session.mode_changed`)."""
+    ratios: _calibration.Ratios = field(default_factory=lambda: _calibration.NONE)
+    """What each model counts per token of the window's estimate (spec X1)."""
 
     def apply(self, event: Event) -> bool:
         """Advance the state by one persisted event; True when the event ended a run."""
+        if isinstance(event, SessionPrunedEvent):
+            return self._pruned(event)
         self.event_count += 1
         self.last_id = event.id
         match event:
@@ -233,16 +245,8 @@ class SessionState:
             case SessionResumeEvent() if event.data.config is not None:
                 self.budget_warned &= event.data.config.budget == self.config.budget
                 self.config = _shared(event.data.config)
-            case SessionModelChangeEvent():
-                change = {
-                    "model": event.data.new_model,
-                    "reasoning_effort": event.data.reasoning_effort,
-                }
-                self.config = _shared(self.config.model_copy(update=change))
-            case SessionTitleChangedEvent():
-                self.name, self.name_auto = event.data.title, bool(event.data.auto)
-            case SessionModeChangedEvent():
-                self.mode = event.data.new_mode
+            case SessionModelChangeEvent() | SessionTitleChangedEvent() | SessionModeChangedEvent():
+                self._setting(event)
             case UserMessageEvent() | AssistantMessageEvent() | ToolExecutionCompleteEvent():
                 self.projection.add(event)
             case SessionContextClearedEvent():
@@ -256,6 +260,10 @@ class SessionState:
                 # Runs only between runs: what it finds in progress is a run a crash left,
                 # which the rewound window no longer holds. It is over (it had no idle).
                 self.run_id = self.batch = self.pending_seed = self.run = None
+            case AssistantUsageEvent():
+                self._calibrate(event)
+            case SessionWarningEvent() if event.data.warning_type == "context_length":
+                self._calibrate(event)
             case PermissionCompletedEvent() if event.data.result.kind == APPROVED_FOR_SESSION:
                 start = self.unfinished_calls.get(event.data.tool_call_id or "")
                 if start is not None:
@@ -266,6 +274,22 @@ class SessionState:
         if self.unfinished_calls:
             self._track_waits(event)
         return self._track_run(event)
+
+    def _setting(
+        self, event: SessionModelChangeEvent | SessionTitleChangedEvent | SessionModeChangedEvent
+    ) -> None:
+        """A setting the host changed: the model (K1), the name (K2), the mode (K7)."""
+        match event:
+            case SessionModelChangeEvent():
+                change = {
+                    "model": event.data.new_model,
+                    "reasoning_effort": event.data.reasoning_effort,
+                }
+                self.config = _shared(self.config.model_copy(update=change))
+            case SessionTitleChangedEvent():
+                self.name, self.name_auto = event.data.title, bool(event.data.auto)
+            case SessionModeChangedEvent():
+                self.mode = event.data.new_mode
 
     def _account(self, event: Event) -> None:
         """Follow what the session spends and may spend (spec U2-U4)."""
@@ -310,10 +334,8 @@ class SessionState:
         """Follow the run in progress (spec E1, P3); True when `event` ended it."""
         batch = self.batch
         match event:
-            case UserMessageEvent() if event.data.source == "context_cleared":
-                self.seed_recorded = True
-            case UserMessageEvent() if event.data.source != "hook":  # (a note: D13)
-                self._run_message(event)
+            case UserMessageEvent():
+                self._message(event)
             case AssistantTurnStartEvent():
                 self.turns += 1
                 expects = self.run is not None and self.run.output is not None
@@ -348,6 +370,40 @@ class SessionState:
             case _:
                 pass
         return False
+
+    def _pruned(self, event: SessionPrunedEvent) -> bool:
+        """The state the events a prune removed folded to (spec X8), at the marker's place;
+        True when that ended the run this state had in progress (a reader behind the cut)."""
+        running = self.run_id
+        restored = SessionState.restore(StateSnapshot.model_validate(event.data.state))
+        for name in SessionState.__dataclass_fields__:
+            setattr(self, name, getattr(restored, name))
+        self.event_count, self.last_id = event.data.position, event.id
+        return running is not None and self.run_id != running
+
+    def _message(self, event: UserMessageEvent) -> None:
+        """A user message: an input starts its run; a clear's seed is recorded, and starts a
+        run when the host cleared between runs (X4); a hook's note (D13) and a steering
+        message (X6) go on with the run in progress."""
+        source = event.data.source
+        if source == "context_cleared":
+            self.seed_recorded = True
+            if self.run_id is None:
+                self._run_message(event)
+        elif source not in _ASIDE:
+            self._run_message(event)
+
+    def _calibrate(self, event: AssistantUsageEvent | SessionWarningEvent) -> None:
+        """Fold a model call's size, or a refusal as too long, into the model's ratio (X1)."""
+        data = event.data
+        if isinstance(data, AssistantUsageData):
+            self.ratios = _calibration.observed(
+                self.ratios, data.model, data.estimated_tokens, data.input_tokens
+            )
+        else:
+            self.ratios = _calibration.overflowed(
+                self.ratios, data.model or "", data.estimated_tokens, data.token_limit
+            )
 
     def _run_message(self, event: UserMessageEvent) -> None:
         """A message that starts a run, or goes on with the run in progress (an `agentStop`
@@ -417,6 +473,10 @@ class SessionState:
         then the conversation."""
         return [*self._fixed(), *self.base, *self.projection.messages()]
 
+    def token_ratio(self, model: str) -> float:
+        """What `model` counts per token of the window's estimate (spec X1)."""
+        return _calibration.ratio(self.ratios, model)
+
     def window_tokens(self) -> int:
         """`estimate_tokens(self.window())`, without a pass over the conversation: every
         model call asks for it (compaction's threshold, `session.usage_info`)."""
@@ -463,6 +523,7 @@ class SessionState:
             name=self.name,
             name_auto=self.name_auto,
             mode=self.mode,
+            ratios=dict(self.ratios),
         )
 
     @classmethod
@@ -492,6 +553,7 @@ class SessionState:
             name=snapshot.name,
             name_auto=snapshot.name_auto,
             mode=snapshot.mode,
+            ratios=snapshot.ratios or _calibration.NONE,
         )
 
 

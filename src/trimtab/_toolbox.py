@@ -3,7 +3,8 @@
 The host's own tools, the tools of a tool source (MCP servers) that may change between turns,
 the tools other hosts offer while the session is open (a second Copilot client's, spec D5),
 and, when there are more than the session's threshold, the built-in `tool_search` in front of
-the deferred ones (see `_toolsearch`).
+the deferred ones (see `_toolsearch`), and the built-in `recall` when the session opts in
+(`_recall`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from trimtab._recall import RECALL, make_recall
 from trimtab._tools import Tool, ToolSource
 from trimtab._toolsearch import TOOL_SEARCH, deferred, make_tool_search
 from trimtab.events import SessionConfigData, ToolDefinition
@@ -58,7 +60,8 @@ class Toolbox:
         return None if self._source is None else self._source.options
 
     def callable(self, config: SessionConfigData) -> Mapping[str, Tool]:
-        """Every callable tool, the built-in `tool_search` included when tools are deferred."""
+        """Every callable tool, the built-in `tool_search` included when tools are deferred
+        (and `recall` when asked for)."""
         return self._deferral(config)[1]
 
     def deferred(self, config: SessionConfigData) -> frozenset[str]:
@@ -77,6 +80,10 @@ class Toolbox:
             tools = self._tools
             if hidden and TOOL_SEARCH not in tools:
                 tools = {**tools, TOOL_SEARCH: make_tool_search(self._tools, hidden)}
+            recall = config.recall
+            if recall is not None and recall.enabled and RECALL not in tools:
+                # (A host's own tool of that name wins: the built-in is opt-in, X7.)
+                tools = {**tools, RECALL: make_recall(recall)}
             self._cache = (config, hidden, tools)
         return self._cache[1], self._cache[2]
 

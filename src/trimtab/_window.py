@@ -210,12 +210,15 @@ class ContextWindow(BaseModel):
     total_tokens: int
     token_limit: int
     """The model's context window."""
+    token_ratio: float = 1.0
+    """What the model counts per token of these estimates, as its calls reported so far
+    (spec X1): `total_tokens * token_ratio` is what the runtime compares with `token_limit`."""
 
 
 def context_window(
-    window: Sequence[Message], tools: Sequence[ToolDefinition], limit: int
+    window: Sequence[Message], tools: Sequence[ToolDefinition], limit: int, ratio: float = 1.0
 ) -> ContextWindow:
-    """The window with a token estimate per message."""
+    """The window with a token estimate per message (`ratio`: its calibration, X1)."""
     sized = [ContextMessage(message=m, tokens=estimate_tokens([m])) for m in window]
     tools_tokens = sum(len(t.model_dump_json()) for t in tools) // 4
     return ContextWindow(
@@ -223,6 +226,7 @@ def context_window(
         tools_tokens=tools_tokens,
         total_tokens=tools_tokens + sum(m.tokens for m in sized),
         token_limit=limit,
+        token_ratio=ratio,
     )
 
 

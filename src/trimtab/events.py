@@ -37,6 +37,7 @@ __all__ = [
     "CompactionCompleteData",
     "CompactionStartData",
     "ContextClearedData",
+    "ContextOverflow",
     "Event",
     "EventAdapter",
     "EVENT_TYPES",
@@ -45,6 +46,7 @@ __all__ = [
     "ExternalToolCompletedEvent",
     "ExternalToolRequestedData",
     "ExternalToolRequestedEvent",
+    "Handoff",
     "Image",
     "InfiniteSessions",
     "InfoData",
@@ -69,6 +71,9 @@ __all__ = [
     "PermissionsChangedData",
     "PlanChangedData",
     "PlanOperation",
+    "PrunedBase",
+    "PrunedData",
+    "Recall",
     "SessionConfigData",
     "SessionCompactionCompleteEvent",
     "SessionCompactionStartEvent",
@@ -86,6 +91,7 @@ __all__ = [
     "SessionModelChangeEvent",
     "SessionPermissionsChangedEvent",
     "SessionPlanChangedEvent",
+    "SessionPrunedEvent",
     "SessionResumeData",
     "SessionResumeEvent",
     "SessionStartData",
@@ -243,6 +249,30 @@ class ToolSearch(WireModel):
     defer_threshold: int = Field(default=30, ge=0)
 
 
+class Handoff(WireModel):
+    """The handoff policy (spec X5): past `threshold` of the model's context window, the
+    session hands its work to a fresh window (a note by its model and the pending request)
+    instead of compacting."""
+
+    threshold: float = Field(gt=0, le=1)
+    """Hand off when the next request would use more than this share of the context window."""
+
+
+class Recall(WireModel):
+    """The built-in `recall` tool (spec X7): the model may search the session's earlier
+    windows (cleared, compacted away) by text."""
+
+    enabled: bool = True
+    max_results: int = Field(default=5, ge=1, le=50)
+    """Excerpts one search returns at most, newest first."""
+    max_chars: int = Field(default=600, ge=40, le=20_000)
+    """Characters of one excerpt at most."""
+
+
+ContextOverflow = Literal["compact", "drop", "fail"]
+"""What a model call refused as longer than the model's context does (spec X2): compact the
+window and retry once, drop its oldest turns and retry once, or end the run."""
+
 PositiveCount = Annotated[int, Strict(), Field(gt=0)]
 """A count given by a caller: an int above 0 (not True, nor 2.0)."""
 PositiveAmount = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -352,6 +382,12 @@ class SessionConfigData(WireModel):
     tool_search: ToolSearch = Field(default_factory=ToolSearch)
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1)
     """The most model calls one run may make before it ends in a `max_turns` error."""
+    context_overflow: ContextOverflow = "compact"
+    """What a call the model refuses as too long does (spec X2)."""
+    handoff: Handoff | None = None
+    """The handoff policy (spec X5); None: off."""
+    recall: Recall | None = None
+    """The built-in `recall` tool (spec X7); None: off."""
     budget: Budget | None = None
     """What the whole session may spend (spec U3); changed by `session.session_limits_changed`."""
     structured_output: Literal["tool", "native"] = "tool"
@@ -447,6 +483,9 @@ class AssistantUsageData(WireModel):
     finish_reason: str | None = None
     reasoning_effort: str | None = None
     """The effort the call asked of the model (spec D12); None: the model's default."""
+    estimated_tokens: int | None = None
+    """The request's size by the window's estimate, uncalibrated: set beside
+    `input_tokens`, it calibrates the estimate for this model (spec X1)."""
     cache_read_tokens: int | None = None
     """Of the input tokens, those the provider read from its prompt cache."""
     cost: float | None = None
@@ -628,9 +667,42 @@ class TruncatedData(WireModel):
     """The conversation as it was just before `event_id`."""
 
 
+class PrunedBase(WireModel):
+    """A window base (clear, compaction, truncation) a prune removed, as the marker keeps it."""
+
+    event_id: str
+    type: str
+    timestamp: datetime
+    context_epoch: int
+
+
+class PrunedData(WireModel):
+    """What `session.pruned` stands for: the events a prune removed (spec X8)."""
+
+    events_pruned: int
+    """How many events of the log this one replaced: those from the second (the first is
+    the session's start, kept) through its own position."""
+    position: int
+    """Its position in the log (1-based): the last position it stands for."""
+    state: dict[str, Any]
+    """The session's state after those events (a `StateSnapshot`, without the window's
+    conversation, which the next event sets): what replaying them gave."""
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    """What those events spent (a `SessionMetrics`), so that `session.metrics()` stays whole."""
+    bases: list[PrunedBase] = Field(default_factory=list)
+    """The epochs' markers among them (clears, compactions, truncations), oldest first."""
+    pruned_at: datetime = Field(default_factory=now)
+
+
 class WarningData(WireModel):
     warning_type: str
     message: str
+    model: str | None = None
+    """A `context_length` warning's model (spec X2), with the refused request's
+    `estimated_tokens` (uncalibrated) and the model's `token_limit`: what calibrates the
+    estimate from a refusal (X1)."""
+    estimated_tokens: int | None = None
+    token_limit: int | None = None
 
 
 class InfoData(WireModel):
@@ -911,6 +983,15 @@ class SessionTruncatedEvent(EventBase):
     data: TruncatedData
 
 
+class SessionPrunedEvent(EventBase):
+    """The events before the window's base, removed from the store by a prune (spec X8): it
+    takes the place (position and id) of the last of them, so positions and the `parent_id`
+    chain after it stay as they were."""
+
+    type: Literal["session.pruned"] = "session.pruned"
+    data: PrunedData
+
+
 class SessionWarningEvent(EventBase):
     type: Literal["session.warning"] = "session.warning"
     data: WarningData
@@ -1025,6 +1106,7 @@ Event: TypeAlias = Annotated[
     | SessionCompactionStartEvent
     | SessionCompactionCompleteEvent
     | SessionTruncatedEvent
+    | SessionPrunedEvent
     | SessionWarningEvent
     | SessionInfoEvent
     | SessionModelChangeEvent
@@ -1066,6 +1148,7 @@ EventType: TypeAlias = Literal[
     "session.compaction_start",
     "session.compaction_complete",
     "session.truncated",
+    "session.pruned",
     "session.warning",
     "session.info",
     "session.model_change",

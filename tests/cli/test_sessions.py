@@ -1,4 +1,4 @@
-"""`trimtab sessions list | show | events | rm`, as a subprocess."""
+"""`trimtab sessions list | show | events | prune | rm`, as a subprocess."""
 
 from __future__ import annotations
 
@@ -177,3 +177,33 @@ def test_issue33_show_says_what_the_provider_settings_are(cli: Cli) -> None:
         "anthropic, 2 retries, headers X-Team",
         "local, model file /models/m.gguf",
     ]
+
+
+def test_x8_prune_drops_the_events_before_the_window_and_the_session_goes_on(cli: Cli) -> None:
+    steps = (tool_call("clear_context", prompt="Say FRESH."), "FRESH")
+    session_id = _run(cli, "Start over please", *steps)
+    before = json_lines(cli("sessions", "events", session_id, "--json").stdout)
+    cleared = next(i for i, e in enumerate(before) if e["type"] == "session.context_cleared")
+
+    pruned = cli("sessions", "prune", session_id[:8])
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout == (
+        f"pruned {session_id}: {cleared - 1} events before its window"
+        f" (event {cleared} holds what they were)\n"
+    )
+    after = json_lines(cli("sessions", "events", session_id, "--json").stdout)
+    assert [e["type"] for e in after[:3]] == [
+        "session.start",
+        "session.pruned",
+        "session.context_cleared",
+    ]
+    assert len(after) == len(before) - cleared + 2
+    assert after[1]["data"]["eventsPruned"] == cleared - 1
+    again, everything = cli.many(["sessions", "prune", session_id], ["sessions", "prune", "--all"])
+    assert again.stdout == f"nothing to prune in {session_id}\n"
+    assert everything.returncode == 0 and f"nothing to prune in {session_id}" in everything.stdout
+    listed = json.loads(cli("sessions", "list", "--json").stdout)
+    assert listed[0]["eventCount"] == len(before)  # positions stay
+    neither = cli("sessions", "prune")
+    assert neither.returncode == 2
+    assert "name the sessions to prune, or pass --all" in neither.stderr

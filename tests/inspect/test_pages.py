@@ -68,7 +68,7 @@ async def test_issue19_index_lists_sessions_with_status_model_tokens_and_activit
         assert f'href="{url(session_id)}"' in html
     record = await store.get(seeded.session_id)
     assert row(html, seeded.session_id) == (
-        f"{seeded.session_id} {escape(ASK)} idle scripted 32 5 0.0000 2 16"
+        f"{seeded.session_id} {escape(ASK)} idle scripted 241 5 0.0000 2 16"
         f" {record.updated_at:%Y-%m-%d %H:%M:%S}"
     )
     assert " Hi failed - 0 0 0.0000 1 5 " in row(html, failing.session_id)
@@ -300,7 +300,7 @@ async def test_issue19_token_usage_chart_has_a_point_per_call_and_marks_the_clea
     lines = re.findall(r'<polyline [^>]*points="([^"]*)"', svg)
     assert [len(points.split()) for points in lines] == [2, 2]
     assert re.findall(r'<line class="marker" data-op="(\w+)"', svg) == ["clear"]
-    assert "input tokens (32 in all)" in visible(html)
+    assert "input tokens (241 in all)" in visible(html)
 
 
 async def test_issue19_long_timelines_are_paginated(
@@ -509,6 +509,28 @@ async def test_l7_the_list_and_the_session_page_count_model_calls_alike(
     assert facts == chart == ["3"]
     assert "a point for each of the 2 answers" in visible(html)
     assert "The window of model call 1 of 3" in window
+
+
+async def test_x8_a_pruned_session_shows_what_was_pruned_and_counts_as_before(
+    client: Client, inspector: httpx.AsyncClient
+) -> None:
+    session, model = await seed_scenario(client)
+    model.add("again")
+    await session.send_and_wait("and again")
+    result = await session.history.prune()
+    facts = ["3"]  # the clearing call, the seeded run's and the last run's
+
+    html = await page(inspector, url(session.session_id))
+    ops = re.findall(r'<div class="op op-(\w+)" data-op="\w+">\s*<header><strong>([^<]*)', html)
+    assert ("pruned", f"{result.events_removed} events pruned before here") in ops
+    assert "session.context_cleared (epoch 0," not in html  # (the clear itself is kept)
+    assert re.findall(r"<dt>model calls</dt><dd>(\d+)</dd>", html) == facts
+    assert "1 clear, 0 compactions, 0 truncations" in visible(html)
+    last = int(facts[0])
+    window = visible(await page(inspector, url(session.session_id, f"/calls/{last}")))
+    assert f"The window of model call {last} of {last}" in window
+    listed = row(await page(inspector, "/"), session.session_id)
+    assert listed.split()[-4] == facts[0]
 
 
 class PricedModel(ScriptedModel):

@@ -123,12 +123,43 @@ async def test_c8_clear_context_from_a_client_tool_runs_the_seed(make_driver: Ma
     assert session.types().count("session.idle") == 1
 
 
-async def test_c1_clear_context_outside_a_tool_call_is_refused(make_driver: MakeDriver) -> None:
-    async with ReplayServer([]) as model:
+async def test_x4_clear_context_from_an_idle_client_commits_and_runs_the_seed(
+    make_driver: MakeDriver,
+) -> None:
+    """Outside any tool call, between runs, a client's clear is the host's (spec C1, X4):
+    committed with its seed, which runs in the fresh window, with its one idle."""
+    recorded = [
+        conversation(user("Say hello"), assistant("Hello there!")),
+        conversation(user(SEED), assistant("FRESH_CONTEXT")),
+    ]
+    async with ReplayServer(recorded) as model:
         session = await (await make_driver()).open(provider(model))
+        assert await session.send_and_wait("Say hello") == "Hello there!"
+        assert await session.clear_context(SEED) == 2
+        await session.wait_for("session.idle", count=2)
+    assert request_messages(model, 1) == [SYSTEM, ("user", SEED)]
+    cleared = session.of("session.context_cleared")[0]["data"]
+    assert cleared["messagesCleared"] == 2 and cleared["initialMessage"] == SEED
+    types = session.types()
+    at = types.index("session.context_cleared")
+    assert types[at + 1] == "user.message" and types[-1] == "session.idle"
+    assert session.of("assistant.message")[-1]["data"]["content"] == "FRESH_CONTEXT"
+
+
+async def test_x4_clear_context_from_a_client_during_a_run_is_refused(
+    make_driver: MakeDriver,
+) -> None:
+    """A client's clear while the run calls the model (no tool call to enclose it)."""
+    async with ReplayServer([conversation(user("Say hello"), assistant("Hello there!"))]) as model:
+        model.stall_next(1.0)  # the model answers slowly: the run is in flight meanwhile
+        session = await (await make_driver()).open(provider(model))
+        await session.send("Say hello")
+        await session.wait_for("assistant.turn_start")
         with pytest.raises(ClearRefused) as refused:
             await session.clear_context("Start over.")
-    assert refused.value.code == "no_tool_call_in_flight"
+        await session.wait_for("session.idle")
+    assert refused.value.code == "run_in_flight"
+    assert not session.of("session.context_cleared")
 
 
 async def test_c2_clear_context_with_an_empty_prompt_is_refused(make_driver: MakeDriver) -> None:

@@ -60,6 +60,19 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "session.compaction_start": {},
     "session.compaction_complete": {"success": True},
     "session.truncated": {"eventId": "e1", "eventsRemoved": 4},
+    "session.pruned": {
+        "eventsPruned": 10,
+        "position": 11,
+        "state": {"epoch": 1},
+        "bases": [
+            {
+                "eventId": "e9",
+                "type": "session.context_cleared",
+                "timestamp": "2026-12-05T00:00:00Z",
+                "contextEpoch": 1,
+            }
+        ],
+    },
     "session.warning": {"warningType": "context_overflow", "message": "dropped a turn"},
     "session.info": {"infoType": "notification", "message": "noted"},
     "session.model_change": {"newModel": "other-model"},

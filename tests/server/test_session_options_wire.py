@@ -29,7 +29,16 @@ PROVIDER = {"type": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key": "k
 """Never called: these sessions only open."""
 
 EXTENSIONS = frozenset(
-    {"developerMessages", "maxTurns", "modelLimits", "budget", "structuredOutput"}
+    {
+        "developerMessages",
+        "maxTurns",
+        "modelLimits",
+        "contextOverflow",
+        "handoff",
+        "recall",
+        "budget",
+        "structuredOutput",
+    }
 )
 """trimtab's own fields of `session.create` and `session.resume` (spec D15)."""
 

@@ -454,6 +454,49 @@ async def test_k9_k10_queue_lists_and_clears_the_messages_waiting(
         await session.disconnect()
 
 
+async def test_x6_an_immediate_send_steers_the_running_turn(client: CopilotClient) -> None:
+    """`mode: "immediate"` from the official client: listed as a steering message while it
+    waits, then read by the run's next model call after the batch's results, one idle."""
+    release = asyncio.Event()
+
+    async def wait_for_release(params: NoArgs, invocation: Any) -> str:
+        await release.wait()
+        return "released"
+
+    hold = define_tool("hold", description="Wait", handler=wait_for_release, params_type=NoArgs)
+    recorded = conversation(
+        user("first"),
+        assistant(None, call("call_1", "hold")),
+        tool("call_1", "released"),
+        user("STEER: be brief"),
+        assistant("Brief."),
+    )
+    async with ReplayServer([recorded]) as model:
+        session = await client.create_session(
+            provider=provider(model),  # type: ignore[arg-type]
+            model="test-model",
+            tools=[hold],
+            on_permission_request=PermissionHandler.approve_all,
+        )
+        started = Seen(session, "tool.execution_start")
+        changes = Seen(session, "pending_messages.modified")
+        idle = Seen(session, "session.idle")
+        await session.send("first")
+        await started.wait_for(1)
+        steer = await session.send("STEER: be brief", mode="immediate")
+        await changes.wait_for(1)
+        pending = await session.rpc.queue.pending_items()
+        assert (pending.items, pending.steering_messages) == ([], ["STEER: be brief"])
+        release.set()
+        await idle.wait_for(1)
+        logged = await session.get_events()
+        messages = [e.data for e in logged if isinstance(e.data, UserMessageData)]
+        assert [(m.content, m.message_id) for m in messages][1] == ("STEER: be brief", steer)
+        replies = [e.data.content for e in logged if isinstance(e.data, AssistantMessageData)]
+        assert replies[-1] == "Brief." and len(idle) == 1
+        await session.disconnect()
+
+
 async def test_k11_event_log_reads_by_cursor_and_long_polls_by_type(
     client: CopilotClient,
 ) -> None:

@@ -1,14 +1,16 @@
 """Deterministic fault simulation of the session core (spec E1, E3, E5, O1, T1-T4, C6-C10, H1,
-P3, P4, P5, R1).
+P3, P4, P5, R1, X4-X6, X8).
 
 A seeded Hypothesis state machine drives one session through sends, sends queued behind a run,
-tool batches with every outcome (terminal calls, clears that commit and clears that roll back,
-rejections, denials, gated calls), aborts, compactions, truncations, forks, disconnects and
-resumes, crashes at a chosen write (the write stored or not), and takeovers by a new runtime.
+steering messages, tool batches with every outcome (terminal calls, clears that commit and
+clears that roll back, rejections, denials, gated calls), the host's clears, aborts,
+compactions, truncations, forks, prunes, disconnects and resumes, crashes at a chosen write
+(the write stored or not), and takeovers by a new runtime.
 Most scenarios run under a small context window, with prompts and results of every size, so
-that automatic compaction (and its fallbacks: a failed summary, turns dropped) runs among the
-faults; rules steer to the points random crashes seldom reach: a crash right after a clear
-commits (C10), a crash while a call runs, then a takeover or a resume (P3, R1).
+that automatic compaction (and its fallbacks: a failed summary, turns dropped) or, with the
+handoff policy on, handoffs run among the faults; rules steer to the points random crashes
+seldom reach: a crash right after a clear commits (C10), a crash while a call runs, then a
+takeover or a resume (P3, R1).
 
 After every step it checks what must always hold, and whenever it lets the world settle, every
 promise, from the log alone: one chain of distinct events; every acknowledged input ran exactly
@@ -125,13 +127,20 @@ class Simulation(RuleBasedStateMachine):
         # within a few runs (the tools' schemas alone take ~550 tokens of each request).
         context_window=st.sampled_from([None, 700, 900, 1_200, 1_600]),
         summaries_fail=st.sampled_from([0.0, 0.3, 1.0]),
+        handoff=st.booleans(),
     )
-    def start(self, seed: int, context_window: int | None, summaries_fail: float) -> None:
+    def start(
+        self, seed: int, context_window: int | None, summaries_fail: float, handoff: bool
+    ) -> None:
+        # The handoff policy (X5) past 60% of a window the tools' schemas leave room in: the
+        # conversation is handed to a fresh window instead of compacted.
+        handoff = handoff and (context_window or 0) >= 1_200
         self.world = World(
             self.durable(),
             seed=seed,
             context_window=context_window,
             summaries_fail=summaries_fail,
+            handoff=0.6 if handoff else None,
         )
         self.run(self.world.start())
 
@@ -164,6 +173,23 @@ class Simulation(RuleBasedStateMachine):
         self.world.gates.opened.set()  # (a run before it may wait at a gate)
         self.run(self.world.send(f"clear {seed}", [batch, "seeded reply"]))
         self.run(_spin(200, until=lambda: self.world.owner.dead))
+
+    @rule(plan=PLANS)
+    def steer(self, plan: list[Any]) -> None:
+        """A message for the run in flight (spec X6), or a plain send when idle."""
+        self.sent += 1
+        self.run(self.world.send(f"steer {self.sent}", plan, immediate=True))
+
+    @rule(seed=st.integers(0, 99))
+    def host_clear(self, seed: int) -> None:
+        """The host clears between runs (X4); refused while a run is in flight."""
+        self.run(asyncio.wait_for(self.world.clear(f"HOSTSEED-{seed}"), 20))
+
+    @rule()
+    def prune(self) -> None:
+        """Retention (X8): refused while a run is in flight, else the log before the
+        window's base becomes a marker."""
+        self.run(asyncio.wait_for(self.world.prune(), 20))
 
     @rule(yields=st.integers(0, 20))
     def let_it_run(self, yields: int) -> None:

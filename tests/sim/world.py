@@ -30,10 +30,10 @@ from trimtab import (
     TrimtabError,
     define_tool,
 )
-from trimtab._compaction import COMPACTION_PROMPT, SUMMARY_PREFIX
+from trimtab._compaction import COMPACTION_PROMPT, HANDOFF_PROMPT, KEPT_CHARS, SUMMARY_PREFIX
 from trimtab._errors import ProviderError
 from trimtab._session import ownership_of
-from trimtab._state import SessionState
+from trimtab._state import SessionState, state_of
 from trimtab._tools import SessionHandle
 from trimtab._window import estimate_tokens
 from trimtab.events import (
@@ -41,6 +41,7 @@ from trimtab.events import (
     Event,
     Message,
     PermissionRequestData,
+    SessionPrunedEvent,
     ToolExecutionCompleteEvent,
     UserMessageEvent,
 )
@@ -49,6 +50,8 @@ from trimtab.store import Lease, MemoryStore, SqliteStore, Store
 from trimtab.testing import FaultyStore
 
 SYSTEM = "SYSTEM"
+CUT_NOTE = "characters cut: the context window could not hold them]"
+"""The end of a text X3 cut to fit the window."""
 GATED = ("slow", "idem")
 """Tools whose handlers wait for the world to open their gate (so that a crash, an abort or a
 disconnect can come in the middle of them)."""
@@ -85,29 +88,36 @@ class PlannedModel:
     def __init__(self) -> None:
         self.plans: deque[list[tuple[str, dict[str, Any]]] | str] = deque()
         self.requests: list[tuple[ModelRequest, int]] = []
-        """Each request but summaries, with the length of the durable log when it came."""
+        """Each request but summaries and handoff notes, with the length of the durable log
+        (in positions) when it came."""
         self.calls = 0
         self.fails: Callable[[], bool] = lambda: False
         self.log_length: Callable[[], int] = lambda: 0
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ProviderEvent]:
-        if is_summary(request):
+        # It counts as the window's estimate does: the calibration (X1) stays at 1.
+        tools = sum(len(t.model_dump_json()) for t in request.tools) // 4
+        usage = Usage(input_tokens=estimate_tokens(request.messages) + tools)
+        if is_summary(request) or request.messages[0].content == HANDOFF_PROMPT:
+            # A summary, or a handoff's note (spec X5): no plan, so the runs' answers stay in
+            # order; either may fail (then compaction goes on without, or takes the handoff's
+            # place).
             await asyncio.sleep(0)
             if self.fails():
                 raise ProviderError("provider_unavailable", "the summary failed (simulated)")
-            yield ModelResponse(content="SUMMARY", usage=Usage(input_tokens=1))
+            yield ModelResponse(content="SUMMARY", usage=usage, finish_reason="stop")
             return
         self.requests.append((request, self.log_length()))
         await asyncio.sleep(0)
         step = self.plans.popleft() if self.plans else "done"
         if isinstance(step, str):
-            yield ModelResponse(content=step, usage=Usage(input_tokens=1), finish_reason="stop")
+            yield ModelResponse(content=step, usage=usage, finish_reason="stop")
             return
         calls = []
         for name, arguments in step:
             self.calls += 1
             calls.append(ToolCall(id=f"c{self.calls}", name=name, arguments=json.dumps(arguments)))
-        yield ModelResponse(tool_calls=tuple(calls), usage=Usage(input_tokens=1))
+        yield ModelResponse(tool_calls=tuple(calls), usage=usage)
 
     async def aclose(self) -> None:
         pass
@@ -244,6 +254,7 @@ class World:
         seed: int = 0,
         context_window: int | None = None,
         summaries_fail: float = 0.0,
+        handoff: float | None = None,
     ) -> None:
         self.durable = durable or MemoryStore()
         self.random = random.Random(seed)
@@ -251,6 +262,8 @@ class World:
         which summaries fail)."""
         self.context_window = context_window
         """The model's context window; None: the default (128k), which nothing here fills."""
+        self.handoff = handoff
+        """The handoff policy's threshold (spec X5); None: off, compaction instead."""
         self.model = PlannedModel()
         self.model.fails = lambda: self.random.random() < summaries_fail
         self.model.log_length = self._log_length
@@ -267,6 +280,10 @@ class World:
         self.forks: list[Session] = []
         self.follower: Runtime | None = None
         """A runtime following the session it does not run, ready to take it over."""
+        self.seen: dict[str, Event] = {}
+        """Every stored event read so far, by id: the log as it would be without prunes (a
+        marker takes the id of the last event it stands for, which stays here)."""
+        self.prunes = 0
 
     # --- runtimes --------------------------------------------------------------------------
 
@@ -290,22 +307,26 @@ class World:
         return next((i for i, r in enumerate(self.runtimes) if r.session is session), -1)
 
     def _log_length(self) -> int:
-        """The durable log's length now (read without awaiting: no step of the scenario may
-        depend on when the model was asked)."""
+        """The durable log's length now, in positions (a prune keeps them, X8), read without
+        awaiting: no step of the scenario may depend on when the model was asked."""
         if isinstance(self.durable, MemoryStore):
             stored = self.durable._sessions.get(self.SESSION)
-            return 0 if stored is None else len(stored.events)
+            return 0 if stored is None else stored.count
         assert isinstance(self.durable, SqliteStore)
         with contextlib.closing(sqlite3.connect(self.durable.path)) as db:
-            (count,) = db.execute(
-                "SELECT count(*) FROM events WHERE session_id = ?", (self.SESSION,)
+            row = db.execute(
+                "SELECT last_seq FROM sessions WHERE session_id = ?", (self.SESSION,)
             ).fetchone()
-        return int(count)
+        return 0 if row is None else int(row[0])
 
     async def start(self) -> None:
+        # The handoff policy is logged with the configuration: a resume keeps it.
+        handoff: dict[str, Any] = {}
+        if self.handoff is not None:
+            handoff["handoff"] = {"threshold": self.handoff}
         runtime = await self._runtime()
         session = await runtime.client.create_session(
-            session_id=self.SESSION, system_message=SYSTEM, **self._options()
+            session_id=self.SESSION, system_message=SYSTEM, **self._options(), **handoff
         )
         self._attach(runtime, session)
 
@@ -421,13 +442,37 @@ class World:
 
     # --- driving ---------------------------------------------------------------------------
 
-    async def send(self, prompt: str, plan: Plan) -> None:
+    async def send(self, prompt: str, plan: Plan, *, immediate: bool = False) -> None:
         session = self.owner.session
         if session is None or self.owner.dead or session.closed:
             return
         self.model.plans.extend(plan)
+        mode: Any = "immediate" if immediate else "enqueue"
         with contextlib.suppress(TrimtabError):
-            self.acknowledged.append(await session.send(prompt))
+            self.acknowledged.append(await session.send(prompt, mode=mode))
+
+    async def clear(self, prompt: str) -> None:
+        """The host clears between runs (spec X4): refused while a run is in flight, but
+        for a call in flight, whose clear it is (C1)."""
+        session = self.owner.session
+        if session is None or self.owner.dead or session.closed:
+            return
+        with contextlib.suppress(TrimtabError):
+            result = session.history.clear_context(prompt)
+            await result
+            if result.message_id is not None:
+                self.acknowledged.append(result.message_id)  # its seed runs exactly once
+            # (Else a call of a run a crash left was running: the clear is that call's, C1.)
+
+    async def prune(self) -> None:
+        """Prune the log before the window's base (spec X8), as an idle session allows."""
+        session = self.owner.session
+        if session is None or self.owner.dead or session.closed:
+            return
+        await self.log()  # (everything it may remove has been seen)
+        with contextlib.suppress(TrimtabError):
+            if (await session.history.prune()).events_removed:
+                self.prunes += 1
 
     async def settle(self) -> None:
         """Open the gates and wait until nothing runs (recovering from a crash if needed)."""
@@ -474,7 +519,9 @@ class World:
 
     async def reached(self) -> set[str]:
         """The points of interest the scenario reached, for the simulation's statistics."""
-        log = await self.log()
+        await self.log()
+        log = self.whole()
+        clears = [e.data.initial_message for e in log if e.type == "session.context_cleared"]
         warnings = [e.data.message for e in log if e.type == "session.warning"]
         starts = [e.data.trigger for e in log if e.type == "session.compaction_start"]
         runs: dict[str, list[int]] = {}
@@ -484,6 +531,12 @@ class World:
             names[call_id] = name
         points = {
             "compacted automatically": "threshold" in starts,
+            "handed off (X5)": any(c.startswith("SUMMARY") for c in clears),
+            "the host cleared (X4)": any(c.startswith("HOSTSEED-") for c in clears),
+            "a steering message taken (X6)": any(
+                e.type == "user.message" and e.data.source == "immediate" for e in log
+            ),
+            "pruned (X8)": self.prunes > 0,
             "compacted, the summary failed": any("summarising failed" in w for w in warnings),
             "compacted, then turns dropped": any("still too large" in w for w in warnings),
             "a crash after a committed clear": any(
@@ -505,14 +558,23 @@ class World:
         return {what for what, yes in points.items() if yes}
 
     async def log(self) -> list[Event]:
-        return await self.durable.read(self.SESSION)
+        """The stored log; what it holds is remembered (`seen`)."""
+        log = await self.durable.read(self.SESSION)
+        for event in log:
+            self.seen.setdefault(event.id, event)
+        return log
+
+    def whole(self) -> list[Event]:
+        """The log as it would be without prunes: every event seen, in log order."""
+        return list(self.seen.values())
 
     async def check_always(self) -> None:
         """What holds after every step, mid-run and mid-crash included."""
         log = await self.log()
         assert_chain(log)
-        assert_clears(log, complete=False)
-        self.assert_ran(log)
+        assert_clears(self.whole(), complete=False)
+        assert_pruned(log, self.whole())
+        self.assert_ran(self.whole())
 
     def assert_ran(self, log: list[Event]) -> None:
         """P3, P5, R1: a handler runs only once its call's start is stored, never for a call
@@ -536,15 +598,17 @@ class World:
     async def check_settled(self) -> None:
         """What holds once nothing runs: every promise kept, from the log alone."""
         log = await self.log()
+        whole = self.whole()
         assert_chain(log)
-        assert_clears(log, complete=True)
-        assert_calls_complete(log)
+        assert_clears(whole, complete=True)
+        assert_calls_complete(whole)
+        assert_pruned(log, whole)
         # (Properties of the whole log, checked here only: each step's check would replay it.)
-        replayed, ending = assert_run_ends(log)
+        replayed, ending = assert_run_ends(whole)
         for request, logged in self.model.requests[self.checked_requests :]:
-            assert_request(request, log[:logged])
+            assert_request(request, whole[:logged])
         self.checked_requests = len(self.model.requests)
-        delivered = [e.data.message_id for e in log if e.type == "user.message"]
+        delivered = [e.data.message_id for e in whole if e.type == "user.message"]
         for message_id in self.acknowledged:
             assert delivered.count(message_id) == 1, (
                 f"input {message_id} ran {delivered.count(message_id)} times"
@@ -562,7 +626,7 @@ class World:
         for fork in self.forks:
             fork_log = await self.durable.read(fork.session_id)
             assert_chain(fork_log)
-            assert_calls_complete(fork_log)
+            assert_fork_calls_complete(fork_log)
             assert not fork.busy
 
 
@@ -575,15 +639,25 @@ def assert_chain(log: list[Event]) -> None:
 
 
 def assert_clears(log: list[Event], *, complete: bool) -> None:
-    """C6, C7, C10: a clear is committed only right after its own call's success, never by a
-    failed call, and its seed is logged exactly once (at most once while runs go on)."""
+    """C6, C7, C10, X4, X5: a clear is committed only right after its own call's success,
+    never by a failed call, or (the host's, a handoff's) in one append with its seed; and its
+    seed is logged exactly once (at most once while runs go on)."""
     calls = {e.data.tool_call_id: e.data.tool_name for e in log if e.type == "tool.execution_start"}
     for index, event in enumerate(log):
         if event.type != "session.context_cleared":
             continue
-        before = log[index - 1]
-        assert before.type == "tool.execution_complete" and before.data.success
-        assert calls.get(before.data.tool_call_id) == "clear_context"
+        before, after = log[index - 1], log[index + 1] if index + 1 < len(log) else None
+        seeded = (
+            after is not None
+            and after.type == "user.message"
+            and after.data.source == "context_cleared"
+            and after.data.content == event.data.initial_message
+        )
+        if not seeded:
+            assert before.type == "tool.execution_complete" and before.data.success
+            if not event.data.initial_message.startswith("HOSTSEED-"):
+                # (The host's clear made while a call runs is that call's, C1.)
+                assert calls.get(before.data.tool_call_id) == "clear_context"
         following = log[index + 1 :]
         end = next(
             (i for i, e in enumerate(following) if e.type == "session.context_cleared"), None
@@ -597,6 +671,45 @@ def assert_clears(log: list[Event], *, complete: bool) -> None:
         assert all(s.data.content == event.data.initial_message for s in seeds)
         if complete:
             assert len(seeds) == 1, "a committed clear's seed was lost"
+
+
+def assert_pruned(log: list[Event], whole: list[Event]) -> None:
+    """X8: the pruned log replays to the state and window of the whole one, at the same
+    length; each marker stands at its position."""
+    if not any(e.type == "session.pruned" for e in log):
+        return
+    pruned, full = state_of(log), state_of(whole)
+    assert pruned.window() == full.window(), "the pruned log's window is not the log's"
+    assert (pruned.event_count, pruned.epoch, pruned.usage, pruned.config) == (
+        full.event_count,
+        full.epoch,
+        full.usage,
+        full.config,
+    )
+    assert (pruned.run_id, pruned.pending_seed, pruned.open_turn) == (
+        full.run_id,
+        full.pending_seed,
+        full.open_turn,
+    )
+    for event in log:
+        if event.type == "session.pruned":
+            at = [e.id for e in whole].index(event.id) + 1
+            assert event.data.position == at, "a marker is not where it stands"
+
+
+def assert_fork_calls_complete(log: list[Event]) -> None:
+    """O1 in a fork. Its copy of a prune's marker (X8) stands for the events before the
+    window's base, the starts of calls that complete after it among them: there, each call
+    started after the marker completes exactly once, and none completes twice."""
+    for index, event in enumerate(log):
+        if isinstance(event, SessionPrunedEvent):
+            after = log[index + 1 :]
+            starts = {e.data.tool_call_id for e in after if e.type == "tool.execution_start"}
+            completes = [e.data.tool_call_id for e in after if e.type == "tool.execution_complete"]
+            assert len(set(completes)) == len(completes), "a call completed twice"
+            assert starts <= set(completes), "a call never completed"
+            return
+    assert_calls_complete(log)
 
 
 def assert_calls_complete(log: list[Event]) -> None:
@@ -618,7 +731,7 @@ def assert_calls_complete(log: list[Event]) -> None:
 def assert_request(request: ModelRequest, log: list[Event]) -> None:
     """C8, H1, T4: what the model is asked, against the log when it was asked. Never an
     emptied window; a run's first request ends with the run's prompt, whatever compaction
-    did (H1), and a later one with the results of the run's previous turn (or the summary
+    did (H1, X3), and a later one with the results of the run's previous turn (or the summary
     that replaced them); no call without its result, no result without its call."""
     conversation = [m for m in request.messages if m.role not in ("system", "developer")]
     assert conversation, "the model was called on a window with no conversation"
@@ -642,7 +755,11 @@ def assert_request(request: ModelRequest, log: list[Event]) -> None:
     else:
         prompt = log[message]
         assert isinstance(prompt, UserMessageEvent)
-        assert last.role == "user" and last.content == prompt.data.content, (
+        # (Verbatim, unless the window cannot hold it: X3 cuts it from its end, and says so.)
+        cut = last.content.endswith(CUT_NOTE) and prompt.data.content.startswith(
+            last.content[:KEPT_CHARS]
+        )
+        assert last.role == "user" and (last.content == prompt.data.content or cut), (
             "a run's first request does not end with its prompt"
         )
 
@@ -662,7 +779,7 @@ def assert_no_orphans(messages: Sequence[Message]) -> None:
 
 
 def assert_run_ends(log: list[Event]) -> tuple[SessionState, set[str]]:
-    """T1-T3, O2, C8, E5: the runs of the log end where the rules say, told from the tools as
+    """T1-T3, O2, C8, E5, X4-X6: the runs of the log end where the rules say, told from the tools as
     the world defines them (not from what the log says of them): after a turn whose model
     answered without calls, or whose batch had a terminal call succeed (T1) or a call
     rejected (O2), unless a clear committed in it (C8); a failed terminal call ends nothing
@@ -677,7 +794,12 @@ def assert_run_ends(log: list[Event]) -> tuple[SessionState, set[str]]:
     for event in log:
         ends = False
         match event.type:
-            case "user.message" if event.data.source not in ("hook", "context_cleared"):
+            case "user.message" if event.data.source == "immediate":
+                assert open_run, "a steering message taken outside a run (X6)"
+            case "user.message" if event.data.source == "context_cleared":
+                open_run = True  # the clear's run goes on as its seed's (C8, X5), or the
+                # host's seed runs as its own (X4)
+            case "user.message" if event.data.source != "hook":
                 assert not open_run, "a run started while another was open in the log"
                 open_run = True
             case "session.truncated":

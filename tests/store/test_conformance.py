@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from trimtab._errors import LeaseLostError, SessionNotFoundError
+from trimtab._errors import LeaseLostError, PruneError, SessionNotFoundError
 from trimtab.events import (
     AssistantMessageData,
     AssistantMessageDeltaData,
@@ -23,7 +23,9 @@ from trimtab.events import (
     AssistantMessageEvent,
     Event,
     EventAdapter,
+    PrunedData,
     SessionConfigData,
+    SessionPrunedEvent,
     SessionStartData,
     SessionStartEvent,
     ToolDefinition,
@@ -862,3 +864,94 @@ async def test_snapshots_are_kept_per_session_and_go_with_it(store: Store) -> No
     await store.delete("s")
     await store.create("s")
     assert await store.load_snapshot("s") is None
+
+
+# --- retention (spec X8) -------------------------------------------------------------------
+
+
+def marker(replaced: Event, position: int) -> SessionPrunedEvent:
+    """A prune's marker for the event at `position`, as the runtime makes one."""
+    data = PrunedData(events_pruned=position - 1, position=position, state={"any": "state"})
+    return SessionPrunedEvent(id=replaced.id, data=data)
+
+
+async def seven(store: Store) -> list[Event]:
+    await store.create("s")
+    events: list[Event] = [user(str(n)) for n in range(1, 8)]
+    await store.append("s", events, lease=None)
+    return events
+
+
+async def test_x8_prune_replaces_the_events_before_its_position_and_keeps_positions(
+    store: Store,
+) -> None:
+    events = await seven(store)
+    assert await store.prune("s", marker(events[3], 4), lease=None) == 3
+
+    pruned = await store.read("s")
+    assert [e.id for e in pruned] == [events[0].id, events[3].id, *[e.id for e in events[4:]]]
+    assert isinstance(pruned[1], SessionPrunedEvent) and pruned[1].data.position == 4
+    assert [e.id for e in await store.read("s", after=2)] == [e.id for e in pruned[1:]]
+    assert [e.id for e in await store.read("s", after=4)] == [e.id for e in events[4:]]
+    assert (await store.get("s")).event_count == 7
+    assert await store.append("s", [user("8")], lease=None) == 8
+    assert contents(await store.read("s", after=7)) == ["8"]
+
+    # Again, further on: the first marker is among what goes.
+    later = await store.read("s")
+    assert await store.prune("s", marker(later[3], 6), lease=None) == 3
+    assert [e.id for e in await store.read("s")] == [
+        events[0].id,
+        events[5].id,
+        events[6].id,
+        later[-1].id,
+    ]
+    assert (await store.get("s")).event_count == 8
+
+
+async def test_x8_prune_made_for_another_log_is_refused(store: Store) -> None:
+    events = await seven(store)
+    for wrong in (marker(events[2], 4), marker(events[0], 1), marker(events[6], 9)):
+        with pytest.raises(PruneError) as refused:
+            await store.prune("s", wrong, lease=None)
+        assert refused.value.code == "log_changed"
+    assert [e.id for e in await store.read("s")] == [e.id for e in events]
+    with pytest.raises(SessionNotFoundError):
+        await store.prune("nobody", marker(events[3], 4), lease=None)
+
+
+async def test_x8_prune_is_fenced_by_the_lease(store: Store) -> None:
+    events = await seven(store)
+    lease = await store.acquire_lease("s", "a", LONG_TTL)
+    assert lease is not None
+    with pytest.raises(PruneError) as refused:
+        await store.prune("s", marker(events[3], 4), lease=None)
+    assert refused.value.code == "session_open"
+    stale = Lease(session_id="s", owner="a", token=lease.token - 1)
+    with pytest.raises(LeaseLostError):
+        await store.prune("s", marker(events[3], 4), lease=stale)
+    assert len(await store.read("s")) == 7
+    assert await store.prune("s", marker(events[3], 4), lease=lease) == 3
+
+
+async def test_x8_prune_waits_for_a_subscription_behind_it(store: Store) -> None:
+    events = await seven(store)
+    async with aclosing(store.subscribe("s")) as behind:
+        await take(behind, 2)  # it has not read past event 4
+        with pytest.raises(PruneError) as refused:
+            await store.prune("s", marker(events[3], 4), lease=None)
+        assert refused.value.code == "follower_behind"
+        await take(behind, 5)
+        assert await store.prune("s", marker(events[3], 4), lease=None) == 3
+        later = asyncio.create_task(take(behind, 1))
+        await store.append("s", [user("8")], lease=None)
+        assert contents(await later) == ["8"]
+    # One that starts behind the cut reads the marker, then what follows it.
+    async with aclosing(store.subscribe("s", after=2)) as late:
+        read = await take(late, 5)
+    assert [e.type for e in read][:1] == ["session.pruned"] and contents(read) == [
+        "5",
+        "6",
+        "7",
+        "8",
+    ]

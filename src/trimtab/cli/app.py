@@ -313,7 +313,7 @@ def inspect_sessions(
 
 @cli.group()
 def sessions() -> None:
-    """List, inspect and delete stored sessions."""
+    """List, inspect, prune and delete stored sessions."""
 
 
 @sessions.command("list")
@@ -358,3 +358,20 @@ def sessions_rm(session_ids: tuple[str, ...], force: bool, **settings: Any) -> i
     from trimtab.cli.sessions import remove_sessions
 
     return remove_sessions(_resolve(settings), session_ids, force=force)
+
+
+@sessions.command("prune")
+@click.argument("session_ids", metavar="[ID...]", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Prune every session not in use.")
+@_common_options
+def sessions_prune(session_ids: tuple[str, ...], every: bool, **settings: Any) -> int:
+    """Drop the events before each session's context window from the store.
+
+    The session's identity, configuration, usage and the marks of its earlier windows stay
+    (in one `session.pruned` event), and so does everything its window needs: it resumes as
+    before, but its earlier events are gone. A session in use by a process is refused (with
+    --all, skipped). ID may be a unique prefix.
+    """
+    from trimtab.cli.sessions import prune_sessions
+
+    return prune_sessions(_resolve(settings), session_ids, every=every)

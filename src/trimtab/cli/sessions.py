@@ -1,4 +1,5 @@
-"""`trimtab sessions list | show | events | rm`: the stored sessions, read from the store.
+"""`trimtab sessions list | show | events | prune | rm`: the stored sessions, read from the
+store.
 
 Reading never resumes a session: a session run by another process stays untouched (no lease
 taken, no `session.resume` appended), and never creates a store that is not there.
@@ -13,8 +14,10 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from trimtab import Event, SessionNotFoundError
+from trimtab import Event, PruneError, SessionNotFoundError
+from trimtab._retention import prune_log
 from trimtab.cli.config import Resolved
+from trimtab.cli.errors import EXIT_USAGE, CliError
 from trimtab.cli.host import SessionHost, in_use, persisted_config
 from trimtab.cli.render import (
     Terminal,
@@ -34,6 +37,7 @@ __all__ = [
     "events_table",
     "list_sessions",
     "provider_text",
+    "prune_sessions",
     "remove_sessions",
     "session_events",
     "sessions_table",
@@ -234,4 +238,38 @@ def remove_sessions(resolved: Resolved, wanted: Sequence[str], *, force: bool) -
                 raise in_use(session_id, record, forceable=True)
             portal.call(host.client.delete_session(session_id))
             term.line(f"deleted {session_id}")
+    return 0
+
+
+def prune_sessions(resolved: Resolved, wanted: Sequence[str], *, every: bool) -> int:
+    """Prune sessions before their windows' bases (spec X8); one in use elsewhere is refused,
+    or skipped with `every`."""
+    if every == bool(wanted):
+        raise CliError(
+            "name the sessions to prune, or pass --all",
+            hint="see 'trimtab sessions list'",
+            exit_code=EXIT_USAGE,
+        )
+    term = Terminal.detect()
+    with Portal(term) as portal, SessionHost(portal, resolved, term, read_only=True) as host:
+        records = portal.call(host.store.list_sessions()) if every else None
+        ids = [r.session_id for r in records] if records else [host.find(w) for w in wanted]
+        for session_id in ids:
+            record = portal.call(host.store.get(session_id))
+            if record.lease_owner:
+                if every:
+                    term.line(f"skipped {session_id}: in use by {record.lease_owner}")
+                    continue
+                raise in_use(session_id, record)
+            try:
+                result = portal.call(prune_log(host.store, session_id))
+            except PruneError as exc:
+                raise CliError(f"session {session_id} was not pruned: {exc}") from None
+            if result.events_removed:
+                term.line(
+                    f"pruned {session_id}: {result.events_removed} events before its window"
+                    f" (event {result.position} holds what they were)"
+                )
+            else:
+                term.line(f"nothing to prune in {session_id}")
     return 0

@@ -229,7 +229,8 @@ class _Pages:
             calls = log.timeline.digest.model_calls
             message = f"session {session_id!r} has {calls} model calls, not {call}"
             return self.render("error.html", 404, message=message)
-        turn = log.timeline.turns[call - 1]
+        # (Numbered from the first call: a pruned log holds the last ones only, X8.)
+        turn = next(turn for turn in log.timeline.turns if turn.number == call)
         index = next(i for i, entry in enumerate(log.timeline.entries) if entry is turn)
         return self.render(
             "window.html",

@@ -23,6 +23,7 @@ from trimtab.events import (
     Event,
     SessionCompactionCompleteEvent,
     SessionErrorEvent,
+    SessionPrunedEvent,
     SessionResumeEvent,
     SessionStartEvent,
     SessionTruncatedEvent,
@@ -137,6 +138,12 @@ class Digest:
                 self.withdrawals += 1
             case SessionTruncatedEvent():
                 self.truncations += 1
+            case SessionPrunedEvent():  # what the events it replaced counted (spec X8)
+                self.event_count, self.model_calls = event.data.position, self.state.turns
+                bases = [base.type for base in event.data.bases]
+                self.compactions += bases.count("session.compaction_complete")
+                self.truncations += bases.count("session.truncated")
+                self.run_open = self.state.run_id is not None
             case SessionErrorEvent():
                 self.run_open, self.failed = False, True
             case AbortEvent():

@@ -33,6 +33,11 @@ class SessionLog:
     events: list[Event] = field(default_factory=list)
     timeline: Timeline = field(default_factory=Timeline)
 
+    @property
+    def position(self) -> int:
+        """The position of its last event in the log (a pruned log keeps its positions)."""
+        return self.timeline.digest.event_count
+
     def extend(self, events: Sequence[Event]) -> None:
         for event in events:
             self.timeline.add(event)
@@ -54,7 +59,17 @@ class Logs:
         """The session's log, brought up to date. Raises `SessionNotFoundError`."""
         async with self._lock:
             log = self._logs.pop(session_id, None) or SessionLog()
-            log.extend(await self.store.read(session_id, after=len(log.events)))
+            if log.events:
+                # From its last event: one that is no longer there (the log was pruned up to
+                # it, or lost its tail) means reading it all again.
+                fresh = await self.store.read(session_id, after=log.position - 1)
+                if fresh and fresh[0].id == log.events[-1].id:
+                    fresh = fresh[1:]
+                else:
+                    log, fresh = SessionLog(), await self.store.read(session_id)
+            else:
+                fresh = await self.store.read(session_id)
+            log.extend(fresh)
             self._logs[session_id] = log
             self._evict()
             return log
@@ -70,7 +85,7 @@ class Logs:
         known = self._summaries.get(record.session_id)
         if known is None or known.event_count != record.event_count:
             cached = self._logs.get(record.session_id)
-            if cached is not None and len(cached.events) == record.event_count:
+            if cached is not None and cached.position == record.event_count:
                 known = cached.timeline.digest.summary()
             else:
                 known = summarize(await self.store.read(record.session_id))

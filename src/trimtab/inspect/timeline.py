@@ -27,6 +27,7 @@ from trimtab.events import (
     SessionCompactionCompleteEvent,
     SessionContextClearedEvent,
     SessionErrorEvent,
+    SessionPrunedEvent,
     SessionResumeEvent,
     SessionStartEvent,
     SessionTruncatedEvent,
@@ -53,7 +54,7 @@ __all__ = [
 
 OpName: TypeAlias = Literal[
     "start", "resume", "clear", "compaction", "compaction_failed", "truncation", "withdrawal",
-    "error", "abort", "warning",
+    "error", "abort", "warning", "pruned",
 ]  # fmt: skip
 """`withdrawal`: a truncation that withdraws an aborted run from the window (spec L7)."""
 
@@ -305,6 +306,15 @@ class Timeline:
             case SessionWarningEvent():
                 title = f"warning: {event.data.warning_type}"
                 self._entry(Op("warning", seq, time, epoch, title, event.data.message))
+            case SessionPrunedEvent():
+                pruned = event.data
+                title = f"{pruned.events_pruned} events pruned before here"
+                marks = [f"{b.type} (epoch {b.context_epoch}, {b.timestamp:%Y-%m-%d %H:%M:%S})"
+                         for b in pruned.bases]  # fmt: skip
+                detail = (
+                    "The context operations among them:\n" + "\n".join(marks) if marks else None
+                )
+                self._entry(Op("pruned", seq, time, epoch, title, detail))
             case _:
                 pass  # the rest adds nothing a person reads: external completions
 

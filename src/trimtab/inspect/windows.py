@@ -21,6 +21,7 @@ from trimtab.events import (
     Message,
     SessionCompactionCompleteEvent,
     SessionContextClearedEvent,
+    SessionPrunedEvent,
     SessionTruncatedEvent,
     UserMessageEvent,
 )
@@ -99,6 +100,10 @@ def window_view(events: Iterable[Event], call: int, *, columns: int = 4) -> Wind
     withdrawals = Withdrawals()
     for event in events:
         withdrawn = withdrawals.see(event)
+        if isinstance(event, SessionPrunedEvent):
+            state.apply(event)
+            calls = state.turns  # (the calls among the events it stands for, X8)
+            continue
         if isinstance(event, AssistantTurnStartEvent):
             calls += 1
             if calls == call:

@@ -263,7 +263,8 @@ class QueueItem(Wire):
 
 
 class QueuePendingResult(Wire):
-    """`session.queue.pendingItems`: trimtab has no steering messages."""
+    """`session.queue.pendingItems`: the queued inputs, and the steering messages waiting for
+    the running turn's next model call (spec X6)."""
 
     items: list[QueueItem]
     steering_messages: list[str] = []

@@ -456,9 +456,12 @@ Attachment = Annotated[
 
 
 class SendParams(SessionParams):
-    """`session.send` and `session.sendAndWait` (modes are ignored)."""
+    """`session.send` and `session.sendAndWait`."""
 
     prompt: Text
+    mode: Literal["enqueue", "immediate"] | None = None
+    """`immediate`: the run in progress takes the message at its next model call (spec X6);
+    `enqueue` (the default): it waits behind the run."""
     attachments: list[Attachment] | None = Field(default=None, max_length=MAX_ATTACHMENTS)
     request_headers: dict[str, str] | None = None
     """HTTP headers for this send's model requests only (spec D9)."""

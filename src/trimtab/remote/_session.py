@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar, Unpack, cast, overload
+from typing import Any, Literal, TypeVar, Unpack, cast, overload
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from typing_extensions import TypedDict
@@ -182,12 +182,14 @@ class RemoteSession:
         request_headers: Mapping[str, str] | None = None,
         images: Sequence[Image | Mapping[str, str]] = (),
         attachments: Sequence[Mapping[str, Any]] = (),
+        mode: Literal["enqueue", "immediate"] = "enqueue",
         output_type: Any = None,
         output_schema: Mapping[str, Any] | None = None,
         max_invalid_outputs: int | None = None,
         budget: Budget | Mapping[str, Any] | None = None,
     ) -> str:
-        """Queue `prompt` and return its message id at once, as `Session.send`.
+        """Queue `prompt` and return its message id at once, as `Session.send` (`mode`:
+        spec X6).
 
         `attachments` are the Copilot protocol's (`{"type": "file", "path": ...}`, a
         `directory`, a `selection` or a `blob`): the server reads them and puts their text
@@ -204,6 +206,8 @@ class RemoteSession:
             max_invalid_outputs,
             budget,
         )
+        if mode != "enqueue":
+            params = params.model_copy(update={"mode": mode})
         return (await self._call("session.send", params, SendResult)).message_id
 
     @overload

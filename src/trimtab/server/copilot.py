@@ -297,6 +297,7 @@ class CopilotConnection:
                 request_headers=request.request_headers,
                 images=composed.images,
                 attachments=composed.attachments,
+                mode=request.mode or "enqueue",
                 **request.run_options(),
             )
         return shared, message_id

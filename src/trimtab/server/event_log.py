@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from trimtab import Session
+from trimtab._retention import position_after
 from trimtab.protocol.jsonrpc import Connection
 from trimtab.protocol.session_wire import (
     CursorResult,
@@ -48,7 +49,7 @@ class EventLogRpc:
 
     async def tail(self, params: dict[str, Any]) -> CursorResult:
         session = self._session(SessionParams.model_validate(params).session_id)
-        return CursorResult(cursor=str(len(await session.get_events())))
+        return CursorResult(cursor=str(position_after(0, await session.get_events())))
 
     async def read(self, params: dict[str, Any]) -> EventLogReadResult:
         request = EventLogReadParams.model_validate(params)
@@ -71,7 +72,8 @@ class EventLogRpc:
                         matched.append(event)
                         if len(matched) == request.max:
                             break
-                start += scanned
+                # (A pruned log keeps its positions: its marker says where it stands, X8.)
+                start = position_after(start, events[:scanned])
                 has_more = scanned < len(events)
                 if matched or has_more or loop.time() >= deadline:
                     return EventLogReadResult(

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trimtab import QueuedCommand, Session, SessionNotFoundError
+from trimtab import QueuedCommand, QueuedMessage, Session, SessionNotFoundError
 from trimtab.events import Budget, SessionCompactionCompleteEvent
 from trimtab.mcp import McpTool
 from trimtab.protocol.errors import SESSION_NOT_FOUND
@@ -306,15 +306,19 @@ class _SessionRpc:
     async def pending_items(self, params: dict[str, Any]) -> QueuePendingResult:
         session = self._shared(params).session
         mode = session.mode
+        pending = await session.pending_items()
         items = [
             QueueItem(id=i.request_id, kind="command", display_text=i.display_text, agent_mode=mode)
             if isinstance(i, QueuedCommand)
             else QueueItem(
                 id=i.message_id, message_id=i.message_id, display_text=i.prompt, agent_mode=mode
             )
-            for i in await session.pending_items()
+            for i in pending
+            if not (isinstance(i, QueuedMessage) and i.immediate)
         ]
-        return QueuePendingResult(items=items)
+        # (Steering messages the run took are in the log already: none waits "in flight".)
+        steering = [m.prompt for m in pending if isinstance(m, QueuedMessage) and m.immediate]
+        return QueuePendingResult(items=items, steering_messages=steering)
 
     async def clear_queue(self, params: dict[str, Any]) -> dict[str, Any]:
         await self._shared(params).session.clear_pending_messages()

@@ -14,7 +14,8 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from trimtab.events import Event, SessionStartEvent, UserMessageEvent
+from trimtab._errors import PruneError
+from trimtab.events import Event, SessionPrunedEvent, SessionStartEvent, UserMessageEvent
 
 __all__ = [
     "CarriesLive",
@@ -32,6 +33,7 @@ __all__ = [
     "claimed_input",
     "follow",
     "owner_of",
+    "position_of",
     "record_of",
 ]
 
@@ -111,7 +113,27 @@ class EventLog(Protocol):
         ...
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
-        """The events with sequence number > `after` (1-based), oldest first."""
+        """The events with sequence number > `after` (1-based), oldest first.
+
+        A pruned log (see `prune`) keeps its events' positions: the events a prune removed
+        are missing, and its marker stands at the position of the last of them."""
+        ...
+
+    async def prune(
+        self, session_id: str, marker: SessionPrunedEvent, *, lease: Lease | None
+    ) -> int:
+        """Remove the events from the second (the first, the session's start, stays) through
+        `marker.data.position`, and store `marker` at that position, in one transaction;
+        the number of events removed (spec X8).
+
+        The marker carries the id of the event it replaces at its position, so that the
+        positions, the event count and the `parent_id` chain after it stay as they were.
+        With a lease the prune is fenced as an append is (`LeaseLostError`); without one it
+        is refused while any runtime holds the session's lease (`PruneError`
+        `session_open`). It is refused with `log_changed` when the event at the marker's
+        position is not the one it replaces (another prune came first), and with
+        `follower_behind` while a subscription of this store has not read past that
+        position. Raises `SessionNotFoundError` for an unknown session."""
         ...
 
     async def get(self, session_id: str) -> SessionRecord:
@@ -327,6 +349,41 @@ def claimed_input(event: Event) -> str | None:
     return event.data.message_id if isinstance(event, UserMessageEvent) else None
 
 
+def check_prune(
+    marker: SessionPrunedEvent,
+    at_position: str | None,
+    *,
+    lease: Lease | None,
+    owner: str | None,
+    listeners: Listeners,
+    session_id: str,
+) -> None:
+    """The checks every backend makes before a prune (see `EventLog.prune`): the live
+    lease's `owner` (None without one), the id of the event at the marker's position
+    (`at_position`), and the subscriptions of this store."""
+    if lease is None and owner is not None:
+        raise PruneError(
+            "session_open", f"session {session_id} is open in a runtime ({owner}): prune it there"
+        )
+    position = marker.data.position
+    if position < 2 or at_position != marker.id:
+        raise PruneError(
+            "log_changed",
+            f"event {position} of session {session_id} is not the one the prune was made for",
+        )
+    if listeners.behind(session_id, position):
+        raise PruneError(
+            "follower_behind",
+            f"a subscription to session {session_id} has not read past event {position} yet",
+        )
+
+
+def position_of(event: Event, before: int) -> int:
+    """The position of a stored event read right after position `before`: the next one,
+    unless it is a prune's marker, which stands at its own (spec X8)."""
+    return event.data.position if isinstance(event, SessionPrunedEvent) else before + 1
+
+
 def check_rewrite(expected: Sequence[str], inputs: Sequence[tuple[str, str]]) -> None:
     """Raise `ValueError` unless `inputs` keeps every input of `expected`, each once
     (`Inbox.rewrite_inputs`): an edit of the queue never drops or doubles an input."""
@@ -395,14 +452,17 @@ session's first `after` events."""
 
 
 class Listener:
-    """One subscription's wake-up call, and the notices that woke it, in order."""
+    """One subscription's wake-up call, the notices that woke it, in order, and how far it
+    has read."""
 
-    __slots__ = ("loop", "notices", "woken")
+    __slots__ = ("loop", "notices", "position", "woken")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.woken = asyncio.Event()
         self.notices: list[Notice] = []
+        self.position = 0
+        """The position of the last stored event it delivered (or it started after)."""
 
     def tell(self, notice: Notice) -> None:
         self.notices.append(notice)
@@ -436,6 +496,13 @@ class Listeners:
         """Whether any subscriber follows the session here."""
         return session_id in self._by_session
 
+    def behind(self, session_id: str, position: int) -> bool:
+        """Whether a subscriber of the session here has not read past `position` yet (one
+        that has not read at all counts as behind)."""
+        return any(
+            listener.position < position for listener in self._by_session.get(session_id, ())
+        )
+
     def ring(self, session_id: str, seq: int | None = None) -> None:
         """Wake the subscribers of one session: its events up to `seq` are stored (None: it
         may have changed in any way)."""
@@ -457,6 +524,48 @@ class Listeners:
                 listener.loop.call_soon_threadsafe(listener.tell, notice)
 
 
+class _Ahead:
+    """A subscription's events read from the log, held back behind an ephemeral event, with
+    their positions (a prune's marker stands at its own, X8)."""
+
+    __slots__ = ("_closed", "_events", "_listener", "_read")
+
+    def __init__(
+        self,
+        listener: Listener,
+        read: Callable[[int], Awaitable[list[Event]]],
+        closed: Callable[[], bool],
+    ) -> None:
+        self._listener, self._read, self._closed = listener, read, closed
+        self._events: list[tuple[int, Event]] = []
+
+    def end(self) -> int:
+        """The position of the last event read (or delivered)."""
+        return self._events[-1][0] if self._events else self._listener.position
+
+    async def more(self) -> bool:
+        """Read on from the log; False once the store is closed."""
+        at = self.end()
+        try:
+            events = await self._read(at)
+        except RuntimeError:
+            if self._closed():
+                return False
+            raise
+        for event in events:
+            at = position_of(event, at)
+            self._events.append((at, event))
+        return True
+
+    def through(self, seq: int | None) -> list[tuple[int, Event]]:
+        """Take the events read up to position `seq` (all of them: None)."""
+        held = self._events
+        count = len(held) if seq is None else sum(1 for at, _ in held if at <= seq)
+        taken = held[:count]
+        del held[:count]
+        return taken
+
+
 async def follow(
     listener: Listener,
     read: Callable[[int], Awaitable[list[Event]]],
@@ -474,27 +583,8 @@ async def follow(
     `read(n)` returns the stored events after the first `n`. Without any announcement for
     `poll` seconds the log is read anyway (other processes' appends may not ring here).
     """
-    cursor = max(after, 0)
-    ahead: list[Event] = []  # read from the log, held back behind an ephemeral event
-
-    async def more() -> bool:
-        """Read on from the log; False once the store is closed."""
-        try:
-            ahead.extend(await read(cursor + len(ahead)))
-        except RuntimeError:
-            if closed():
-                return False
-            raise
-        return True
-
-    def through(seq: int | None) -> list[Event]:
-        nonlocal cursor
-        count = len(ahead) if seq is None else max(0, min(len(ahead), seq - cursor))
-        taken = ahead[:count]
-        del ahead[:count]
-        cursor += count
-        return taken
-
+    listener.position = max(after, 0)
+    ahead = _Ahead(listener, read, closed)
     # Wake-ups told before the first read are covered by it. Read again later, once more is
     # stored, they would let a stored event overtake ephemeral ones published before it.
     listener.notices = [notice for notice in listener.notices if notice[1] is not None]
@@ -502,15 +592,16 @@ async def follow(
         ready.set()
     # The log first, held back until the ephemeral events told while it was read are in
     # their places: that read may have seen events stored after them.
-    if not await more():
+    if not await ahead.more():
         return
-    notices: list[Notice] = [*listener.notices, (cursor + len(ahead), None)]
+    notices: list[Notice] = [*listener.notices, (ahead.end(), None)]
     listener.notices = []
     while not closed():
         for seq, ephemeral in notices:
-            if (seq is None or seq > cursor + len(ahead)) and not await more():
+            if (seq is None or seq > ahead.end()) and not await ahead.more():
                 return
-            for event in through(seq):
+            for position, event in ahead.through(seq):
+                listener.position = position  # (delivered: a prune may not take it, X8)
                 yield event
             if ephemeral is not None:
                 yield ephemeral

@@ -12,13 +12,14 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from trimtab._errors import LeaseLostError, SessionNotFoundError
-from trimtab.events import Event
+from trimtab.events import Event, SessionPrunedEvent
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
     Lease,
     Listeners,
     SessionRecord,
     check_persistable,
+    check_prune,
     check_rewrite,
     claimed_input,
     follow,
@@ -44,6 +45,24 @@ class _Session:
     lease_token: int = 0
     lease_expires_at: float = 0.0
     snapshot: tuple[int, str] | None = None
+    hole: int = 0
+    """Positions a prune left empty after the first event: `events[i]` is at position
+    `i + 1`, plus `hole` from the second on (spec X8)."""
+
+    @property
+    def count(self) -> int:
+        """The log's length in positions (its last event's)."""
+        return len(self.events) + self.hole
+
+    def index_after(self, after: int) -> int:
+        """The index of the first event past position `after`."""
+        return 0 if after <= 0 else max(1, after - self.hole)
+
+    def at(self, position: int) -> tuple[int, Event | None]:
+        """The index of the event at `position`, and that event (None if there is none)."""
+        index = self.index_after(position - 1)
+        found = index < len(self.events) and index + 1 + (self.hole if index else 0) == position
+        return index, self.events[index] if found else None
 
     def live_owner(self, now: float) -> str | None:
         """The lease holder, unless the lease was released or has expired."""
@@ -100,17 +119,8 @@ class MemoryStore:
         check_persistable(events)
         session = self._session(session_id)
         now = time.time()
-        if lease is not None and not holds_lease(
-            lease,
-            session_id,
-            owner=session.lease_owner,
-            token=session.lease_token,
-            expires_at=session.lease_expires_at,
-            now=now,
-        ):
-            raise LeaseLostError(
-                f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
-            )
+        if lease is not None:
+            self._fence(session, session_id, lease, now)
         # An append here never has an unknown outcome, so a retry can only repeat the latest
         # batch: the log's tail is all there is to compare.
         if events and not _stored(events, session.events):
@@ -121,12 +131,36 @@ class MemoryStore:
             for event in events:
                 if (message_id := claimed_input(event)) is not None:
                     session.inputs.pop(message_id, None)
-            self._listeners.ring(session_id, len(session.events))
-        return len(session.events)
+            self._listeners.ring(session_id, session.count)
+        return session.count
 
     async def read(self, session_id: str, *, after: int = 0) -> list[Event]:
         """The events with sequence number > `after` (1-based), oldest first."""
-        return self._session(session_id).events[max(after, 0) :]
+        session = self._session(session_id)
+        return session.events[session.index_after(after) :]
+
+    async def prune(
+        self, session_id: str, marker: SessionPrunedEvent, *, lease: Lease | None
+    ) -> int:
+        """Replace the events from the second through the marker's position with it (see
+        `Store`)."""
+        session = self._session(session_id)
+        now = time.time()
+        if lease is not None:
+            self._fence(session, session_id, lease, now)
+        position = marker.data.position
+        index, replaced = session.at(position)
+        check_prune(
+            marker,
+            None if replaced is None else replaced.id,
+            lease=lease,
+            owner=session.live_owner(now),
+            listeners=self._listeners,
+            session_id=session_id,
+        )
+        session.events = [session.events[0], marker, *session.events[index + 1 :]]
+        session.hole = position - 2
+        return index  # (the events at indices 1 to `index`)
 
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
         """Hand an ephemeral event to the session's subscribers (see `Store`)."""
@@ -153,6 +187,20 @@ class MemoryStore:
             )
             async for event in events:
                 yield event
+
+    @staticmethod
+    def _fence(session: _Session, session_id: str, lease: Lease, now: float) -> None:
+        if not holds_lease(
+            lease,
+            session_id,
+            owner=session.lease_owner,
+            token=session.lease_token,
+            expires_at=session.lease_expires_at,
+            now=now,
+        ):
+            raise LeaseLostError(
+                f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
+            )
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session's record; raises `SessionNotFoundError` for an unknown session."""
@@ -272,7 +320,7 @@ class MemoryStore:
             session_id=session_id,
             created_at=to_datetime(session.created_at),
             updated_at=to_datetime(session.updated_at),
-            event_count=len(session.events),
+            event_count=session.count,
             lease_owner=session.live_owner(now),
             summary=session.summary,
             lease_expires_at=to_datetime(session.lease_expires_at)

@@ -28,13 +28,14 @@ from typing import TypeVar
 
 from trimtab._durations import check_seconds
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
-from trimtab.events import Event, event_from_json
+from trimtab.events import Event, SessionPrunedEvent, event_from_json
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
     Lease,
     Listeners,
     SessionRecord,
     check_persistable,
+    check_prune,
     check_rewrite,
     claimed_input,
     follow,
@@ -346,6 +347,44 @@ class SqliteStore:
 
         rows = await self._run(select, _READ)
         return [event_from_json(body, event_type) for event_type, body in rows]
+
+    async def prune(
+        self, session_id: str, marker: SessionPrunedEvent, *, lease: Lease | None
+    ) -> int:
+        """Replace the events from the second through the marker's position with it, in one
+        transaction (see `Store`). The file does not shrink: SQLite reuses the freed pages
+        for what is appended next."""
+        body, position = marker.model_dump_json(), marker.data.position
+
+        def replace(db: sqlite3.Connection) -> int:
+            self._fenced_last_seq(db, session_id, lease)
+            owner = db.execute(
+                "SELECT lease_owner FROM sessions WHERE session_id = ?"
+                " AND lease_owner IS NOT NULL AND lease_expires_at > ?",
+                (session_id, time.time()),
+            ).fetchone()
+            at = db.execute(
+                "SELECT id FROM events WHERE session_id = ? AND seq = ?", (session_id, position)
+            ).fetchone()
+            check_prune(
+                marker,
+                None if at is None else str(at[0]),
+                lease=lease,
+                owner=None if owner is None else str(owner[0]),
+                listeners=self._listeners,
+                session_id=session_id,
+            )
+            removed = db.execute(
+                "DELETE FROM events WHERE session_id = ? AND seq BETWEEN 2 AND ?",
+                (session_id, position),
+            ).rowcount
+            db.execute(
+                "INSERT INTO events (session_id, seq, id, type, body) VALUES (?, ?, ?, ?, ?)",
+                (session_id, position, marker.id, marker.type, body),
+            )
+            return int(removed)
+
+        return await self._run(replace)
 
     async def publish(self, session_id: str, event: Event, *, after: int) -> None:
         """Hand an ephemeral event to the session's subscribers in this process (see `Store`):

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 from trimtab._errors import StoreUnavailableError
-from trimtab.events import Event
+from trimtab.events import Event, SessionPrunedEvent
 from trimtab.store import Lease, SessionRecord, Store
 
 __all__ = ["FaultyStore"]
@@ -51,7 +51,7 @@ class FaultyStore:
         self.durable = durable
         self.pause = pause
         self.writes = 0
-        """Writes (creates, appends and edits of the queue) tried so far."""
+        """Writes (creates, appends, prunes and edits of the queue) tried so far."""
         self.crashed = False
 
     def crash(self) -> None:
@@ -156,6 +156,14 @@ class FaultyStore:
     async def discard_inputs(self, session_id: str, message_ids: Sequence[str]) -> list[str]:
         await self._enter()
         return await self.inner.discard_inputs(session_id, message_ids)
+
+    async def prune(
+        self, session_id: str, marker: SessionPrunedEvent, *, lease: Lease | None
+    ) -> int:
+        """A write like an append: the crash point counts it (spec X8)."""
+        removed = await self._write(lambda: self.inner.prune(session_id, marker, lease=lease))
+        assert removed is not None
+        return removed
 
     async def rewrite_inputs(
         self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from typing import Any, TypeAlias
 
 from trimtab._errors import ProviderError
+from trimtab._window import estimate_tokens
 from trimtab.providers import ModelRequest, ModelResponse, ProviderEvent, TextDelta, ToolCall, Usage
 
 __all__ = ["ScriptStep", "ScriptedModel", "tool_call"]
@@ -133,6 +134,9 @@ class ScriptedModel:
 
     @staticmethod
     def _usage(request: ModelRequest, reply: str) -> Usage:
-        # A rough 4-characters-per-token figure: enough for tests of usage accounting.
-        prompt = sum(len(m.content) for m in request.messages)
-        return Usage(input_tokens=prompt // 4 + 1, output_tokens=len(reply) // 4 + 1)
+        # The request counted as the window's estimate counts it (the messages and the tools'
+        # schemas), so that a session on this model calibrates to 1 (spec X1): what the tests
+        # of the window's size set up is what the session measures.
+        tools = sum(len(t.model_dump_json()) for t in request.tools) // 4
+        prompt = estimate_tokens(request.messages) + tools
+        return Usage(input_tokens=prompt, output_tokens=len(reply) // 4 + 1)

@@ -23,6 +23,9 @@ __all__ = [
     "CHANNEL",
     "DELETE",
     "DISCARD_INPUTS",
+    "PRUNE",
+    "PRUNE_MARKER",
+    "PRUNE_STATE",
     "ENQUEUE_INPUT",
     "GET",
     "LIST_SESSIONS",
@@ -152,6 +155,26 @@ LIST_SESSIONS = f"SELECT {_RECORD_COLUMNS} FROM sessions ORDER BY updated_at DES
 
 # The foreign keys cascade to `session_events` and `session_inputs`; subscribers learn of it
 # from the doorbell's 0.
+# A prune's checks, with the session's row locked for the transaction (appends wait): the
+# lease, the clock, and the id of the event at the marker's position.
+PRUNE_STATE = """
+    SELECT lease_owner, lease_token,
+           extract(epoch FROM lease_expires_at)::float8, extract(epoch FROM now())::float8,
+           (SELECT e.id FROM session_events e
+            WHERE e.session_id = s.session_id AND e.seq = %(position)s)
+    FROM sessions s WHERE session_id = %(session_id)s FOR UPDATE
+"""
+
+PRUNE = (
+    "DELETE FROM session_events"
+    " WHERE session_id = %(session_id)s AND seq BETWEEN 2 AND %(position)s"
+)
+
+PRUNE_MARKER = (
+    "INSERT INTO session_events (session_id, seq, id, type, payload, lease_token)"
+    " VALUES (%(session_id)s, %(position)s, %(id)s, %(type)s, %(payload)s, %(token)s)"
+)
+
 DELETE = (
     "WITH gone AS (DELETE FROM sessions WHERE session_id = %(id)s RETURNING 1)"
     f" SELECT pg_notify('{CHANNEL}', %(id)s || ':0') FROM gone"

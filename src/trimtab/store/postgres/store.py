@@ -40,12 +40,14 @@ from trimtab._errors import (
     StoreUnavailableError,
 )
 from trimtab._keyed_locks import KeyedLocks
-from trimtab.events import Event, event_from_json
+from trimtab.events import Event, SessionPrunedEvent, event_from_json
 from trimtab.store._base import (
     DEFAULT_TIMEOUT,
     Lease,
+    Listeners,
     SessionRecord,
     check_persistable,
+    check_prune,
     check_rewrite,
     follow,
     holds_lease,
@@ -220,6 +222,47 @@ class PostgresStore:
         if not rows:
             raise SessionNotFoundError(session_id)
         return [event_from_json(payload, kind) for kind, payload in rows if payload is not None]
+
+    @bounded
+    async def prune(
+        self, session_id: str, marker: SessionPrunedEvent, *, lease: Lease | None
+    ) -> int:
+        """Replace the events from the second through the marker's position with it, in one
+        transaction with the session's row locked (see `Store`). The table's freed rows are
+        reclaimed by PostgreSQL's (auto)vacuum."""
+        params: dict[str, Any] = {"session_id": session_id, "position": marker.data.position}
+        async with self._append_order.hold(session_id), self._calls.connection() as conn:
+            async with conn.transaction():
+                row = await (await conn.execute(sql.PRUNE_STATE, params)).fetchone()
+                if row is None:
+                    raise SessionNotFoundError(session_id)
+                owner, token, expires_at, now, at = row
+                if lease is not None and not holds_lease(
+                    lease, session_id, owner=owner, token=token, expires_at=expires_at, now=now
+                ):
+                    raise LeaseLostError(
+                        f"lease {lease.token} of {lease.owner!r} on {session_id!r} is lost"
+                    )
+                live = owner if expires_at is not None and expires_at > now else None
+                listeners = self._doorbell.listeners if self._doorbell else Listeners()
+                check_prune(
+                    marker,
+                    at,
+                    lease=lease,
+                    owner=live,
+                    listeners=listeners,
+                    session_id=session_id,
+                )
+                removed = (await conn.execute(sql.PRUNE, params)).rowcount
+                marked = {
+                    **params,
+                    "id": marker.id,
+                    "type": marker.type,
+                    "payload": marker.model_dump_json(),
+                    "token": None if lease is None else lease.token,
+                }
+                await conn.execute(sql.PRUNE_MARKER, marked)
+        return int(removed)
 
     # --- live events ----------------------------------------------------------------------
 
