@@ -19,7 +19,7 @@ from trimtab._state import state_of
 from trimtab._window import estimate_tokens
 from trimtab.events import Event, SessionContextClearedEvent, UserMessageEvent
 from trimtab.providers import ModelRequest, ModelResponse, ToolCall, Usage
-from trimtab.store import MemoryStore
+from trimtab.store import Lease, MemoryStore
 from trimtab.testing import ScriptedModel, tool_call
 
 
@@ -718,12 +718,19 @@ class TurnEndHeld(MemoryStore):
         self.holding, self.go_on = asyncio.Event(), asyncio.Event()
         self.hold = False
 
-    async def append(self, session_id: str, events: Sequence[Event], **options: Any) -> None:
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
         if self.hold and any(e.type == "assistant.turn_end" for e in events):
             self.hold = False
             self.holding.set()
             await self.go_on.wait()
-        await super().append(session_id, events, **options)
+        return await super().append(session_id, events, lease=lease, durable=durable)
 
     async def rewrite_inputs(
         self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
