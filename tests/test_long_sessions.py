@@ -4,20 +4,22 @@ window cut to fit (X3)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
-from tests.conftest import Recorder, echo_tool, open_session
-from trimtab import Client, ProviderError, SessionError
+from tests.conftest import Recorder, echo_tool, open_session, roles
+from trimtab import Client, ProviderError, QueueEditError, SessionError
 from trimtab._calibration import MAX_RATIO, MIN_RATIO, NONE, observed, overflowed, ratio
 from trimtab._compaction import COMPACTION_PROMPT, HANDOFF_PROMPT
 from trimtab._state import state_of
 from trimtab._window import estimate_tokens
-from trimtab.events import SessionContextClearedEvent, UserMessageEvent
+from trimtab.events import Event, SessionContextClearedEvent, UserMessageEvent
 from trimtab.providers import ModelRequest, ModelResponse, ToolCall, Usage
+from trimtab.store import Lease, MemoryStore
 from trimtab.testing import ScriptedModel, tool_call
 
 
@@ -591,6 +593,177 @@ async def test_x6_clearing_the_queue_takes_a_steering_message_away(client: Clien
     await session.wait_idle()
     assert all(m.content != "never mind" for m in model.requests[-1].messages)
     assert len(model.requests) == 2
+
+
+# --- K20, K21: the queue's steering RPCs ---------------------------------------------------
+
+
+def user_messages(events: Sequence[Event]) -> list[tuple[str | None, str | None, str]]:
+    return [
+        (e.data.source, e.data.message_id, e.data.content)
+        for e in events
+        if isinstance(e, UserMessageEvent)
+    ]
+
+
+async def test_k20_steer_pending_takes_a_queued_message_into_the_running_turn(
+    client: Client,
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    model = ScriptedModel([tool_call("slow", id="s1"), "steered answer", "a's answer"])
+    session = await open_session(client, model, gated_tool(started, release))
+    rec = Recorder(session)
+    first = await session.send("do the slow thing")
+    await asyncio.wait_for(started.wait(), 10)
+    a, b = await session.send("a"), await session.send("b: be brief")
+    typed = await session.send("typed", output_type=int)
+    command = await session.enqueue_command("/cmd")
+    for item, code in [
+        (command, "not_a_message"),
+        (typed, "not_steerable"),
+        ("x", "item_not_waiting"),
+    ]:
+        with pytest.raises(QueueEditError) as refused:
+            await session.steer_pending(item)
+        assert refused.value.code == code
+    await session.remove_pending([typed, command])
+
+    assert await session.steer_pending(b) is True
+    assert await session.steer_pending(b) is True  # in the lane already: nothing changes
+    pending = [(m.message_id, m.immediate) for m in await session.pending_messages()]
+    assert pending == [(a, False), (b, True)]
+    release.set()
+    await session.wait_idle()
+
+    assert roles(model, 1)[-3:] == [
+        ("assistant", ""),
+        ("tool", "slow done"),
+        ("user", "b: be brief"),
+    ]
+    log = await session.get_events()
+    assert [(s, m) for s, m, _ in user_messages(log)] == [
+        ("user", first),
+        ("immediate", b),
+        ("user", a),
+    ]
+    assert rec.types.count("session.idle") == 2 and len(model.requests) == 3
+
+
+async def test_k20_with_no_run_in_flight_nothing_is_steered(client: Client) -> None:
+    model = ScriptedModel(["done"])
+    session = await open_session(client, model)
+    await session.set_drain_paused(True)  # idle, and the message waits
+    queued = await session.send("waits")
+    assert await session.steer_pending(queued) is False
+    assert [(m.message_id, m.immediate) for m in await session.pending_messages()] == [
+        (queued, False)
+    ]
+    await session.set_drain_paused(False)
+    await session.wait_idle()
+    assert user_messages(await session.get_events()) == [("user", queued, "waits")]
+
+
+async def test_k21_append_steering_extends_a_steering_message_until_the_run_takes_it(
+    client: Client,
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    model = ScriptedModel([tool_call("slow"), "steered", "queued answer"])
+    session = await open_session(client, model, gated_tool(started, release))
+    await session.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    queued = await session.send("queued")
+    steer = await session.send("STEER", mode="immediate")
+
+    assert not await session.append_steering(steer, "more", expected_prompt="stale")
+    assert not await session.append_steering(queued, "more", expected_prompt="queued")
+    note = {"type": "note", "text": "seen"}
+    assert await session.append_steering(steer, "more", expected_prompt="STEER", attachments=[note])
+    # (The inbox holds the new text: `pending_messages` reads it from the store.)
+    assert [(m.message_id, m.prompt, m.immediate) for m in await session.pending_messages()] == [
+        (queued, "queued", False),
+        (steer, "STEER\n\nmore", True),
+    ]
+    release.set()
+    await session.wait_idle()
+
+    assert roles(model, 1)[-1] == ("user", "STEER\n\nmore")
+    log = await session.get_events()
+    steered = [e for e in log if isinstance(e, UserMessageEvent) and e.data.source == "immediate"]
+    assert [(e.data.message_id, e.data.content, e.data.attachments) for e in steered] == [
+        (steer, "STEER\n\nmore", [note])
+    ]
+    assert not await session.append_steering(steer, "late", expected_prompt="STEER\n\nmore")
+
+
+async def test_k21_a_reworded_steering_message_is_what_the_run_reads(client: Client) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    model = ScriptedModel([tool_call("slow"), "steered"])
+    session = await open_session(client, model, gated_tool(started, release))
+    await session.send("go")
+    await asyncio.wait_for(started.wait(), 10)
+    steer = await session.send("STEER", mode="immediate")
+    assert await session.update_pending(steer, "STEER, reworded")
+    release.set()
+    await session.wait_idle()
+    assert roles(model, 1)[-1] == ("user", "STEER, reworded")
+    assert user_messages(await session.get_events())[-1] == ("immediate", steer, "STEER, reworded")
+
+
+class TurnEndHeld(MemoryStore):
+    """Holds the append of the first turn's end until `go_on`, and yields to other tasks
+    in every edit of the queue (as a database's round trip does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding, self.go_on = asyncio.Event(), asyncio.Event()
+        self.hold = False
+
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[Event],
+        *,
+        lease: Lease | None,
+        durable: bool = True,
+    ) -> int:
+        if self.hold and any(e.type == "assistant.turn_end" for e in events):
+            self.hold = False
+            self.holding.set()
+            await self.go_on.wait()
+        return await super().append(session_id, events, lease=lease, durable=durable)
+
+    async def rewrite_inputs(
+        self, session_id: str, expected: Sequence[str], inputs: Sequence[tuple[str, str]]
+    ) -> bool:
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return await super().rewrite_inputs(session_id, expected, inputs)
+
+
+async def test_k21_an_append_racing_the_runs_next_call_is_in_what_it_logs_or_refused() -> None:
+    """The append waits for the writer while the run stores its turn's end, and gets it
+    first: the run's next call takes the lane only once the append is made (X6, K21)."""
+    store = TurnEndHeld()
+    started, release = asyncio.Event(), asyncio.Event()
+    async with Client(store=store) as client:
+        model = ScriptedModel([tool_call("slow"), "steered"])
+        session = await open_session(client, model, gated_tool(started, release))
+        await session.send("go")
+        await asyncio.wait_for(started.wait(), 10)
+        steer = await session.send("STEER", mode="immediate")
+        store.hold = True
+        release.set()
+        await asyncio.wait_for(store.holding.wait(), 10)
+        appending = asyncio.create_task(
+            session.append_steering(steer, "more", expected_prompt="STEER")
+        )
+        await asyncio.sleep(0)  # it waits for the writer
+        store.go_on.set()
+        appended = await asyncio.wait_for(appending, 10)
+        await session.wait_idle()
+        logged = user_messages(await session.get_events())[-1]
+    assert (appended, logged) == (True, ("immediate", steer, "STEER\n\nmore"))
+    assert roles(model, 1)[-1] == ("user", "STEER\n\nmore")
 
 
 # --- X7: recall --------------------------------------------------------------------------

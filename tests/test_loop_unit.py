@@ -75,6 +75,10 @@ class ListLog:
     async def refresh_tools(self) -> None:
         return None
 
+    async def steer(self) -> None:
+        messages, self.live.steering = self.live.steering, ()
+        await self.emit_all(messages)
+
     def types(self) -> list[str]:
         return [event.type for event in self.events if not event.ephemeral]
 

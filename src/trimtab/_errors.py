@@ -91,7 +91,7 @@ class PruneError(TrimtabError):
 
 
 QueueEditErrorCode: TypeAlias = Literal[
-    "item_not_waiting", "not_a_message", "queue_already_paused", "remote_session"
+    "item_not_waiting", "not_a_message", "not_steerable", "queue_already_paused", "remote_session"
 ]
 
 

@@ -60,7 +60,6 @@ from trimtab.events import (
     ExternalToolCompletedEvent,
     ExternalToolRequestedData,
     ExternalToolRequestedEvent,
-    PendingMessagesModifiedEvent,
     PermissionCompletedData,
     PermissionCompletedEvent,
     PermissionRequestData,
@@ -181,6 +180,13 @@ class LoopHost(Writer, Protocol):
 
     async def refresh_tools(self) -> None:
         """Take in changes of the session's tool source (its MCP servers) between turns."""
+        ...
+
+    async def steer(self) -> None:
+        """Log the steering messages waiting in `live.steering` (spec X6), each claiming its
+        input in the inbox. The lane is taken with the writer held, so that an edit of a
+        steering message (made with the writer held too) is either in what is logged or
+        refused, never lost between the lane and the log."""
         ...
 
 
@@ -415,11 +421,9 @@ async def _turn(
 
 async def _steer(host: LoopHost) -> None:
     """Log the steering messages sent since the last model call, so that the next one reads
-    them after the batch's results (spec X6); each claims its input in the inbox."""
-    live = host.live
-    if live.steering:
-        messages, live.steering = live.steering, ()
-        await host.emit_all((*messages, PendingMessagesModifiedEvent()))
+    them after the batch's results (spec X6)."""
+    if host.live.steering:
+        await host.steer()
 
 
 async def _reply(

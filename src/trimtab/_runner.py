@@ -286,6 +286,15 @@ class Runner:
                 ]
             )
 
+    async def steer(self) -> None:
+        def take(state: SessionState) -> Sequence[Event]:
+            messages, self.live.steering = self.live.steering, ()
+            return messages
+
+        # (The lane's messages come first, then the queue's change, in one append.)
+        stored = await self.log.emit_all((PendingMessagesModifiedEvent(),), first=take)
+        self.tracing.note(stored)
+
     async def emit_all(self, events: Sequence[Event]) -> list[Event]:
         # One event goes through `emit`, whose path for a streamed delta is the short one.
         if len(events) == 1:
@@ -462,10 +471,12 @@ class Runner:
         self,
         change: Callable[[list[Waiting]], tuple[list[Waiting], T]],
         added: Sequence[Pending] = (),
+        after: Callable[[], None] | None = None,
     ) -> T:
         """Edit the waiting items in place (spec K18): `change` gives them in their new order
         (with `added`'s inputs among them, which it may fill) from the queue as it is, and
-        what to answer.
+        what to answer; `after`, once the store took the edit, changes the inputs here with
+        it (the writer still held).
 
         The store's inbox takes the edit in one atomic step, with the writer held (no input's
         run can begin meanwhile), and only from the inputs it read: when another runtime
@@ -487,6 +498,9 @@ class Runner:
             else:
                 raise TrimtabError(f"the queue of session {self.session_id} kept changing")
             self._requeue(edited, {pending.message_id: pending for pending in added})
+            if after is not None:
+                after()
+            self._relane()
             await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
         self._start_worker()
         return answer
@@ -546,6 +560,88 @@ class Runner:
             return [*items[: at + 1], copy, *items[at + 1 :]], None
 
         await self.edit_queue(duplicate, copies)
+
+    async def send_now(self, item_id: str) -> bool:
+        """Move the waiting message `item_id` into the steering lane of the run in flight
+        (spec K20); False, and nothing changed, when no run is in flight."""
+        self._local()
+        log_ = self.log
+        async with log_.exclusive():
+            items = self.queued(await self.pending())
+            item = items[_find(items, item_id)]
+            if isinstance(item, Command):
+                raise QueueEditError("not_a_message", f"{item_id} is a queued command")
+            if not self._in_flight():
+                return False
+            if any(m.data.message_id == item_id for m in self.live.steering):
+                return True
+            pending = self._pending(item)
+            if pending.output is not None or pending.budget is not None:
+                raise QueueEditError(
+                    "not_steerable",
+                    f"{item_id} asks for a typed result or a budget of its own: it runs alone",
+                )
+            pending.immediate = True
+            self.live.steering = (*self.live.steering, _message(pending, "immediate"))
+            await log_.emit_unlocked((PendingMessagesModifiedEvent(),))
+        return True
+
+    async def append_steering(
+        self,
+        message_id: str,
+        expected: str,
+        prompt: str,
+        attached: Attached | None,
+        max_images: int,
+    ) -> bool:
+        """Append `prompt` (after a blank line) and what it attaches to the steering message
+        `message_id` (spec K21) while the run has not taken it and its prompt is `expected`;
+        whether it did. Its images may not come to more than `max_images`."""
+        joined: list[Attached | None] = []
+
+        def append(items: list[Waiting]) -> tuple[list[Waiting], bool]:
+            lane = {m.data.message_id for m in self.live.steering}
+            at = next((i for i, item in enumerate(items) if _id(item) == message_id), None)
+            if at is None or message_id not in lane or items[at] != (expected, message_id):
+                return items, False
+            held = self._held(message_id)
+            both = _joined(held.attached if held is not None else None, attached)
+            if both is not None and len(both.images) > max_images:
+                raise ValueError(f"a message takes at most {max_images} images")
+            joined[:] = [both]
+            return [*items[:at], (f"{expected}\n\n{prompt}", message_id), *items[at + 1 :]], True
+
+        def attach() -> None:
+            if (held := self._held(message_id)) is not None:
+                held.attached = joined[0]
+
+        return await self.edit_queue(append, after=attach)
+
+    def _held(self, message_id: str) -> Pending | None:
+        """The input `message_id` as queued here."""
+        return next(
+            (i for i in self._queue if isinstance(i, Pending) and i.message_id == message_id),
+            None,
+        )
+
+    def _pending(self, item: tuple[str, str]) -> Pending:
+        """The input of the waiting `item` as queued here; one another runtime queued is
+        taken here now (the writer held: it is claimed before its run can begin)."""
+        if (queued := self._held(item[1])) is not None:
+            return queued
+        pending = Pending(item[0], item[1], appended=False)
+        self.log.claimed = (self.log.claimed or set()) | {item[1]}
+        self._queue.append(pending)
+        return pending
+
+    def _relane(self) -> None:
+        """Make the steering lane's messages again from their inputs as edited (spec K21):
+        the run logs what the queue holds."""
+        held = {i.message_id: i for i in self._queue if isinstance(i, Pending)}
+        self.live.steering = tuple(
+            _message(held[m.data.message_id], "immediate") if m.data.message_id in held else m
+            for m in self.live.steering
+        )
 
     def _copy(self, item: tuple[str, str], copy_id: str) -> Pending:
         """A new input of the waiting input `item` as it was sent here (what it attached, its
@@ -967,6 +1063,13 @@ def _queue_id(item: Pending | _Operation | Command) -> str | None:
             return item.message_id
         case _:
             return None
+
+
+def _joined(first: Attached | None, then: Attached | None) -> Attached | None:
+    """What a message attaches once `then` is appended to it (spec K21)."""
+    if first is None or then is None:
+        return first or then
+    return Attached(first.images + then.images, first.attachments + then.attachments)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -805,6 +805,38 @@ class Session:
         await self._runner.duplicate(item_id, copy_id)
         return copy_id
 
+    async def steer_pending(self, item_id: str) -> bool:
+        """Move the waiting message `item_id` into the steering lane of the run in progress
+        (spec K20), as if it had been sent with `mode="immediate"`: the run takes it at its
+        next model call. False, and nothing changed, when no run is in progress. Raises
+        `QueueEditError` when no message of that id waits (`item_not_waiting`), for a
+        command (`not_a_message`), for a message with a typed result or a budget of its own
+        (`not_steerable`) and for a remote session (`remote_session`)."""
+        self._open()
+        return await self._runner.send_now(item_id)
+
+    async def append_steering(
+        self,
+        message_id: str,
+        prompt: str,
+        *,
+        expected_prompt: str,
+        images: Sequence[Image | Mapping[str, str]] = (),
+        attachments: Sequence[Mapping[str, Any]] = (),
+    ) -> bool:
+        """Append `prompt` (after a blank line, through the `userPromptSubmitted` hook as a
+        sent one) and what it attaches to the steering message `message_id` (spec K21),
+        provided the run has not taken it yet and its prompt is `expected_prompt`; whether
+        it was appended to. It keeps its id and its place."""
+        _text("prompt", prompt)
+        self._open()
+        if self._hooks:
+            prompt = await self._prompt(prompt)
+        attached = _attached(images, attachments)
+        return await self._runner.append_steering(
+            message_id, expected_prompt, valid_text(prompt), attached, MAX_IMAGES
+        )
+
     @property
     def drain_paused(self) -> bool:
         """Waiting messages and commands do not start (spec K19)."""

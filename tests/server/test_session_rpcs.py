@@ -25,6 +25,7 @@ from copilot.generated.rpc import (
     NameSetRequest,
     PermissionsSetApproveAllRequest,
     PermissionsSetModeRequest,
+    QueueAppendSteeringRequest,
     QueuedCommandHandled,
     QueuedCommandNotHandled,
     QueueDuplicateAtRequest,
@@ -33,13 +34,16 @@ from copilot.generated.rpc import (
     QueueMoveItemRequest,
     QueuePendingItemsKind,
     QueueRemoveAtRequest,
+    QueueSendNowRequest,
     QueueSetDrainPausedRequest,
     QueueUpdateTextRequest,
     QueueWithdrawMessageRequest,
     RegisterEventInterestParams,
     ReleaseEventInterestParams,
+    SendAgentMode,
     SessionsForkRequest,
     ShutdownRequest,
+    _InternalSessionRpc,
 )
 from copilot.generated.session_events import (
     AssistantMessageData,
@@ -904,6 +908,86 @@ async def test_k19_a_paused_queue_starts_nothing_until_it_goes_on(client: Copilo
         await idle.wait_for(1)
         assert await prompts_logged(session) == ["edited"]
         assert (await queue.pending_items()).items == []
+        await session.disconnect()
+
+
+async def test_k20_k21_queued_messages_are_steered_into_the_turn_and_appended_to(
+    client: CopilotClient,
+) -> None:
+    """`sendNow` moves a queued message into the running turn's steering lane, and
+    `appendSteering` adds to a steering message until the run takes it; `hasPending` and
+    `snapshot` read the queue."""
+    held = Held()
+    recorded = conversation(
+        *HELD[:3],
+        user("b: be brief\n\nand kind"),
+        assistant("Brief."),
+        *ran("a"),
+    )
+    async with ReplayServer([recorded]) as model:
+        session = await held.open(client, model)
+        internal = _InternalSessionRpc(session.rpc._client, session.session_id)
+        changes = Seen(session, "pending_messages.modified")
+        idle = Seen(session, "session.idle")
+        queue = session.rpc.queue
+        assert (await internal.queue._has_pending()).has_pending is False
+        a, b = await session.send("a"), await session.send("b: be brief")
+        await changes.wait_for(2)
+
+        assert (await queue.send_now(QueueSendNowRequest(id=b))).steered is True
+        with pytest.raises(JsonRpcError) as refused:
+            await queue.send_now(QueueSendNowRequest(id="nothing-waits"))
+        assert refused.value.data == {"code": "item_not_waiting"}
+        snapshot = await internal.queue._snapshot()
+        assert ([i.id for i in snapshot.items], snapshot.steering_messages) == (
+            [a],
+            ["b: be brief"],
+        )
+        assert (await internal.queue._has_pending()).has_pending is True
+
+        def append(expected: str) -> QueueAppendSteeringRequest:
+            return QueueAppendSteeringRequest(
+                message_id=b,
+                prompt="and kind",
+                display_prompt="and kind",
+                expected_prompt=expected,
+                attachments=[],
+                agent_mode=SendAgentMode.INTERACTIVE,
+            )
+
+        assert (await queue.append_steering(append("stale"))).updated is False
+        assert (await queue.append_steering(append("b: be brief"))).updated is True
+        pending = await queue.pending_items()
+        assert pending.steering_messages == ["b: be brief\n\nand kind"]
+
+        held.release.set()
+        await idle.wait_for(2)
+        logged = await session.get_events()
+        messages = [e.data for e in logged if isinstance(e.data, UserMessageData)]
+        assert [(m.content, m.message_id) for m in messages] == [
+            ("first", messages[0].message_id),
+            ("b: be brief\n\nand kind", b),
+            ("a", a),
+        ]
+        assert len(idle) == 2
+        assert (await queue.append_steering(append("b: be brief\n\nand kind"))).updated is False
+        assert (await internal.queue._has_pending()).has_pending is False
+        await session.disconnect()
+
+
+async def test_k20_send_now_with_no_run_in_flight_steers_nothing(client: CopilotClient) -> None:
+    async with ReplayServer([conversation(*ran("waits"))]) as model:
+        session = await open_session(client, model)
+        idle = Seen(session, "session.idle")
+        queue = session.rpc.queue
+        await queue.set_drain_paused(QueueSetDrainPausedRequest(paused=True))
+        sent = await session.send("waits")
+        assert (await queue.send_now(QueueSendNowRequest(id=sent))).steered is False
+        pending = await queue.pending_items()
+        assert ([i.id for i in pending.items], pending.steering_messages) == ([sent], [])
+        await queue.set_drain_paused(QueueSetDrainPausedRequest(paused=False))
+        await idle.wait_for(1)
+        assert await prompts_logged(session) == ["waits"]
         await session.disconnect()
 
 

@@ -55,9 +55,12 @@ __all__ = [
     "PermissionModeParams",
     "PermissionModeResult",
     "PermissionModeSetResult",
+    "QueueAppendSteeringParams",
+    "QueueHasPendingResult",
     "QueueItem",
     "QueueItemParams",
     "QueuePendingResult",
+    "QueueSendNowResult",
     "QueueRemovedResult",
     "QueuedCommandAnswer",
     "ReasoningEffortParams",
@@ -263,8 +266,8 @@ class QueueItem(Wire):
 
 
 class QueuePendingResult(Wire):
-    """`session.queue.pendingItems`: the queued inputs, and the steering messages waiting for
-    the running turn's next model call (spec X6)."""
+    """`session.queue.pendingItems` (and `.snapshot`): the queued inputs, and the steering
+    messages waiting for the running turn's next model call (spec X6)."""
 
     items: list[QueueItem]
     steering_messages: list[str] = []
@@ -330,6 +333,32 @@ class QueueUpdateTextResult(Wire):
     """`session.queue.updateText`: whether the stored text changed."""
 
     updated: bool
+
+
+class QueueSendNowResult(Wire):
+    """`session.queue.sendNow` (its item by `QueueItemParams`): whether the message went
+    into the steering lane of a run in progress (spec K20); false when none was."""
+
+    steered: bool
+
+
+class QueueAppendSteeringParams(SessionParams):
+    """`session.queue.appendSteering` (spec K21), answered by `QueueUpdateTextResult`:
+    `displayPrompt` is ignored (trimtab shows the prompt), and so is `agentMode` (trimtab
+    stamps no mode on a message and runs the same in every mode, K7)."""
+
+    message_id: str
+    prompt: Text
+    expected_prompt: str
+    display_prompt: str = ""
+    attachments: list[Attachment] = Field(default=[], max_length=MAX_ATTACHMENTS)
+    agent_mode: SessionMode | None = None
+
+
+class QueueHasPendingResult(Wire):
+    """`session.queue.hasPending`: a message or command waits, in either lane."""
+
+    has_pending: bool
 
 
 class QueueDrainPausedParams(SessionParams):

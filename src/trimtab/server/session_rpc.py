@@ -52,7 +52,9 @@ from trimtab.protocol.session_wire import (
     PermissionModeParams,
     PermissionModeResult,
     PermissionModeSetResult,
+    QueueAppendSteeringParams,
     QueueDrainPausedParams,
+    QueueHasPendingResult,
     QueueInsertParams,
     QueueItem,
     QueueItemParams,
@@ -61,6 +63,7 @@ from trimtab.protocol.session_wire import (
     QueueNewItemResult,
     QueuePendingResult,
     QueueRemovedResult,
+    QueueSendNowResult,
     QueueUpdateTextParams,
     QueueUpdateTextResult,
     ReasoningEffortParams,
@@ -116,6 +119,10 @@ def session_methods(hub: SessionHub, conn: Connection) -> dict[str, Method]:
         "session.queue.updateText": rpc.update_text,
         "session.queue.duplicateAt": rpc.duplicate_at,
         "session.queue.setDrainPaused": rpc.set_drain_paused,
+        "session.queue.sendNow": rpc.send_now,
+        "session.queue.appendSteering": rpc.append_steering,
+        "session.queue.hasPending": rpc.has_pending,
+        "session.queue.snapshot": rpc.pending_items,
         "session.permissions.setMode": rpc.set_permission_mode,
         "session.metadata.contextInfo": rpc.context_info,
         "session.metadata.getContextHeaviestMessages": rpc.heaviest_messages,
@@ -382,6 +389,30 @@ class _SessionRpc:
         request = QueueItemParams.model_validate(params)
         session = self._hub.get(self._conn, request.session_id).session
         return QueueNewItemResult(id=await session.duplicate_pending(request.id))
+
+    async def send_now(self, params: dict[str, Any]) -> QueueSendNowResult:
+        request = QueueItemParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        return QueueSendNowResult(steered=await session.steer_pending(request.id))
+
+    async def append_steering(self, params: dict[str, Any]) -> QueueUpdateTextResult:
+        request = QueueAppendSteeringParams.model_validate(params)
+        session = self._hub.get(self._conn, request.session_id).session
+        composed = await with_attachments(
+            request.prompt, request.attachments, opener=self._hub.policy.open
+        )
+        appended = await session.append_steering(
+            request.message_id,
+            composed.prompt,
+            expected_prompt=request.expected_prompt,
+            images=composed.images,
+            attachments=composed.attachments,
+        )
+        return QueueUpdateTextResult(updated=appended)
+
+    async def has_pending(self, params: dict[str, Any]) -> QueueHasPendingResult:
+        pending = await self._shared(params).session.pending_items()
+        return QueueHasPendingResult(has_pending=bool(pending))
 
     async def set_drain_paused(self, params: dict[str, Any]) -> dict[str, Any]:
         request = QueueDrainPausedParams.model_validate(params)
