@@ -274,6 +274,47 @@ async def test_r1_remote_session_is_taken_over_when_the_owner_leaves(tmp_path: P
         assert roles(model, 0)[-3:] == [("user", "first"), ("assistant", "one"), ("user", "second")]
 
 
+class SlowToLetGo(MemoryStore):
+    """A store that holds a closing session's snapshot (the first step of letting it go) until
+    told, as one reconnecting after a crash does, and counts its runtime's upkeep ticks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.letting_go = asyncio.Event()
+        self.go_on = asyncio.Event()
+        self.ticks = 0
+        self.ticked = asyncio.Event()
+
+    async def save_snapshot(self, session_id: str, event_count: int, data: str) -> None:
+        self.letting_go.set()
+        await self.go_on.wait()
+        await super().save_snapshot(session_id, event_count, data)
+
+    async def sessions_with_inputs(self) -> set[str]:
+        if self.letting_go.is_set():
+            self.ticks += 1
+            if self.ticks >= 3:
+                self.ticked.set()
+        return await super().sessions_with_inputs()
+
+
+async def test_r1_a_closing_session_is_never_taken_back_by_its_own_runtime() -> None:
+    """While a session lets its lease go (a slow store), its runtime's upkeep sees it not
+    owned: it must not take the lease again and go on with it, which would keep another
+    runtime from taking the session over for the lease's whole ttl."""
+    store = SlowToLetGo()
+    async with Client(store=store, poll_interval=0.01) as client:
+        session = await open_session(client, ScriptedModel(["hi"]))
+        await session.send_and_wait("go")
+        closing = asyncio.create_task(session.disconnect())
+        await asyncio.wait_for(store.ticked.wait(), 30)  # upkeep ran while it let go
+        store.go_on.set()
+        await closing
+        events = await store.read(session.session_id)
+    assert "session.resume" not in [event.type for event in events]
+    assert await store.acquire_lease(session.session_id, "another runtime", 60) is not None
+
+
 CHILD = textwrap.dedent(
     """
     import asyncio, sys

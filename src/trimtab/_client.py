@@ -586,11 +586,14 @@ class Client:
         if renew:
             kept = set(await store.renew_leases(self._owner, self._lease_ttl))
             for session in list(self._sessions.values()):
-                if not session.is_remote and session.session_id not in kept:
+                if not session.closed and not session.is_remote and session.session_id not in kept:
                     await ownership_of(session).lost()
         # One read for all: a read per session would cost every idle one each tick.
         waiting = await store.sessions_with_inputs()
         for session in list(self._sessions.values()):
+            if session.closed:
+                # Closing: its lease is let go of (and not owned meanwhile), never taken again.
+                continue
             ownership = ownership_of(session)
             if not ownership.owned:
                 lease = await store.acquire_lease(session.session_id, self._owner, self._lease_ttl)
