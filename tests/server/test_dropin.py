@@ -1267,3 +1267,47 @@ async def test_every_outcome_reaches_an_official_client_as_success_and_error_cod
             for call_id, (_, _, success, code) in expected.items()
         }
     assert "client-side secret" not in str(stored)
+
+
+async def test_x6_a_trimtab_remote_session_steers_with_send_and_wait(
+    shared_server: ServerProcess,
+) -> None:
+    """`send_and_wait(mode="immediate")` of trimtab's own client goes as a steering message:
+    the running turn reads it after its batch's results, and the wait ends with that run."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(params: dict[str, Any]) -> str:
+        started.set()
+        await release.wait()
+        return "released"
+
+    recorded = conversation(
+        user("first"),
+        assistant(None, call("call_1", "hold")),
+        tool("call_1", "released"),
+        user("STEER: be brief"),
+        assistant("Brief."),
+    )
+    async with ReplayServer([recorded]) as model, shared_server.remote() as client:
+        session = await client.create_session(
+            provider=provider(model),
+            tools=[trimtab.define_tool("hold", description="Wait", handler=hold)],
+            on_permission_request=trimtab.PermissionHandler.approve_all,
+        )
+        queued = asyncio.Event()
+        session.on(
+            lambda event: queued.set() if event.type == "pending_messages.modified" else None
+        )
+        await session.send("first")
+        await asyncio.wait_for(started.wait(), 30)
+        steered = asyncio.create_task(
+            session.send_and_wait("STEER: be brief", mode="immediate", timeout=30)
+        )
+        await asyncio.wait_for(queued.wait(), 30)  # stored, and offered to the running turn
+        release.set()
+        reply = await steered
+        events = await session.get_events()
+        await session.disconnect()
+    assert reply is not None and reply.data.content == "Brief."
+    sources = [(e.data.content, e.data.source) for e in events if e.type == "user.message"]
+    assert sources == [("first", "user"), ("STEER: be brief", "immediate")]

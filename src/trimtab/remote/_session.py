@@ -205,9 +205,8 @@ class RemoteSession:
             _schema(output_type, output_schema),
             max_invalid_outputs,
             budget,
+            mode,
         )
-        if mode != "enqueue":
-            params = params.model_copy(update={"mode": mode})
         return (await self._call("session.send", params, SendResult)).message_id
 
     @overload
@@ -265,6 +264,7 @@ class RemoteSession:
             schema,
             options.get("max_invalid_outputs"),
             options.get("budget"),
+            options.get("mode", "enqueue"),
         )
         result = await self._call("session.sendAndWait", params, SendAndWaitResult, timeout=timeout)
         if schema is not None:
@@ -314,11 +314,13 @@ class RemoteSession:
         output_schema: dict[str, Any] | None = None,
         max_invalid_outputs: int | None = None,
         budget: Budget | Mapping[str, Any] | None = None,
+        mode: Literal["enqueue", "immediate"] = "enqueue",
     ) -> SendParams:
         """A send on the wire: its images as blob attachments (spec D14), its attachments
         checked here as the server checks them (D11: a bad one is a `ValueError` and nothing
         is sent), its headers as `requestHeaders` (D9), its typed result's schema and its
-        budget as trimtab's `outputSchema` and `budget` (OUT7, U6)."""
+        budget as trimtab's `outputSchema` and `budget` (OUT7, U6), a steering message's
+        `mode` (X6; the default is left out, as the official client leaves it)."""
         blobs: list[Any] = [
             BlobAttachment(type="blob", data=image.data, mime_type=image.mime_type)
             for image in (Image.model_validate(i) for i in images)
@@ -332,6 +334,7 @@ class RemoteSession:
                 output_schema=output_schema,
                 max_invalid_outputs=max_invalid_outputs,
                 budget=budget,
+                mode=None if mode == "enqueue" else mode,
                 **outgoing(),
             )
         except ValidationError as exc:
@@ -487,6 +490,7 @@ class RemoteSendOptions(TypedDict, total=False):
     request_headers: Mapping[str, str] | None
     images: Sequence[Image | Mapping[str, str]]
     attachments: Sequence[Mapping[str, Any]]
+    mode: Literal["enqueue", "immediate"]
     max_invalid_outputs: int | None
     budget: Budget | Mapping[str, Any] | None
 
