@@ -155,7 +155,9 @@ class Harness:
     wire: Wire
     calls: list[tuple[str, Any]] = field(default_factory=list)
 
-    async def session(self, **provider_options: Any) -> tuple[Session, Recorder]:
+    async def session(
+        self, session: dict[str, Any] | None = None, **provider_options: Any
+    ) -> tuple[Session, Recorder]:
         def weather(params: City) -> str:
             self.calls.append(("get_weather", params.model_dump()))
             suffix = "" if params.units == "metric" else f" ({params.units})"
@@ -177,7 +179,7 @@ class Harness:
             ),
             clear_tool(),
         ]
-        session = await self.client.create_session(
+        created = await self.client.create_session(
             provider=self.wire.provider(self.server, **provider_options),
             model="test-model",
             system_message=SYSTEM,
@@ -185,8 +187,9 @@ class Harness:
             streaming=self.wire.stream,
             tools=tools,
             on_permission_request=PermissionHandler.approve_all,
+            **(session or {}),
         )
-        return session, Recorder(session)
+        return created, Recorder(created)
 
 
 @pytest.fixture(params=list(WIRES), ids=list(WIRES))
@@ -438,6 +441,8 @@ class Failure:
     options: dict[str, Any] = field(default_factory=dict)
     requests: int = 1
     """Requests the failed run makes (retries included)."""
+    session: dict[str, Any] = field(default_factory=dict)
+    """Session options."""
 
 
 FAILURES = {
@@ -452,11 +457,14 @@ FAILURES = {
     "server-error": Failure(lambda s, w: s.fail_next(500), "provider_unavailable", 500, True),
     "overloaded": Failure(lambda s, w: s.fail_next(529), "provider_unavailable", 529, True),
     "unauthorized": Failure(lambda s, w: s.fail_next(401), "authentication", 401, False),
+    # Ended at once as the `fail` policy says: by default a refusal as too long is retried
+    # once after the window is made to fit (spec X2, tested in test_long_sessions).
     "context-length": Failure(
         lambda s, w: s.fail_next(400, message=w.context_length_message),
         "context_length",
         400,
         False,
+        session={"context_overflow": "fail"},
     ),
     "connection-reset": Failure(
         lambda s, w: s.reset_next(times=2),
@@ -501,7 +509,7 @@ async def test_failure_ends_in_a_typed_error_and_the_session_goes_on(
 ) -> None:
     failure = FAILURES[name]
     failure.inject(harness.server, harness.wire)
-    session, rec = await harness.session(**failure.options)
+    session, rec = await harness.session(failure.session, **failure.options)
     started = time.monotonic()
 
     with pytest.raises(SessionError) as caught:

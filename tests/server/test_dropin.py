@@ -561,28 +561,29 @@ async def test_D9_excluded_and_available_tools_filter_what_the_model_is_offered(
 
 
 async def test_D9_a_low_infinite_sessions_threshold_compacts(official: CopilotClient) -> None:
-    long_prompt = "Remember these words: " + " ".join(f"word{i}" for i in range(800))
-    # The summary request has no recording (it fails: the older turns are dropped); the long
-    # prompt, kept whatever its size (H1), is answered alone.
-    noted = conversation(user(long_prompt), assistant("Noted."))
-    async with ReplayServer([HELLO, noted]) as model:
+    long_prompt = "Remember these words: " + " ".join(f"word{i}" for i in range(500))
+    long_answer = "Noted: " + " ".join(f"word{i}" for i in range(800))
+    # Under 2% of a 128k window at the first send, past it at the second (the long answer):
+    # the summary request has no recording (it fails), so the oldest unit (the long prompt)
+    # is dropped, and what is left is answered.
+    noted = conversation(user(long_prompt), assistant(long_answer))
+    after = conversation(assistant(long_answer), user("Say hello"), assistant("Hello!"))
+    async with ReplayServer([noted, after]) as model:
         byok: Any = {**provider(model), "max_retries": 0}
         session = await official.create_session(
             provider=byok,
             on_permission_request=PermissionHandler.approve_all,
             infinite_sessions={
-                "background_compaction_threshold": 0.005,
-                "buffer_exhaustion_threshold": 0.01,
+                "background_compaction_threshold": 0.02,
+                "buffer_exhaustion_threshold": 0.03,
             },
         )
+        reply = await session.send_and_wait(long_prompt, timeout=30)
+        assert reply is not None and reply.data.content == long_answer  # type: ignore[union-attr]
         hello = await session.send_and_wait("Say hello", timeout=30)
         assert hello is not None and hello.data.content == "Hello!"  # type: ignore[union-attr]
-        # Past 0.5% of the window now: compacted before the call.
-        reply = await session.send_and_wait(long_prompt, timeout=30)
-        assert reply is not None and reply.data.content == "Noted."  # type: ignore[union-attr]
         events: list[Any] = await session.get_events()
         await session.disconnect()
-    # (Compacted, then what was kept still too large: the oldest turns dropped, a second.)
     starts = [e for e in events if e.type.value == "session.compaction_start"]
     completes = [e for e in events if e.type.value == "session.compaction_complete"]
     assert starts and len(starts) == len(completes)
