@@ -579,6 +579,21 @@ async def test_x6_immediate_on_an_idle_session_is_a_send(client: Client) -> None
         await session.send("x", mode="later")  # type: ignore[arg-type]
 
 
+async def test_x6_a_steering_message_takes_no_typed_result_or_budget(client: Client) -> None:
+    """It joins a run that has its own result and budget: asking it for either is refused,
+    and nothing is stored."""
+    session = await open_session(client, ScriptedModel([]))
+    asks: list[dict[str, Any]] = [
+        {"output_type": int},
+        {"output_schema": {"type": "object"}},
+        {"budget": {}},
+    ]
+    for asked in asks:
+        with pytest.raises(ValueError, match="steering"):
+            await session.send("x", mode="immediate", **asked)
+    assert [e.type for e in await session.get_events()] == ["session.start"]
+
+
 async def test_x6_clearing_the_queue_takes_a_steering_message_away(client: Client) -> None:
     import asyncio
 
