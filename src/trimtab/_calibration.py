@@ -12,7 +12,6 @@ replay, so a resumed session keeps what it learned.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
 __all__ = [
     "MAX_RATIO",
@@ -22,6 +21,8 @@ __all__ = [
     "OVERFLOW_MARGIN",
     "SIGNIFICANT",
     "Ratios",
+    "as_mapping",
+    "from_mapping",
     "observed",
     "overflowed",
     "ratio",
@@ -48,16 +49,38 @@ OVERFLOW_MARGIN = 1.1
 """A refused request was more than the model's limit: the ratio becomes at least this much
 above `limit / estimate`, the least that explains the refusal."""
 
-Ratios = Mapping[str, tuple[float, float]]
-"""Model -> (ratio, the weight of the observations folded in: one per full-size request)."""
+Ratios = tuple[tuple[str, float, float], ...]
+"""(model, ratio, the weight of the observations folded in: one per full-size request), one
+per model. A tuple, not a dict: every session holds one, mostly of a single model, and an
+idle session's memory is budgeted (docs/performance.md)."""
 
-NONE: Ratios = MappingProxyType({})
+NONE: Ratios = ()
 
 
 def ratio(ratios: Ratios, model: str) -> float:
     """The factor that turns the window's estimate into `model`'s tokens (1 until learned)."""
-    learned = ratios.get(model)
-    return 1.0 if learned is None else learned[0]
+    return _learned(ratios, model)[0]
+
+
+def as_mapping(ratios: Ratios) -> dict[str, tuple[float, float]]:
+    """Model -> (ratio, weight): how a snapshot keeps them."""
+    return {model: (value, mass) for model, value, mass in ratios}
+
+
+def from_mapping(mapping: Mapping[str, tuple[float, float]]) -> Ratios:
+    return tuple((model, value, mass) for model, (value, mass) in mapping.items())
+
+
+def _learned(ratios: Ratios, model: str) -> tuple[float, float]:
+    """`model`'s ratio and weight; (1, 0) until learned."""
+    for name, value, mass in ratios:
+        if name == model:
+            return value, mass
+    return 1.0, 0.0
+
+
+def _with(ratios: Ratios, model: str, value: float, mass: float) -> Ratios:
+    return (*(entry for entry in ratios if entry[0] != model), (model, value, mass))
 
 
 def observed(ratios: Ratios, model: str, estimated: int | None, reported: int | None) -> Ratios:
@@ -65,11 +88,11 @@ def observed(ratios: Ratios, model: str, estimated: int | None, reported: int | 
     estimate (a log written before calibration) or its provider reported no tokens."""
     if not estimated or not reported or estimated <= 0 or reported <= 0:
         return ratios
-    current, mass = ratios.get(model, (1.0, 0.0))
+    current, mass = _learned(ratios, model)
     size = min(1.0, estimated / SIGNIFICANT)
     weight = max(size / (mass + size), MIN_WEIGHT * size)  # (the first counts fully)
     sample = _bounded(reported / estimated)
-    return {**ratios, model: (_bounded(current + weight * (sample - current)), mass + size)}
+    return _with(ratios, model, _bounded(current + weight * (sample - current)), mass + size)
 
 
 def overflowed(ratios: Ratios, model: str, estimated: int | None, limit: int | None) -> Ratios:
@@ -77,11 +100,11 @@ def overflowed(ratios: Ratios, model: str, estimated: int | None, limit: int | N
     its `limit`: the ratio is raised to explain it (never lowered)."""
     if not estimated or not limit or estimated <= 0 or limit <= 0:
         return ratios
-    current, mass = ratios.get(model, (1.0, 0.0))
+    current, mass = _learned(ratios, model)
     least = _bounded(OVERFLOW_MARGIN * limit / estimated)
     if least <= current:
         return ratios
-    return {**ratios, model: (least, mass)}
+    return _with(ratios, model, least, mass)
 
 
 def _bounded(value: float) -> float:

@@ -230,7 +230,7 @@ class SessionState:
     """Whether that name came from a summary (`set_auto_name`), not from the user."""
     mode: SessionMode = "interactive"
     """The agent's mode, as last set (`session.mode_changed`)."""
-    ratios: _calibration.Ratios = field(default_factory=lambda: _calibration.NONE)
+    ratios: _calibration.Ratios = _calibration.NONE
     """What each model counts per token of the window's estimate (spec X1)."""
 
     def apply(self, event: Event) -> bool:
@@ -523,7 +523,7 @@ class SessionState:
             name=self.name,
             name_auto=self.name_auto,
             mode=self.mode,
-            ratios=dict(self.ratios),
+            ratios=_calibration.as_mapping(self.ratios),
         )
 
     @classmethod
@@ -553,7 +553,7 @@ class SessionState:
             name=snapshot.name,
             name_auto=snapshot.name_auto,
             mode=snapshot.mode,
-            ratios=snapshot.ratios or _calibration.NONE,
+            ratios=_calibration.from_mapping(snapshot.ratios),
         )
 
 
