@@ -4,7 +4,7 @@ contains."""
 from __future__ import annotations
 
 import asyncio
-from typing import Literal, TypeAlias
+from typing import Generic, Literal, TypeAlias, TypeVar
 
 __all__ = [
     "BudgetExceededError",
@@ -59,6 +59,17 @@ class ToolError(TrimtabError):
     """
 
 
+_Code = TypeVar("_Code", bound=str)
+
+
+class RefusedError(TrimtabError, Generic[_Code]):
+    """A call refused for the reason its `code` names (the message starts with it)."""
+
+    def __init__(self, code: _Code, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: _Code = code
+
+
 ClearContextErrorCode: TypeAlias = Literal[
     "no_tool_call_in_flight",
     "empty_prompt",
@@ -69,12 +80,8 @@ ClearContextErrorCode: TypeAlias = Literal[
 ]
 
 
-class ClearContextError(TrimtabError):
+class ClearContextError(RefusedError[ClearContextErrorCode]):
     """A `clear_context` call that was refused; nothing changed (spec C1-C4, X4)."""
-
-    def __init__(self, code: ClearContextErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code: ClearContextErrorCode = code
 
 
 PruneErrorCode: TypeAlias = Literal[
@@ -82,12 +89,8 @@ PruneErrorCode: TypeAlias = Literal[
 ]
 
 
-class PruneError(TrimtabError):
+class PruneError(RefusedError[PruneErrorCode]):
     """A prune that was refused; nothing was removed (spec X8)."""
-
-    def __init__(self, code: PruneErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code: PruneErrorCode = code
 
 
 QueueEditErrorCode: TypeAlias = Literal[
@@ -95,12 +98,8 @@ QueueEditErrorCode: TypeAlias = Literal[
 ]
 
 
-class QueueEditError(TrimtabError):
+class QueueEditError(RefusedError[QueueEditErrorCode]):
     """An edit of the session's queue that was refused; nothing changed (spec K18, K19)."""
-
-    def __init__(self, code: QueueEditErrorCode, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code: QueueEditErrorCode = code
 
 
 ProviderErrorType: TypeAlias = Literal[
