@@ -406,35 +406,50 @@ class NoArgs(BaseModel):
     pass
 
 
-async def test_k9_k10_queue_lists_and_clears_the_messages_waiting(
-    client: CopilotClient,
-) -> None:
-    release = asyncio.Event()
+class Held:
+    """A session whose first run waits in its `hold` tool until released."""
 
-    async def wait_for_release(params: NoArgs, invocation: Any) -> str:
-        await release.wait()
-        return "released"
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
 
-    hold = define_tool("hold", description="Wait", handler=wait_for_release, params_type=NoArgs)
-    recorded = conversation(
-        user("first"),
-        assistant(None, call("call_1", "hold")),
-        tool("call_1", "released"),
-        assistant("First done."),
-    )
-    async with ReplayServer([recorded]) as model:
+        async def wait_for_release(params: NoArgs, invocation: Any) -> str:
+            await self.release.wait()
+            return "released"
+
+        self.tool = define_tool(
+            "hold", description="Wait", handler=wait_for_release, params_type=NoArgs
+        )
+
+    async def open(self, client: CopilotClient, model: ReplayServer) -> CopilotSession:
         session = await client.create_session(
             provider=provider(model),  # type: ignore[arg-type]
             model="test-model",
-            tools=[hold],
+            tools=[self.tool],
             on_permission_request=PermissionHandler.approve_all,
         )
         started = Seen(session, "tool.execution_start")
-        changes = Seen(session, "pending_messages.modified")
-        idle = Seen(session, "session.idle")
-        assert (await session.rpc.queue.pending_items()).items == []
         await session.send("first")
         await started.wait_for(1)
+        return session
+
+
+HELD = [
+    user("first"),
+    assistant(None, call("call_1", "hold")),
+    tool("call_1", "released"),
+    assistant("First done."),
+]
+
+
+async def test_k9_k10_queue_lists_and_clears_the_messages_waiting(
+    client: CopilotClient,
+) -> None:
+    held = Held()
+    async with ReplayServer([conversation(*HELD)]) as model:
+        session = await held.open(client, model)
+        changes = Seen(session, "pending_messages.modified")
+        idle = Seen(session, "session.idle")
+        assert (await session.rpc.queue.pending_items()).items == []  # the run holds "first"
         assert (await session.rpc.metadata.is_processing()).processing is True
         assert (await session.rpc.metadata.activity()).has_active_work is True
         second = await session.send("second")
@@ -450,7 +465,7 @@ async def test_k9_k10_queue_lists_and_clears_the_messages_waiting(
         await session.rpc.queue.clear()
         await changes.wait_for(3)
         assert (await session.rpc.queue.pending_items()).items == []
-        release.set()
+        held.release.set()
         await idle.wait_for(1)
         logged = await session.get_events()
         prompts = [e.data.content for e in logged if isinstance(e.data, UserMessageData)]
@@ -461,37 +476,17 @@ async def test_k9_k10_queue_lists_and_clears_the_messages_waiting(
 async def test_x6_an_immediate_send_steers_the_running_turn(client: CopilotClient) -> None:
     """`mode: "immediate"` from the official client: listed as a steering message while it
     waits, then read by the run's next model call after the batch's results, one idle."""
-    release = asyncio.Event()
-
-    async def wait_for_release(params: NoArgs, invocation: Any) -> str:
-        await release.wait()
-        return "released"
-
-    hold = define_tool("hold", description="Wait", handler=wait_for_release, params_type=NoArgs)
-    recorded = conversation(
-        user("first"),
-        assistant(None, call("call_1", "hold")),
-        tool("call_1", "released"),
-        user("STEER: be brief"),
-        assistant("Brief."),
-    )
+    held = Held()
+    recorded = conversation(*HELD[:3], user("STEER: be brief"), assistant("Brief."))
     async with ReplayServer([recorded]) as model:
-        session = await client.create_session(
-            provider=provider(model),  # type: ignore[arg-type]
-            model="test-model",
-            tools=[hold],
-            on_permission_request=PermissionHandler.approve_all,
-        )
-        started = Seen(session, "tool.execution_start")
+        session = await held.open(client, model)
         changes = Seen(session, "pending_messages.modified")
         idle = Seen(session, "session.idle")
-        await session.send("first")
-        await started.wait_for(1)
         steer = await session.send("STEER: be brief", mode="immediate")
         await changes.wait_for(1)
         pending = await session.rpc.queue.pending_items()
         assert (pending.items, pending.steering_messages) == ([], ["STEER: be brief"])
-        release.set()
+        held.release.set()
         await idle.wait_for(1)
         logged = await session.get_events()
         messages = [e.data for e in logged if isinstance(e.data, UserMessageData)]
@@ -760,41 +755,6 @@ async def test_k17_summarize_for_handoff_is_the_models_note_and_leaves_the_windo
         assert before.context_attribution is not None and after.context_attribution is not None
         assert after.context_attribution.total_tokens == before.context_attribution.total_tokens
         await session.disconnect()
-
-
-class Held:
-    """A session whose first run waits in its `hold` tool until released."""
-
-    def __init__(self) -> None:
-        self.release = asyncio.Event()
-
-        async def wait_for_release(params: NoArgs, invocation: Any) -> str:
-            await self.release.wait()
-            return "released"
-
-        self.tool = define_tool(
-            "hold", description="Wait", handler=wait_for_release, params_type=NoArgs
-        )
-
-    async def open(self, client: CopilotClient, model: ReplayServer) -> CopilotSession:
-        session = await client.create_session(
-            provider=provider(model),  # type: ignore[arg-type]
-            model="test-model",
-            tools=[self.tool],
-            on_permission_request=PermissionHandler.approve_all,
-        )
-        started = Seen(session, "tool.execution_start")
-        await session.send("first")
-        await started.wait_for(1)
-        return session
-
-
-HELD = [
-    user("first"),
-    assistant(None, call("call_1", "hold")),
-    tool("call_1", "released"),
-    assistant("First done."),
-]
 
 
 async def test_k9_queue_items_are_removed_by_id_newest_first_or_withdrawn(
