@@ -19,6 +19,7 @@ import pytest
 import trustme
 
 from tests.fake_model import FakeModel, LocalServer
+from tests.providers.test_redirects import Redirecting
 from tests.requirements import require_import
 from trimtab._errors import ProviderError
 from trimtab.events import Message
@@ -118,6 +119,22 @@ async def test_an_untrusted_certificate_fails_as_unavailable(
     assert caught.value.error_type == "provider_unavailable"
     assert "certificate" in caught.value.message.lower()
     assert connects
+
+
+async def test_a_plain_http_endpoint_trusts_no_certificate_it_is_redirected_to(
+    authority: tuple[trustme.CA, Path], monkeypatch: pytest.MonkeyPatch, http11: None
+) -> None:
+    """A local model's http:// endpoint has no certificate store: HTTPS a redirect leads to
+    fails verification, even for a certificate the environment trusts."""
+    ca, pem = authority
+    monkeypatch.setenv("SSL_CERT_FILE", str(pem))  # an https:// endpoint would trust it
+    async with FakeModel(reply="over TLS", tls=server_tls(ca)) as secure:
+        async with Redirecting(secure.root_url) as plain:
+            error = await failure(f"{plain.root_url}/v1")
+
+    assert error.error_type == "provider_unavailable"
+    assert "certificate" in error.message.lower()
+    assert not secure.requests  # nothing reached the HTTPS server
 
 
 async def test_a_large_answer_arrives_whole(connects: list[tuple[str, int]]) -> None:

@@ -61,11 +61,15 @@ class HttpClient(httpx2.AsyncClient):
     ) -> None:
         https = home.startswith("https://")
         http2 = https and h2_installed()
-        # A plain http:// endpoint (a local model) loads no certificate store: HTTPS there (a
-        # redirect) then fails verification instead of being trusted.
-        verify: ssl.SSLContext | bool = True if https else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        # A plain http:// endpoint (a local model) trusts no certificate: HTTPS there (a
+        # redirect) then fails verification instead of being trusted. trimtab's pool makes
+        # that empty context only if it ever connects over HTTPS (`None`); httpx2's own
+        # transport, for a proxy, is given it.
+        verify: ssl.SSLContext | bool = True
         if transport is None and not http2 and not _proxied():
-            transport = Transport(verify=verify, limits=_LIMITS)
+            transport = Transport(verify=True if https else None, limits=_LIMITS)
+        elif not https:
+            verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         super().__init__(
             headers={"Accept-Encoding": ACCEPT_ENCODING, **(headers or {})},
             limits=_LIMITS,

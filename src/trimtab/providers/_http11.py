@@ -126,8 +126,8 @@ class _Body(httpx2.AsyncByteStream):
 class Transport(httpx2.AsyncBaseTransport):
     """httpx2's transport for HTTP/1.1 over asyncio, with `limits` on its connections."""
 
-    def __init__(self, *, verify: ssl.SSLContext | bool, limits: httpx2.Limits) -> None:
-        self._verify = verify
+    def __init__(self, *, verify: ssl.SSLContext | bool | None, limits: httpx2.Limits) -> None:
+        self._verify = verify  # None: trust no certificate (every HTTPS server fails)
         self._slots = asyncio.Semaphore(limits.max_connections) if limits.max_connections else None
         self._keep = limits.max_keepalive_connections
         self._expiry = limits.keepalive_expiry
@@ -219,6 +219,8 @@ class Transport(httpx2.AsyncBaseTransport):
     def _tls(self) -> ssl.SSLContext:
         # Made on the first HTTPS connection: loading the certificate store is not free, and
         # a server reached over plain HTTP (a local model) never needs it.
-        if not isinstance(self._verify, ssl.SSLContext):
+        if self._verify is None:
+            self._verify = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        elif not isinstance(self._verify, ssl.SSLContext):
             self._verify = httpx2.create_ssl_context(verify=self._verify)
         return self._verify
