@@ -17,7 +17,9 @@ a person would expect (or none: a plain answer) and a check of the arguments:
   every one of these names `clear_context`.
 
 At least 20 phrasings per tool, in English and French, with the argument quoted (', ", « »)
-and unquoted, naming the tool and not; and ten messages that want no tool. Decoding is greedy
+and unquoted, naming the tool and not; ten messages that want no tool; and the 22 prompts the
+`clear_context` cases seed, each sent alone as the fresh run after the clear sends it, which
+want no tool either (`Say hello.` should get a hello, not the time). Decoding is greedy
 with a fixed seed: a run gives the same answers every time on the same build. A reply is cut
 to one token, since only the decision is judged.
 
@@ -55,6 +57,8 @@ class Case:
     expected: str
     """The arguments meant, for the table."""
     check: Callable[[Arguments], bool]
+    group: str | None = None
+    """Its row in the table, when not its tool's."""
 
 
 def calculator(text: str, value: float) -> Case:
@@ -92,8 +96,8 @@ def clear_context(text: str, prompt: str) -> Case:
     return Case(text, "clear_context", prompt, check)
 
 
-def reply(text: str) -> Case:
-    return Case(text, None, "(a reply)", lambda arguments: True)
+def reply(text: str, group: str | None = None) -> Case:
+    return Case(text, None, "(a reply)", lambda arguments: True, group)
 
 
 CASES = [
@@ -223,6 +227,7 @@ CASES = [
     reply("Pourquoi la mer est-elle salée ?"),
     reply("Écris un haïku sur l'automne."),
 ]
+CASES += [reply(case.expected, "(seeded)") for case in CASES if case.tool == "clear_context"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +271,9 @@ def table(outcomes: list[Outcome]) -> tuple[str, dict[str, Any]]:
     tool, and the right tool with the right arguments."""
     groups: dict[str, list[Outcome]] = {}
     for outcome in outcomes:
-        groups.setdefault(outcome.case.tool or "(no tool)", []).append(outcome)
+        groups.setdefault(outcome.case.group or outcome.case.tool or "(no tool)", []).append(
+            outcome
+        )
     groups["all tools"] = [o for o in outcomes if o.case.tool is not None]
     rows = [f"{'expected':<14} {'cases':>5} {'right tool':>12} {'right arguments':>16}"]
     result: dict[str, Any] = {}
@@ -275,7 +282,7 @@ def table(outcomes: list[Outcome]) -> tuple[str, dict[str, Any]]:
         tools = sum(o.right_tool for o in group)
         row = f"{name:<14} {n:>5} {tools:>5} ({tools / n:4.0%})"
         result[name] = {"cases": n, "right_tool": tools}
-        if name != "(no tool)":
+        if name not in ("(no tool)", "(seeded)"):
             arguments = sum(o.right_arguments for o in group)
             row += f" {arguments:>8} ({arguments / n:4.0%})"
             result[name]["right_arguments"] = arguments

@@ -394,6 +394,10 @@ def test_em1_a_texts_score_is_its_tokens_log_probability(local_provider: LocalPr
         ("Quelle heure est-il ?", "current_time"),
         ("What is 17 * 23?", "calculator"),
         ("What is the capital of France?", None),
+        # The prompts a clear seeds, as the fresh run sees them: a plain answer has several
+        # kinds (help, conversation, writing), and the best of them is what a tool must beat.
+        ("Say hello.", None),
+        ("Write a haiku about rain.", None),
     ],
 )
 async def test_em1_an_unnamed_tool_is_called_when_its_description_explains_the_message(

@@ -6,14 +6,14 @@ whatever stands nearby. Measured on SmolLM2-135M with `bench/local_arguments.py`
 for the demo tools, 10 for none), asking it for the tool's name and then for the arguments
 against the JSON schema picked the tool meant for 33 requests (7 of 24 arithmetic ones, 5 of
 22 asking the time) and wrote the arguments meant for 8: it copied the request's first words
-or the schema's descriptions into the values. As below, 66 and 46 (6 of the 10 plain
-questions get a reply, against 10 before). So:
+or the schema's descriptions into the values. As below, 65 and 46; 7 of the 10 plain
+questions and 20 of the 22 prompts a `clear_context` seeds get a reply. So:
 
 - The choice among `reply` and the tools is not asked for, it is scored (`local._choose_tool`):
   the probability the model gives the user's message after each option's description, as a
-  system message. A description that explains the message makes it likelier; the option that
-  makes it likeliest is picked. Asking "which step?" let the model's liking for one word win
-  whatever the message said.
+  system message (for `reply`, the best of three kinds of plain answer). A description that
+  explains the message makes it likelier; the option that makes it likeliest is picked.
+  Asking "which step?" let the model's liking for one word win whatever the message said.
 - The arguments are asked for with the parameters described in plain lines rather than as a
   JSON schema, and with the message last, next to the answer (`arguments_instruction`).
 - What the grammar allows follows the request (`grammar_schema`): a request that quotes text
@@ -32,7 +32,7 @@ from trimtab.events import ToolDefinition
 
 __all__ = [
     "REPLY",
-    "REPLY_DESCRIPTION",
+    "REPLY_DESCRIPTIONS",
     "arguments_instruction",
     "grammar_schema",
     "quoted_spans",
@@ -40,9 +40,16 @@ __all__ = [
 
 REPLY = "reply"
 """The option that answers in text, next to the tools."""
-REPLY_DESCRIPTION = "You are a helpful assistant."
-"""What the text answer is conditioned on when choices are scored: the plain assistant a
-message without a tool in mind is written to."""
+REPLY_DESCRIPTIONS = (
+    "You are a helpful assistant.",
+    "Talk with the user.",
+    "Write stories, poems, emails and jokes.",
+)
+"""What the text answer is conditioned on when choices are scored, the best of them counting:
+a message written without a tool in mind is help asked of an assistant, conversation or a
+request for writing. Against the first alone, 15 of the 22 prompts `bench/local_arguments.py`'s
+`clear_context` cases seed (`Say hello.`, `Write a haiku about rain.`) called a tool in their
+fresh run; against the three, 2 (and one time question of 22 gets a reply instead)."""
 
 TEXT_CHARS = 1_000
 """The most characters of free text an argument may take (the grammar's bound): the model

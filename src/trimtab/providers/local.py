@@ -68,7 +68,7 @@ from trimtab.providers._config import ProviderConfig
 from trimtab.providers._install import install_command
 from trimtab.providers._local_calls import (
     REPLY,
-    REPLY_DESCRIPTION,
+    REPLY_DESCRIPTIONS,
     arguments_instruction,
     grammar_schema,
 )
@@ -663,14 +663,15 @@ async def _choose_tool(
     text = message[:_CHOICE_CHARS].strip()
     if not choices or not text:
         return choices[0] if required and choices else None
-    conditions = [REPLY_DESCRIPTION, *(_condition(tool) for tool in choices)]
+    conditions = [*REPLY_DESCRIPTIONS, *(_condition(tool) for tool in choices)]
     chats = [
         [{"role": "system", "content": condition}, {"role": "user", "content": text}]
         for condition in conditions
     ]
     scores = await asyncio.to_thread(engine.likelihoods, chats, text)
     tally.input_tokens += scores.input_tokens
-    reply, *per_tool = scores.log_likelihoods
+    replies = len(REPLY_DESCRIPTIONS)
+    reply, per_tool = max(scores.log_likelihoods[:replies]), scores.log_likelihoods[replies:]
     best = max(range(len(choices)), key=lambda i: per_tool[i])
     return choices[best] if required or per_tool[best] > reply + _TOOL_MARGIN else None
 
