@@ -573,6 +573,26 @@ async def test_s1_no_proxy_of_the_environment_goes_around_the_proxy(
     assert len(server.received) == 1 and proxy.requests == []
 
 
+async def test_a_plain_http_endpoint_behind_a_proxy_trusts_no_certificate_either(
+    proxy: ForwardProxy, authority: tuple[trustme.CA, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As without a proxy: httpx2's own transport, which a proxy takes, is given the same
+    empty trust for a plain endpoint."""
+    ca, pem = authority
+    monkeypatch.setenv("SSL_CERT_FILE", str(pem))
+    monkeypatch.setenv("HTTP_PROXY", proxy.root_url)
+    monkeypatch.setenv("HTTPS_PROXY", proxy.root_url)
+    async with FakeModel(reply="over TLS", tls=server_tls(ca)) as secure:
+        async with Redirecting(secure.root_url) as plain:
+            error = await failure(f"{plain.root_url}/v1")
+        port = secure.port
+
+    assert error.error_type == "provider_unavailable"
+    assert "certificate" in error.message.lower()
+    assert f"CONNECT 127.0.0.1:{port}" in proxy.requests  # the redirect was followed
+    assert not secure.requests
+
+
 # --- HTTP/2 ---------------------------------------------------------------------------------
 
 
