@@ -412,3 +412,40 @@ async def test_em1_an_unnamed_tool_is_called_when_its_description_explains_the_m
     assert [start.data.tool_name for start in rec.of("tool.execution_start")][:1] == (
         [tool] if tool else []
     )
+
+
+def test_a_saved_state_the_next_save_drops_is_not_restored(
+    local_provider: LocalProvider,
+) -> None:
+    """The state a prompt would restore can be dropped by the save made just before: one the
+    state being saved extends (the same conversation, its reply re-tokenized). Restoring it
+    then failed the turn (`KeyError`); now the prompt is read from what remains."""
+    from trimtab.providers._local_states import SAVE_FROM, PromptStates
+
+    engine = local_provider._load()
+    llama = engine._llama
+    shared = list(range(1000, 1036))  # a conversation's first turns, ...
+    first_reply = [2001, 2002, 2003, 2004]  # ... the end of its reply as first written, ...
+    reread = [2101, 2102, 2103, 2104]  # ... and as the next turn re-tokenized it
+    later = list(range(3000, 3000 + SAVE_FROM + 8))
+    other = list(range(4000, 4000 + SAVE_FROM + 4))
+
+    def turn(states: PromptStates, prompt: list[int]) -> None:
+        keep = states.prepare(prompt).reused
+        llama.eval(prompt[keep:])
+        states.finished(reply=True)
+
+    with engine.lock:
+        states = PromptStates(llama, budget=1 << 30)
+        try:
+            turn(states, shared + first_reply)
+            turn(states, other)  # another conversation: the first one's state is saved
+            turn(states, shared + reread + later)  # restored, then goes on much longer
+            # A prompt closer to the first saved state than to what the model holds: the
+            # longer conversation is saved first, and it drops that state.
+            reuse = states.prepare([*shared, *first_reply, 5000, 5001])
+            assert not reuse.restored and reuse.saved
+            assert reuse.reused == len(shared)  # the prefix the model holds is kept
+        finally:
+            llama.reset()
+            llama._ctx.kv_cache_seq_rm(0, -1, -1)

@@ -111,13 +111,15 @@ class PromptStates:
         llama = self._llama
         target = np.asarray(prompt, dtype=np.intc)
         reused = common_prefix(llama.input_ids[: llama.n_tokens], target)
-        key, best = self._best(target)
         conversation = min(self._conversation, llama.n_tokens)
         saved = restored = False
         if conversation - reused >= SAVE_FROM:
             # Another conversation's turn (or a new one) replaces this one's state: it may
             # come back to it.
             saved = self._save(conversation)
+        # Looked for after the save, which may drop saved states (one the saved state
+        # extends, the least recently used).
+        key, best = self._best(target)
         if key is not None and best > reused:
             restored = self._restore(key)
             reused = best if restored else 0
