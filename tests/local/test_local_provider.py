@@ -63,6 +63,16 @@ async def test_a_missing_model_file_fails_the_run_with_a_provider_error(tmp_path
     assert "model file not found" in error.message
 
 
+async def test_an_engine_failure_names_its_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(self: LocalProvider) -> Any:
+        raise KeyError(60)
+
+    monkeypatch.setattr(LocalProvider, "_load", broken)
+    error = await ask(LocalProvider(ProviderConfig(type="local")))
+    assert error.error_type == "provider_unavailable"
+    assert "the embedded model failed: KeyError: 60" in error.message
+
+
 def test_without_llama_cpp_make_provider_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -146,8 +146,10 @@ class LocalProvider:
         except ProviderError:
             raise
         except Exception as exc:
+            # Named with its type: a `KeyError` says `60` alone.
+            failure = f"{type(exc).__name__}: {exc}"
             raise ProviderError(
-                "provider_unavailable", f"the embedded model failed: {exc}"
+                "provider_unavailable", f"the embedded model failed: {failure}"
             ) from exc
 
     async def aclose(self) -> None:
