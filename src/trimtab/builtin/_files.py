@@ -7,6 +7,7 @@ missing path is `Path P does not exist. Please provide a valid path.`
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import stat
@@ -186,8 +187,6 @@ def _read_request(directory: WorkingDirectory, path: str, verb: str) -> dict[str
 
 
 def _write_request(shown: str, intention: str, before: str, after: str) -> dict[str, Any]:
-    import difflib  # loaded by the first write: a server's start-up needs none
-
     lines = difflib.unified_diff(
         before.splitlines(keepends=True), after.splitlines(keepends=True), shown, shown
     )
@@ -210,8 +209,6 @@ def _edit_diff(shown: str, before: str, old: str, new: str) -> str:
     low, high = max(first - _CONTEXT, 0), min(last + _CONTEXT + 1, len(lines))
     segment = "".join(lines[low:high])
     changed = segment.replace(old, new, 1)  # `old` occurs once in the file, so here
-    import difflib  # loaded by the first edit, as above
-
     diff = difflib.unified_diff(
         segment.splitlines(keepends=True), changed.splitlines(keepends=True), shown, shown
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shlex
 import signal
 from collections.abc import Mapping
 from contextlib import suppress
@@ -280,8 +281,6 @@ def shell_request(command: str, description: str) -> dict[str, Any]:
 
 
 def _words(command: str) -> list[str]:
-    import shlex  # loaded by the first command: a server's start-up needs none
-
     lexer = shlex.shlex(command.replace("\n", " ; "), posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:

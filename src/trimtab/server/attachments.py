@@ -18,6 +18,7 @@ import base64
 import binascii
 import codecs
 import contextlib
+import mimetypes
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -213,8 +214,6 @@ def _file(attachment: FileAttachment, composed: Composed, opener: Opener) -> tup
     if attachment.line_range is not None:
         described["lineRange"] = attachment.line_range.model_dump()
     composed.attachments.append(described)
-    import mimetypes  # loaded by the first file attached, not at start-up
-
     mime = mimetypes.guess_type(path.name)[0]
     if mime is not None and mime in _IMAGE_TYPES:
         data, _ = _read(path, "file", opener, MAX_BLOB_BYTES)

@@ -12,6 +12,7 @@ import hmac
 import os
 import stat
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +101,6 @@ def _raw(text: str) -> bytes:
 
 
 def _read_tokens(path: Path) -> dict[str, str]:
-    import tomllib  # only a server given --tokens-file reads TOML
-
     where = f"--tokens-file {path}"
     try:
         with path.open("rb") as file:
