@@ -155,6 +155,7 @@ async def test_p5_sqlite_settings_the_store_relies_on_are_in_force(tmp_path: Pat
         "foreign_keys": 1,  # ON DELETE CASCADE of a session's events and inputs
         "busy_timeout": round(BUSY_SLICE * 1000),
         "cache_size": -PAGE_CACHE_KIB,
+        "wal_autocheckpoint": 0,  # W5: commits never checkpoint; the store's thread does
         "user_version": SCHEMA_VERSION,
     }
 

@@ -23,8 +23,9 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from trimtab._durations import check_seconds
 from trimtab._errors import LeaseLostError, SessionNotFoundError, StoreUnavailableError
@@ -44,6 +45,7 @@ from trimtab.store._base import (
     record_of,
     summarize,
 )
+from trimtab.store._checkpoints import Checkpointer
 from trimtab.store._files import private_directory, private_file
 
 __all__ = ["SqliteStore"]
@@ -63,6 +65,10 @@ case, a write of another process that takes well under a millisecond."""
 
 _RETRY_DELAYS = (0.005, 0.1)
 """The first and the longest pause, in seconds, between tries of a call waiting for a lock."""
+
+_RESTART_POLL = 0.002
+"""Seconds between looks of the queued writes' drainer at whether a restart of the WAL by
+the store's checkpointer is over."""
 
 _WRITE = "BEGIN IMMEDIATE"
 _READ = "BEGIN"
@@ -165,12 +171,15 @@ class SqliteStore:
         # SQLite gives the -wal and -shm files the mode of the database file.
         private_file(self.path)
         self._db: sqlite3.Connection | None = _connect(self.path, timeout)
+        self._checkpoints = Checkpointer(self.path, timeout=timeout)
         # Guards the connection for callers on other threads (a sync facade, `to_thread`):
         # one sqlite3 connection must not interleave two transactions.
         self._lock = threading.Lock()
-        # Writes waiting for another process's lock, oldest first: later writes queue behind
-        # them, so that they still commit in call order.
-        self._waiting: deque[object] = deque()
+        # Writes waiting for a lock (another process's, or the checkpointer's), oldest first:
+        # later writes queue behind them, so that they still commit in call order. The
+        # drainer runs them (`_drain`).
+        self._waiting: deque[_Queued[Any]] = deque()
+        self._drainer: asyncio.Task[None] | None = None
         # What `subscribe` waits on, per session, with the loop each subscriber runs on:
         # an append may come from another thread.
         self._listeners = Listeners()
@@ -182,12 +191,15 @@ class SqliteStore:
             StoreUnavailableError: Another process held the lock for `timeout` seconds.
         """
         deadline = time.monotonic() + self.timeout
-        if not (begin == _WRITE and self._waiting):
+        write = begin == _WRITE
+        if not (write and (self._waiting or self._checkpoints.restarting.is_set())):
             try:
                 return self._attempt(work, begin)
             except _Busy:
-                pass
-        return await self._wait_to_run(work, begin, deadline)
+                if not write:
+                    return await self._retry_read(work, deadline)
+                return await self._queue(work, deadline, busy=True)
+        return await self._queue(work, deadline, busy=False)
 
     def _attempt(self, work: Callable[[sqlite3.Connection], T], begin: str) -> T:
         with self._lock:
@@ -195,34 +207,80 @@ class SqliteStore:
                 raise RuntimeError("the store is closed")
             try:
                 with _transaction(self._db, begin) as db:
-                    return work(db)
+                    done = work(db)
             except sqlite3.OperationalError as error:
                 if error.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                     raise _Busy from error
                 raise
+            if begin == _WRITE:
+                self._checkpoints.wrote()
+            return done
 
-    async def _wait_to_run(
-        self, work: Callable[[sqlite3.Connection], T], begin: str, deadline: float
+    async def _queue(
+        self, work: Callable[[sqlite3.Connection], T], deadline: float, *, busy: bool
     ) -> T:
-        """Try `work` again until the lock is free, yielding to the event loop in between."""
-        ticket = object()
-        queue = self._waiting if begin == _WRITE else None
-        if queue is not None:
-            queue.append(ticket)
+        """Queue a write behind those waiting for a lock; `_drain` runs it in its turn.
+
+        `busy`: it just found the lock held, so a drainer it starts pauses before trying.
+        """
+        loop = asyncio.get_running_loop()
+        queued = _Queued(work, loop, loop.create_future())
+        self._waiting.append(queued)
+        if self._drainer is None or self._drainer.done() or self._drainer.get_loop().is_closed():
+            self._drainer = loop.create_task(self._drain(busy))
         try:
-            delay, longest = _RETRY_DELAYS
-            while (left := deadline - time.monotonic()) > BUSY_SLICE:
-                await asyncio.sleep(min(delay, left - BUSY_SLICE))
-                delay = min(2 * delay, longest)
-                if queue is None or queue[0] is ticket:
-                    try:
-                        return self._attempt(work, begin)
-                    except _Busy:
-                        pass
-        finally:
-            if queue is not None:
-                queue.remove(ticket)
-        raise StoreUnavailableError(
+            # A timeout or a cancel cancels `queued.done`, and `_drain` then skips the write.
+            return await asyncio.wait_for(queued.done, deadline - time.monotonic())
+        except TimeoutError:
+            raise self._unavailable() from None
+
+    async def _drain(self, busy: bool) -> None:
+        """Run the queued writes in call order, each once the lock is free, back to back.
+
+        Back to back: a queue handed from one waiting task to the next would run one write
+        per turn of the event loop, and on a busy server grow faster than it empties.
+        While the store's own checkpointer restarts the WAL, which holds the write lock for
+        that (see `Checkpointer`), it does not try, and looks again every `_RESTART_POLL`.
+        """
+        delay, longest = _RETRY_DELAYS
+        while self._waiting:
+            if busy:
+                await asyncio.sleep(delay)
+                delay, busy = min(2 * delay, longest), False
+            queued = self._waiting[0]
+            if queued.done.done():  # its caller stopped waiting
+                self._waiting.popleft()
+                continue
+            if self._checkpoints.restarting.is_set():
+                await asyncio.sleep(_RESTART_POLL)
+                continue
+            try:
+                result = self._attempt(queued.work, _WRITE)
+            except _Busy:
+                busy = True
+                continue
+            except Exception as error:
+                self._waiting.popleft()
+                queued.settle(error=error)
+            else:
+                self._waiting.popleft()
+                queued.settle(result)
+            delay = _RETRY_DELAYS[0]
+
+    async def _retry_read(self, work: Callable[[sqlite3.Connection], T], deadline: float) -> T:
+        """Try a read until the lock is free, yielding to the event loop in between."""
+        delay, longest = _RETRY_DELAYS
+        while (left := deadline - time.monotonic()) > BUSY_SLICE:
+            await asyncio.sleep(min(delay, left - BUSY_SLICE))
+            delay = min(2 * delay, longest)
+            try:
+                return self._attempt(work, _READ)
+            except _Busy:
+                pass
+        raise self._unavailable()
+
+    def _unavailable(self) -> StoreUnavailableError:
+        return StoreUnavailableError(
             f"the database {self.path} stayed locked by another process for {self.timeout} s"
         )
 
@@ -662,6 +720,7 @@ class SqliteStore:
 
         Closing twice is a no-op.
         """
+        self._checkpoints.close()
         with self._lock:
             if self._db is not None:
                 self._db.close()
@@ -693,6 +752,9 @@ def _connect(path: Path, timeout: float) -> sqlite3.Connection:
         # Reads go by index to a session's tail and appends to the WAL: a small page cache
         # serves them (docs/performance.md, a long-running server's memory).
         db.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
+        # Commits never checkpoint the WAL (SQLite's default, on the event loop's thread):
+        # the store's `Checkpointer` does, on a thread of its own (spec W5).
+        db.execute("PRAGMA wal_autocheckpoint = 0")
         _migrate(db)
         db.execute(f"PRAGMA busy_timeout = {round(BUSY_SLICE * 1000)}")
     except BaseException:
@@ -751,6 +813,32 @@ def _transaction(db: sqlite3.Connection, begin: str) -> Iterator[sqlite3.Connect
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+
+
+@dataclass(frozen=True)
+class _Queued(Generic[T]):
+    """A write waiting in `SqliteStore._waiting`, and how to tell its caller it ran: on the
+    caller's event loop, which may be another thread's."""
+
+    work: Callable[[sqlite3.Connection], T]
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[T]
+
+    def settle(self, result: T | None = None, *, error: Exception | None = None) -> None:
+        """Hand the caller `result`, or raise `error` in it (called on the drainer's loop)."""
+
+        def settle() -> None:
+            if self.done.done():  # (cancelled meanwhile)
+                return
+            if error is not None:
+                self.done.set_exception(error)
+            else:
+                self.done.set_result(cast(T, result))
+
+        if asyncio.get_running_loop() is self.loop:
+            settle()
+        elif not self.loop.is_closed():  # (else nobody waits there any more)
+            self.loop.call_soon_threadsafe(settle)
 
 
 class _Repeated(Exception):
