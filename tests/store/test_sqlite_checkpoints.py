@@ -172,8 +172,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 async def test_w5_two_processes_writing_steadily_keep_the_wal_bounded(tmp_path: Path) -> None:
     """Two processes appending back to back, each with its checkpointer: one's restart makes
     the other's writes wait for SQLite's lock (W1). The sequence stays gapless, and the WAL
-    stays within a fraction of what SQLite's own checkpoints in the commits let it reach
-    here (their passive checkpoints starve: 50,000 frames, every one written)."""
+    bounded: with passive checkpoints only, it would keep every frame written (over 50,000)."""
     db, per_writer = tmp_path / "trimtab.db", 5000
     store = SqliteStore(db)
     await store.create("s")
@@ -196,6 +195,6 @@ async def test_w5_two_processes_writing_steadily_keep_the_wal_bounded(tmp_path: 
 
     counts = [acknowledged(out) for out, _ in outputs.result()]
     assert sorted(counts[0] + counts[1]) == list(range(1, 2 * per_writer + 1))
-    assert largest < 25_000  # ~12,000 on a quiet machine
+    assert largest < 25_000  # 4,300-11,100 on a quiet machine
     with closing(sqlite3.connect(db)) as check:
         assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]

@@ -26,7 +26,7 @@ __all__ = ["Checkpointer"]
 CHECKPOINT_EVERY = 250
 """Write transactions between checkpoints: about SQLite's own 1,000 pages at a few pages each."""
 
-WAL_LIMIT = 8192
+WAL_LIMIT = 2000
 """Frames (pages) in the WAL from which a checkpoint makes writers wait to start it over."""
 
 
