@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from contextlib import closing
 from pathlib import Path
 
@@ -107,6 +108,35 @@ async def test_w5_writes_wait_for_a_restart_without_blocking_the_loop(tmp_path: 
     await store.close()
 
 
+async def test_w5_writes_of_two_threads_queue_together(tmp_path: Path) -> None:
+    """A store shared with another thread's event loop: its queued writes are run by the
+    same drainer and answered on their own loop, each thread's in its call order."""
+    store = SqliteStore(tmp_path / "trimtab.db")
+    await store.create("s")
+    store._checkpoints.restarting.set()
+
+    async def appends(name: str) -> list[int]:
+        return list(
+            await asyncio.gather(
+                *(store.append("s", [message(f"{name}:{n}")], lease=None) for n in range(50))
+            )
+        )
+
+    here = asyncio.create_task(appends("here"))
+    await asyncio.sleep(0.01)
+    there = asyncio.get_running_loop().run_in_executor(None, asyncio.run, appends("there"))
+    await asyncio.sleep(0.05)
+    assert (await store.get("s")).event_count == 0
+
+    store._checkpoints.restarting.clear()
+    seqs = await asyncio.wait_for(asyncio.gather(here, there), 5)
+    assert sorted(seqs[0] + seqs[1]) == list(range(1, 101))
+    events = texts(await store.read("s"))
+    for name, mine in zip(("here", "there"), seqs, strict=True):
+        assert [events[seq - 1] for seq in mine] == [f"{name}:{n}" for n in range(50)]
+    await store.close()
+
+
 async def test_w5_a_write_that_stops_waiting_is_not_run(tmp_path: Path) -> None:
     """A queued write whose caller gave up (cancelled, or past the store's timeout, W1) is
     skipped; the writes behind it keep their order."""
@@ -145,6 +175,40 @@ async def test_w5_close_stops_the_checkpointer_and_leaves_no_wal(tmp_path: Path)
     assert not db.with_name(db.name + "-wal").exists()
     store = SqliteStore(db)
     assert texts(await store.read("s")) == [str(n) for n in range(3 * EVERY)]
+    await store.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+async def test_w5_a_checkpointer_thread_that_died_is_started_again(tmp_path: Path) -> None:
+    """Were its thread to die of an unexpected error, the WAL would grow without bound
+    (commits no longer checkpoint): the next checkpoint starts a new one."""
+    db = tmp_path / "trimtab.db"
+    store = SqliteStore(db)
+    small_checkpoints(store)
+    checkpoints = store._checkpoints
+    checkpoint = checkpoints._checkpoint
+    failures: list[threading.Thread] = []
+
+    def fail_once(connection: sqlite3.Connection) -> None:
+        if not failures:
+            failures.append(threading.current_thread())
+            raise MemoryError
+        checkpoint(connection)
+
+    checkpoints._checkpoint = fail_once  # type: ignore[method-assign,assignment]
+    await store.create("s")
+    for n in range(EVERY):
+        await store.append("s", [message(str(n))], lease=None)
+    first = checkpoints._thread
+    assert first is not None
+    first.join(5)
+    assert failures == [first]
+
+    for n in range(EVERY, 2000):
+        await store.append("s", [message(str(n))], lease=None)
+    thread = checkpoints._thread
+    assert thread is not None and thread.is_alive() and thread is not first
+    assert wal_frames(db) < 5_000  # without a thread: ~10,000
     await store.close()
 
 

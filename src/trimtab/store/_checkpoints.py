@@ -27,7 +27,9 @@ CHECKPOINT_EVERY = 250
 """Write transactions between checkpoints: about SQLite's own 1,000 pages at a few pages each."""
 
 WAL_LIMIT = 2000
-"""Frames (pages) in the WAL from which a checkpoint makes writers wait to start it over."""
+"""Frames (pages) in the WAL from which a checkpoint makes writers wait to start it over: 8 MiB
+of 4 KiB pages. Not more: a longer WAL keeps more of its shared-memory index resident
+(docs/performance.md item 22)."""
 
 
 class Checkpointer:
@@ -62,7 +64,7 @@ class Checkpointer:
         if self._writes < self._every or self._closed:
             return
         self._writes = 0
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():  # (or it died of an error)
             self._thread = threading.Thread(
                 target=self._work, name="trimtab-sqlite-checkpoints", daemon=True
             )

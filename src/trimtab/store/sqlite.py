@@ -180,6 +180,8 @@ class SqliteStore:
         # drainer runs them (`_drain`).
         self._waiting: deque[_Queued[Any]] = deque()
         self._drainer: asyncio.Task[None] | None = None
+        # Whether a drainer runs, and the queue it empties, as one (callers on two threads).
+        self._draining = threading.Lock()
         # What `subscribe` waits on, per session, with the loop each subscriber runs on:
         # an append may come from another thread.
         self._listeners = Listeners()
@@ -225,9 +227,11 @@ class SqliteStore:
         """
         loop = asyncio.get_running_loop()
         queued = _Queued(work, loop, loop.create_future())
-        self._waiting.append(queued)
-        if self._drainer is None or self._drainer.done() or self._drainer.get_loop().is_closed():
-            self._drainer = loop.create_task(self._drain(busy))
+        with self._draining:
+            self._waiting.append(queued)
+            drainer = self._drainer
+            if drainer is None or drainer.done() or drainer.get_loop().is_closed():
+                self._drainer = loop.create_task(self._drain(busy))
         try:
             # A timeout or a cancel cancels `queued.done`, and `_drain` then skips the write.
             return await asyncio.wait_for(queued.done, deadline - time.monotonic())
@@ -243,7 +247,12 @@ class SqliteStore:
         that (see `Checkpointer`), it does not try, and looks again every `_RESTART_POLL`.
         """
         delay, longest = _RETRY_DELAYS
-        while self._waiting:
+        while True:
+            with self._draining:
+                if not self._waiting:
+                    if self._drainer is asyncio.current_task():
+                        self._drainer = None
+                    return
             if busy:
                 await asyncio.sleep(delay)
                 delay, busy = min(2 * delay, longest), False
