@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sqlite3
 import threading
 from contextlib import closing
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.processes import child, go
+from tests.store.processes import child, go, next_line
 from tests.store.test_sqlite_crash import acknowledged, texts
 from trimtab import StoreUnavailableError
 from trimtab.events import UserMessageData, UserMessageEvent
@@ -260,5 +261,62 @@ async def test_w5_two_processes_writing_steadily_keep_the_wal_bounded(tmp_path: 
     counts = [acknowledged(out) for out, _ in outputs.result()]
     assert sorted(counts[0] + counts[1]) == list(range(1, 2 * per_writer + 1))
     assert largest < 25_000  # 4,300-11,100 on a quiet machine
+    with closing(sqlite3.connect(db)) as check:
+        assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+# Appends to session "s" without end, one event per commit, with the test's small checkpoints
+# (so that the thread is checkpointing or restarting the WAL most of the time), printing each
+# acknowledged count.
+CHECKPOINTING_WRITER = f"""
+import asyncio, sys
+from trimtab.events import UserMessageData, UserMessageEvent
+from trimtab.store import SqliteStore
+from trimtab.store._checkpoints import Checkpointer
+
+async def main(path):
+    store = SqliteStore(path)
+    store._checkpoints = Checkpointer(
+        store.path, timeout=store.timeout, every={EVERY}, limit={LIMIT}
+    )
+    print("ready", flush=True)
+    sys.stdin.readline()
+    n = 0
+    while True:
+        event = UserMessageEvent(data=UserMessageData(content=f"w:{{n}}"))
+        print(await store.append("s", [event], lease=None), flush=True)
+        n += 1
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_w5_kill_9_while_checkpointing_keeps_every_acknowledged_event(
+    tmp_path: Path,
+) -> None:
+    """P2 with the checkpointer at work: a writer killed among checkpoints and restarts of
+    the WAL loses no acknowledged event, and SQLite finds no corruption."""
+    db = tmp_path / "trimtab.db"
+    store = SqliteStore(db)
+    await store.create("s")
+    await store.close()
+    script = tmp_path / "writer.py"
+    script.write_text(CHECKPOINTING_WRITER)
+
+    async with child(script, str(db)) as proc:
+        go(proc)
+        last = 0
+        while last < 3000:  # ~15,000 frames: restarts of a 300-frame limit, many times over
+            last = int(await next_line(proc))
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        assert proc.stdout is not None
+        acked = max([last, *acknowledged(await proc.stdout.read())])
+
+    store = SqliteStore(db)
+    events = texts(await store.read("s"))
+    assert len(events) >= acked
+    assert events == [f"w:{n}" for n in range(len(events))]
+    await store.close()
     with closing(sqlite3.connect(db)) as check:
         assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
