@@ -159,6 +159,24 @@ async def test_w5_a_write_that_stops_waiting_is_not_run(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_w5_writes_queued_when_the_store_closes_fail_at_once(tmp_path: Path) -> None:
+    """Closing the store stops its checkpointer (which ends a restart); the writes still
+    queued then raise that the store is closed, instead of waiting out their timeout."""
+    store = SqliteStore(tmp_path / "trimtab.db")
+    await store.create("s")
+    store._checkpoints.restarting.set()  # as if a restart were running
+    writes = [
+        asyncio.create_task(store.append("s", [message(str(n))], lease=None)) for n in range(3)
+    ]
+    await asyncio.sleep(0.01)
+
+    await store.close()
+    store._checkpoints.restarting.clear()  # what the stopped thread's restart does as it ends
+
+    results = await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 1)
+    assert [str(result) for result in results] == ["the store is closed"] * 3
+
+
 async def test_w5_close_stops_the_checkpointer_and_leaves_no_wal(tmp_path: Path) -> None:
     db = tmp_path / "trimtab.db"
     store = SqliteStore(db)
