@@ -177,6 +177,37 @@ async def test_w5_writes_queued_when_the_store_closes_fail_at_once(tmp_path: Pat
     assert [str(result) for result in results] == ["the store is closed"] * 3
 
 
+async def test_w5_close_waits_for_a_restart_without_blocking_the_loop(tmp_path: Path) -> None:
+    """A restart held up by another connection's reader makes `close` wait for it (up to
+    the store's timeout), on a thread: the loop's other tasks go on meanwhile."""
+    db = tmp_path / "trimtab.db"
+    store = SqliteStore(db, timeout=10)
+    small_checkpoints(store)
+    await store.create("s")
+    with closing(sqlite3.connect(db, isolation_level=None)) as reader:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM events").fetchone()  # a snapshot of the WAL
+        n = 0
+        while not store._checkpoints.restarting.is_set():
+            await store.append("s", [message(str(n))], lease=None)
+            n += 1
+            assert n < 5000, "no restart began"
+        closing_store = asyncio.create_task(store.close())
+
+        ticks = 0
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 10 and not closing_store.done()  # the restart still waits
+        reader.execute("COMMIT")
+    await asyncio.wait_for(closing_store, 5)
+
+    assert not store._checkpoints.restarting.is_set()
+    store = SqliteStore(db)
+    assert texts(await store.read("s")) == [str(k) for k in range(n)]
+    await store.close()
+
+
 async def test_w5_close_stops_the_checkpointer_and_leaves_no_wal(tmp_path: Path) -> None:
     db = tmp_path / "trimtab.db"
     store = SqliteStore(db)

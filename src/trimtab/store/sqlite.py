@@ -729,12 +729,21 @@ class SqliteStore:
 
         Closing twice is a no-op.
         """
+        try:
+            # On a thread: both steps may wait on the disk or on another process, and the
+            # loop's other tasks (another client's sessions) must not wait with them (W5).
+            await asyncio.to_thread(self._close_files)
+        finally:
+            self._listeners.ring_all()
+
+    def _close_files(self) -> None:
+        # The checkpointer first: it may be running a checkpoint, which it finishes (up to
+        # `timeout`). Then the connection, whose close, as the file's last, copies the WAL.
         self._checkpoints.close()
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-        self._listeners.ring_all()
 
 
 def _connect(path: Path, timeout: float) -> sqlite3.Connection:
