@@ -177,6 +177,28 @@ async def test_w5_writes_queued_when_the_store_closes_fail_at_once(tmp_path: Pat
     assert [str(result) for result in results] == ["the store is closed"] * 3
 
 
+async def appends_until_a_restart(store: SqliteStore) -> tuple[int, asyncio.Task[int]]:
+    """Append until the checkpointer's restart begins: the appends acknowledged, and the
+    one in flight then, which may be waiting for the restart."""
+    restart = asyncio.create_task(asyncio.to_thread(store._checkpoints.restarting.wait, 10))
+    n = 0
+    while True:
+        write = asyncio.create_task(store.append("s", [message(str(n))], lease=None))
+        await asyncio.wait([write, restart], return_when=asyncio.FIRST_COMPLETED)
+        if restart.done():
+            assert await restart, "no restart began"
+            return n, write
+        n += 1
+
+
+async def acknowledged_then(n: int, write: asyncio.Task[int]) -> int:
+    """How many appends are stored once the store closed: the one that waited for the
+    restart ran as it ended, or found the store closed."""
+    (outcome,) = await asyncio.gather(write, return_exceptions=True)
+    assert outcome == n + 1 or str(outcome) == "the store is closed"
+    return n + 1 if outcome == n + 1 else n
+
+
 async def test_w5_close_waits_for_a_restart_without_blocking_the_loop(tmp_path: Path) -> None:
     """A restart held up by another connection's reader makes `close` wait for it (up to
     the store's timeout), on a thread: the loop's other tasks go on meanwhile."""
@@ -187,16 +209,7 @@ async def test_w5_close_waits_for_a_restart_without_blocking_the_loop(tmp_path: 
     with closing(sqlite3.connect(db, isolation_level=None)) as reader:
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM events").fetchone()  # a snapshot of the WAL
-        # Append until a restart begins; the write in flight then may wait for it.
-        restart = asyncio.create_task(asyncio.to_thread(store._checkpoints.restarting.wait, 10))
-        n = 0
-        while True:
-            write = asyncio.create_task(store.append("s", [message(str(n))], lease=None))
-            await asyncio.wait([write, restart], return_when=asyncio.FIRST_COMPLETED)
-            if restart.done():
-                break
-            n += 1
-        assert await restart, "no restart began"
+        n, write = await appends_until_a_restart(store)
         closing_store = asyncio.create_task(store.close())
 
         ticks = 0
@@ -206,13 +219,44 @@ async def test_w5_close_waits_for_a_restart_without_blocking_the_loop(tmp_path: 
         assert ticks == 10 and not closing_store.done()  # the restart still waits
         reader.execute("COMMIT")
     await asyncio.wait_for(closing_store, 5)
-    # The waiting write ran as the restart ended, or found the store closed: either way,
-    # nothing acknowledged is lost.
-    (outcome,) = await asyncio.gather(write, return_exceptions=True)
-    assert outcome == n + 1 or str(outcome) == "the store is closed"
-    stored = n + 1 if outcome == n + 1 else n
+    stored = await acknowledged_then(n, write)
 
     assert not store._checkpoints.restarting.is_set()
+    store = SqliteStore(db)
+    assert texts(await store.read("s")) == [str(k) for k in range(stored)]
+    await store.close()
+
+
+async def test_w5_a_close_cancelled_while_it_waits_still_ends_the_subscribers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller of `close` gives up while a restart holds it: the store still closes
+    once the restart ends, and its subscribers end then, not at their next poll."""
+    monkeypatch.setattr("trimtab.store.sqlite.SUBSCRIBE_POLL", 60.0)
+    db = tmp_path / "trimtab.db"
+    store = SqliteStore(db, timeout=10)
+    small_checkpoints(store)
+    await store.create("s")
+
+    async def follow() -> int:
+        return len([event async for event in store.subscribe("s")])
+
+    with closing(sqlite3.connect(db, isolation_level=None)) as reader:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM events").fetchone()
+        n, write = await appends_until_a_restart(store)
+        subscriber = asyncio.create_task(follow())
+        closing_store = asyncio.create_task(store.close())
+        await asyncio.sleep(0.05)
+        closing_store.cancel()
+        await asyncio.sleep(0.05)
+        assert not subscriber.done()  # the store is not closed yet: the restart waits
+        reader.execute("COMMIT")
+    seen = await asyncio.wait_for(subscriber, 5)
+    stored = await acknowledged_then(n, write)
+
+    assert seen <= stored
+    assert store._db is None
     store = SqliteStore(db)
     assert texts(await store.read("s")) == [str(k) for k in range(stored)]
     await store.close()

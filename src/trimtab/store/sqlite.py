@@ -729,12 +729,9 @@ class SqliteStore:
 
         Closing twice is a no-op.
         """
-        try:
-            # On a thread: both steps may wait on the disk or on another process, and the
-            # loop's other tasks (another client's sessions) must not wait with them (W5).
-            await asyncio.to_thread(self._close_files)
-        finally:
-            self._listeners.ring_all()
+        # On a thread: both steps may wait on the disk or on another process, and the
+        # loop's other tasks (another client's sessions) must not wait with them (W5).
+        await asyncio.to_thread(self._close_files)
 
     def _close_files(self) -> None:
         # The checkpointer first: it may be running a checkpoint, which it finishes (up to
@@ -744,6 +741,9 @@ class SqliteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+        # Only now, from this thread: a subscriber woken before would find the store open
+        # and wait again (a `close` cancelled while it waits still gets here).
+        self._listeners.ring_all()
 
 
 def _connect(path: Path, timeout: float) -> sqlite3.Connection:
